@@ -1,0 +1,190 @@
+//! The maps the XDP program and userspace share: their names, sizes and value layouts.
+//!
+//! Layout (per interface):
+//! - `CONFIG`      Array[1] of [`Config`]: salt(s), bucket mask, per-protocol fallback policies.
+//! - `POLICIES`    Array[MAX_POLICIES] of [`Policy`]; id 0 is "no policy".
+//! - `PORT_POLICY` Array[2 * 65536] of u16 policy ids, indexed `class * 65536 + dport`
+//!                 (TCP, then UDP); 0 falls through to the protocol's policy.
+//! - `BUCKETS`     PerCpuArray[GENERATIONS * buckets] of u64 TATs; generation g uses
+//!                 `g * buckets .. (g + 1) * buckets`.
+//! - `COUNTERS`    PerCpuArray[MAX_POLICIES] of [`Counters`]; index 0 holds what belongs to no
+//!                 policy (not IP, malformed, unmatched, internal errors).
+//!
+//! Finding a packet's policy is two array reads whatever the number of policies.
+
+use crate::{gcra::Gcra, siphash::SipKey};
+
+pub const PROGRAM: &str = "limiter";
+pub const MAP_CONFIG: &str = "CONFIG";
+pub const MAP_POLICIES: &str = "POLICIES";
+pub const MAP_PORT_POLICY: &str = "PORT_POLICY";
+pub const MAP_BUCKETS: &str = "BUCKETS";
+pub const MAP_COUNTERS: &str = "COUNTERS";
+
+/// Policy ids are 1..MAX_POLICIES; 0 means none.
+pub const MAX_POLICIES: u32 = 256;
+/// Two sets of buckets, so a salt rotation can judge against the old and the new.
+pub const GENERATIONS: u32 = 2;
+pub const DEFAULT_BUCKETS: u32 = 65_536;
+pub const MIN_BUCKETS: u32 = 1 << 4;
+pub const MAX_BUCKETS: u32 = 1 << 24;
+/// Byte-mode weights are capped here (a frame larger than this is charged this much).
+pub const MAX_FRAME_WEIGHT: u64 = 65_535;
+
+/// Protocol classes: port tables exist for the first two.
+pub const CLASS_TCP: usize = 0;
+pub const CLASS_UDP: usize = 1;
+pub const CLASS_ICMP: usize = 2;
+pub const CLASS_OTHER: usize = 3;
+pub const CLASSES: usize = 4;
+pub const PORT_CLASSES: u32 = 2;
+pub const PORT_POLICY_ENTRIES: u32 = PORT_CLASSES * 65_536;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// The current salt. Never logged or printed (see [`SipKey`]'s Debug).
+    pub salt: SipKey,
+    /// The previous salt, consulted until `grace_until_ns` (salt rotation).
+    pub prev_salt: SipKey,
+    pub grace_until_ns: u64,
+    /// Buckets per generation minus one; the bucket count is a power of two.
+    pub bucket_mask: u32,
+    /// Which generation of `BUCKETS` the current salt indexes (0 or 1).
+    pub generation: u32,
+    /// Policy for each protocol class when no port entry matches, with `any` already folded in
+    /// (0: traffic of that class passes untouched).
+    pub class_policy: [u16; CLASSES],
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+impl Config {
+    /// At least one port entry is set: TCP/UDP packets consult `PORT_POLICY`.
+    pub const HAS_PORT_POLICIES: u32 = 1 << 0;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub gcra: Gcra,
+    /// Prefix masks as the little-endian words the program ANDs with the address words.
+    pub v6_mask: [u64; 2],
+    pub v4_mask: u64,
+    pub flags: u32,
+    pub id: u16,
+    pub _pad: u16,
+}
+
+impl Policy {
+    pub const ACTIVE: u32 = 1 << 0;
+    /// Charge each frame's length instead of 1.
+    pub const BYTES: u32 = 1 << 1;
+    /// Pass everything, count what would have been refused.
+    pub const DRY_RUN: u32 = 1 << 2;
+    /// The destination port is part of the key.
+    pub const KEY_DPORT: u32 = 1 << 3;
+}
+
+/// Per-CPU counters, one set per policy id (0: traffic no policy judged).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub admitted_packets: u64,
+    pub admitted_bytes: u64,
+    pub refused_packets: u64,
+    pub refused_bytes: u64,
+    /// Dry-run policies: passed, but would have been refused.
+    pub dry_run_packets: u64,
+    pub dry_run_bytes: u64,
+    pub allowed_packets: u64,
+    pub denied_packets: u64,
+    pub not_ip: u64,
+    pub malformed: u64,
+    /// IP traffic no policy matched (passed untouched).
+    pub unmatched: u64,
+    /// The limiter's own faults (a failed map lookup): always passed.
+    pub errors: u64,
+}
+
+impl Counters {
+    pub fn add(&mut self, o: &Self) {
+        self.admitted_packets += o.admitted_packets;
+        self.admitted_bytes += o.admitted_bytes;
+        self.refused_packets += o.refused_packets;
+        self.refused_bytes += o.refused_bytes;
+        self.dry_run_packets += o.dry_run_packets;
+        self.dry_run_bytes += o.dry_run_bytes;
+        self.allowed_packets += o.allowed_packets;
+        self.denied_packets += o.denied_packets;
+        self.not_ip += o.not_ip;
+        self.malformed += o.malformed;
+        self.unmatched += o.unmatched;
+        self.errors += o.errors;
+    }
+
+    /// Every packet the program saw lands in exactly one of these.
+    pub fn packets(&self) -> u64 {
+        self.admitted_packets
+            + self.refused_packets
+            + self.dry_run_packets
+            + self.allowed_packets
+            + self.denied_packets
+            + self.not_ip
+            + self.malformed
+            + self.unmatched
+            + self.errors
+    }
+}
+
+/// What the parser made of one frame (test-only probe program).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParseProbe {
+    /// One of the `CLASS_*` below.
+    pub verdict: u32,
+    pub family: u8,
+    pub proto: u8,
+    /// 1 when the L4 header was present and parsed (ports valid for TCP/UDP).
+    pub has_l4: u8,
+    pub _pad: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub _pad2: u32,
+    pub src: [u8; 16],
+    /// Key words for the probe's fixed policy (id 1, /24 and /48, with dport).
+    pub key: [u64; 3],
+}
+
+impl ParseProbe {
+    pub const NOT_IP: u32 = 1;
+    pub const MALFORMED: u32 = 2;
+    pub const IP: u32 = 3;
+    pub const POLICY_ID: u16 = 1;
+    pub const V4_PREFIX: u8 = 24;
+    pub const V6_PREFIX: u8 = 48;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are repr(C), Copy, made only of integers, with explicit padding fields.
+    unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::Policy {}
+    unsafe impl aya::Pod for super::Counters {}
+    unsafe impl aya::Pod for super::ParseProbe {}
+}
+
+#[cfg(test)]
+mod tests {
+    use core::mem::size_of;
+
+    use super::*;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<Config>(), 16 + 16 + 8 + 4 + 4 + 8 + 4 + 4);
+        assert_eq!(size_of::<Policy>(), 24 + 16 + 8 + 4 + 2 + 2);
+        assert_eq!(size_of::<Counters>(), 12 * 8);
+        assert_eq!(size_of::<ParseProbe>(), 4 + 4 + 4 + 4 + 16 + 24);
+    }
+}

@@ -1,0 +1,73 @@
+//! Rates as operators write them: `1000/s`, `100/min`, `5/h`.
+
+use std::{fmt, str::FromStr};
+
+const NS_PER_SEC: u64 = 1_000_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub count: u64,
+    pub period_ns: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid rate '{0}': expected N/s, N/min or N/h with N a whole number from 1 (e.g. 1000/s)")]
+pub struct RateError(pub String);
+
+impl FromStr for Rate {
+    type Err = RateError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || RateError(s.to_string());
+        let (count, unit) = s.trim().split_once('/').ok_or_else(err)?;
+        let count: u64 = count.trim().parse().map_err(|_| err())?;
+        if count == 0 {
+            return Err(err());
+        }
+        let period_ns = match unit.trim() {
+            "s" | "sec" | "second" => NS_PER_SEC,
+            "m" | "min" | "minute" => 60 * NS_PER_SEC,
+            "h" | "hour" => 3600 * NS_PER_SEC,
+            _ => return Err(err()),
+        };
+        Ok(Self { count, period_ns })
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = match self.period_ns {
+            NS_PER_SEC => "s",
+            p if p == 60 * NS_PER_SEC => "min",
+            _ => "h",
+        };
+        write!(f, "{}/{unit}", self.count)
+    }
+}
+
+impl Rate {
+    /// Units per second, for display and for sizing tests.
+    pub fn per_sec(&self) -> f64 {
+        self.count as f64 * NS_PER_SEC as f64 / self.period_ns as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_accepted_forms() {
+        assert_eq!("1000/s".parse(), Ok(Rate { count: 1000, period_ns: NS_PER_SEC }));
+        assert_eq!("100/min".parse(), Ok(Rate { count: 100, period_ns: 60 * NS_PER_SEC }));
+        assert_eq!("5/h".parse(), Ok(Rate { count: 5, period_ns: 3600 * NS_PER_SEC }));
+        assert_eq!("100/min".parse::<Rate>().map(|r| r.to_string()), Ok("100/min".into()));
+    }
+
+    #[test]
+    fn rejects_everything_else() {
+        for bad in ["", "1000", "0/s", "-1/s", "1.5/s", "10/d", "/s", "ten/s", "1000/ s x"] {
+            assert!(bad.parse::<Rate>().is_err(), "{bad}");
+        }
+    }
+}

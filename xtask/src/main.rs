@@ -1,0 +1,37 @@
+//! `cargo xtask setup|test|demo|bench`.
+
+mod bench;
+mod demo;
+mod setup;
+mod sh;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need (idempotent; seconds when all is there).
+    Setup,
+    /// Set up, then run every test: unit, BPF_PROG_TEST_RUN fixtures, differential, veth end to end.
+    Test(test::Args),
+    /// Two namespaces, the daemon on one side, a flood from the other: admitted/refused per second.
+    Demo(demo::Args),
+    /// Microbenchmarks (BPF_PROG_TEST_RUN ns/packet) as ratios to the floor program.
+    Bench(bench::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Test(args) => test::run(args),
+        Task::Demo(args) => demo::run(args),
+        Task::Bench(args) => bench::run(args),
+    }
+}

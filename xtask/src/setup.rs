@@ -1,0 +1,104 @@
+//! Installs what the build and the tests need, checking first so a second run takes seconds:
+//! the nightly toolchain's rust-src (for -Z build-std), LLVM 22 and bpf-linker 0.13 built
+//! against it, iproute2, and a mounted bpffs.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, bail};
+
+use crate::sh::{exec, output, probe};
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_MAJOR: &str = "22";
+const APT_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
+
+pub fn run() -> anyhow::Result<()> {
+    rust_src()?;
+    apt_packages()?;
+    bpf_linker()?;
+    bpffs()?;
+    eprintln!("setup: ready");
+    Ok(())
+}
+
+fn rust_src() -> anyhow::Result<()> {
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]));
+    let Some(sysroot) = sysroot else {
+        exec(Command::new("rustup").args(["toolchain", "install", "nightly", "--profile", "minimal"]))?;
+        return exec(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]));
+    };
+    let core = Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core");
+    if core.is_dir() {
+        eprintln!("setup: nightly rust-src present");
+        return Ok(());
+    }
+    exec(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+fn apt_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .is_none_or(|s| !s.contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        eprintln!("setup: {} present", APT_PACKAGES.join(", "));
+        return Ok(());
+    }
+    if !is_root() {
+        bail!("missing Debian packages {}: run `sudo cargo xtask setup`", missing.join(" "));
+    }
+    let install = |missing: &[&str]| {
+        exec(Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    };
+    if install(&missing).is_err() {
+        // A fresh machine has no package lists yet.
+        exec(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+        install(&missing)?;
+    }
+    Ok(())
+}
+
+fn bpf_linker() -> anyhow::Result<()> {
+    let version = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if version.contains(BPF_LINKER_VERSION) {
+        eprintln!("setup: bpf-linker {BPF_LINKER_VERSION} present");
+        return Ok(());
+    }
+    let prefix = format!("/usr/lib/llvm-{LLVM_MAJOR}");
+    let path = format!("{prefix}/bin:{}", std::env::var("PATH").unwrap_or_default());
+    exec(Command::new("cargo")
+        .args(["install", "--locked", &format!("bpf-linker@{BPF_LINKER_VERSION}")])
+        .args(["--no-default-features", "--features", &format!("llvm-{LLVM_MAJOR}")])
+        .env("LLVM_PREFIX", &prefix)
+        .env("PATH", path))
+    .context("building bpf-linker against LLVM 22 failed")
+}
+
+fn bpffs() -> anyhow::Result<()> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    if mounts.lines().any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf") && l.contains(" bpf ")) {
+        eprintln!("setup: bpffs mounted at /sys/fs/bpf");
+        return Ok(());
+    }
+    if !is_root() {
+        eprintln!("setup: bpffs is not mounted at /sys/fs/bpf; as root: mount -t bpf bpf /sys/fs/bpf");
+        return Ok(());
+    }
+    std::fs::create_dir_all("/sys/fs/bpf").ok();
+    if !probe(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"])) {
+        bail!("mounting bpffs at /sys/fs/bpf failed: is this kernel built with CONFIG_BPF_SYSCALL?");
+    }
+    eprintln!("setup: mounted bpffs at /sys/fs/bpf");
+    Ok(())
+}
+
+pub fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
