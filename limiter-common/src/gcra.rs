@@ -57,6 +57,8 @@ impl core::fmt::Display for GcraError {
     }
 }
 
+impl core::error::Error for GcraError {}
+
 impl Gcra {
     /// Emission intervals are kept at least this many fixed-point units (rounding <= 1/1024).
     pub const MIN_EMISSION: u64 = 1024;

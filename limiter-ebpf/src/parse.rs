@@ -162,8 +162,8 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
 fn walk_v6_chain(ctx: &XdpContext, mut pkt: Packet, mut off: usize, end: usize) -> Result<Packet, Skip> {
     for _ in 0..MAX_EXT_HEADERS {
         let nh = pkt.proto;
-        if nh != IPPROTO_HOPOPTS && nh != IPPROTO_ROUTING && nh != IPPROTO_DSTOPTS && nh != IPPROTO_FRAGMENT {
-            return parse_l4(ctx, pkt, off, end);
+        if !is_extension_header(nh) {
+            break;
         }
         // Every extension header is at least 8 bytes: next header, length, 6 more.
         let ext: *const [u8; 8] = ptr_at(ctx, off)?;
@@ -186,7 +186,16 @@ fn walk_v6_chain(ctx: &XdpContext, mut pkt: Packet, mut off: usize, end: usize) 
             return Err(Skip::Malformed);
         }
     }
-    Err(Skip::Malformed)
+    if is_extension_header(pkt.proto) {
+        // More than MAX_EXT_HEADERS: a chain this long is not worth following.
+        return Err(Skip::Malformed);
+    }
+    parse_l4(ctx, pkt, off, end)
+}
+
+#[inline(always)]
+fn is_extension_header(nh: u8) -> bool {
+    nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS || nh == IPPROTO_FRAGMENT
 }
 
 #[inline(always)]

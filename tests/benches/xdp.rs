@@ -1,1 +1,239 @@
-fn main() {}
+//! XDP microbenchmark: BPF_PROG_TEST_RUN nanoseconds per packet, all programs measured in the
+//! same run and reported as ratios to the *floor* program (parse + one clock read + one per-CPU
+//! array access: the least any GCRA limiter can do).
+//!
+//! Two workloads:
+//! - *hot*: one frame repeated in the kernel (`repeat`), so caches are warm: the program's
+//!   instruction cost;
+//! - *random sources*: a different source address every packet over 2^17 sources and 2^20
+//!   buckets, one test run each: the bucket is usually a cache miss, as under a spoofed flood.
+//!   Each run's kernel-measured time includes a clock read of the test harness, the same for
+//!   every program; the `net` column subtracts the bare XDP_PASS program to show the programs'
+//!   own cost.
+//!
+//! Run with `cargo xtask bench` (records BENCHMARKS.md) or
+//! `cargo bench -p limiter-tests --bench xdp -- [--out FILE] [--rounds N]`.
+
+use std::{fmt::Write as _, net::Ipv4Addr, time::Instant};
+
+use anyhow::{Context as _, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{TestRun, TestRunOptions, Xdp},
+};
+use limiter_ctl::{
+    Limiter, objects,
+    policy::{KeySpec, PolicySpec, Unit},
+    rate::Rate,
+};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+const BUCKETS: u32 = 1 << 20;
+const SOURCES: usize = 1 << 17;
+const HOT_REPEAT: u32 = 200_000;
+const POLICY_ID: u16 = 1;
+
+struct Args {
+    out: Option<String>,
+    rounds: usize,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let mut out = None;
+    let mut rounds = 5;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => out = Some(it.next().context("--out needs a file")?),
+            "--rounds" => rounds = it.next().context("--rounds needs a number")?.parse()?,
+            "--bench" => {} // passed by `cargo bench`
+            other => bail!("unknown argument {other}; expected --out FILE, --rounds N"),
+        }
+    }
+    Ok(Args { out, rounds })
+}
+
+/// One program under test and how to prepare it.
+struct Subject {
+    name: &'static str,
+    what: &'static str,
+    run: Box<dyn Fn(&[u8], u32) -> anyhow::Result<u32>>,
+    /// Packets to push through once before measuring (the refuse path needs spent buckets).
+    warm_all_sources: bool,
+}
+
+fn xdp_runner(ebpf: Ebpf, name: &'static str) -> anyhow::Result<Box<dyn Fn(&[u8], u32) -> anyhow::Result<u32>>> {
+    Ok(Box::new(move |frame, repeat| {
+        let prog: &Xdp = ebpf.program(name).context("program")?.try_into()?;
+        run_timed(prog, frame, repeat)
+    }))
+}
+
+fn limiter_runner(limiter: Limiter) -> Box<dyn Fn(&[u8], u32) -> anyhow::Result<u32>> {
+    Box::new(move |frame, repeat| run_timed(limiter.program()?, frame, repeat))
+}
+
+/// Kernel-measured nanoseconds per run.
+fn run_timed(prog: &Xdp, frame: &[u8], repeat: u32) -> anyhow::Result<u32> {
+    let opts = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::default() };
+    let result = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
+    Ok(result.duration.as_nanos() as u32)
+}
+
+fn bench_object(name: &'static str) -> anyhow::Result<Ebpf> {
+    let mask = BUCKETS - 1;
+    let mut ebpf = EbpfLoader::new()
+        .map_max_entries("FLOOR_STATE", BUCKETS)
+        .override_global("FLOOR_MASK", &mask, true)
+        .load(objects::BENCH)?;
+    let prog: &mut Xdp = ebpf.program_mut(name).context("program")?.try_into()?;
+    prog.load()?;
+    Ok(ebpf)
+}
+
+fn limiter(rate: &str, burst: u64, with_policy: bool) -> anyhow::Result<Limiter> {
+    let mut limiter = Limiter::load(BUCKETS)?;
+    limiter.set_salt(limiter_ctl::salt::draw()?)?;
+    if with_policy {
+        let spec = PolicySpec {
+            rate: rate.parse::<Rate>()?,
+            burst,
+            key: KeySpec::default(),
+            unit: Unit::Packets,
+            dry_run: false,
+        };
+        limiter.set_policy(&spec.compile(POLICY_ID)?)?;
+        limiter.set_default_policy(POLICY_ID)?;
+    }
+    Ok(limiter)
+}
+
+fn subjects() -> anyhow::Result<Vec<Subject>> {
+    Ok(vec![
+        Subject {
+            name: "pass",
+            what: "bare XDP_PASS",
+            run: xdp_runner(bench_object("bench_pass")?, "bench_pass")?,
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "floor",
+            what: "parse + clock + one per-CPU array read-modify-write",
+            run: xdp_runner(bench_object("bench_floor")?, "bench_floor")?,
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: admit",
+            what: "policy matched, GCRA admits",
+            run: limiter_runner(limiter("1000000000/s", 1_000_000_000, true)?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: refuse",
+            what: "policy matched, GCRA refuses (XDP_DROP)",
+            run: limiter_runner(limiter("1/h", 1, true)?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: no policy",
+            what: "IP traffic no policy matches",
+            run: limiter_runner(limiter("1/s", 1, false)?),
+            warm_all_sources: false,
+        },
+    ])
+}
+
+#[derive(Default, Clone)]
+struct Sample {
+    hot: Vec<f64>,
+    random: Vec<f64>,
+}
+
+// TODO(unify): replace with the shared frame builder once tests/src/frames.rs has one.
+fn udp_v4(src: Ipv4Addr, dst: Ipv4Addr, dport: u16, payload: usize) -> Vec<u8> {
+    let builder = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1])
+        .ipv4(src.octets(), dst.octets(), 64)
+        .udp(40000, dport);
+    let payload = vec![0u8; payload];
+    let mut frame = Vec::with_capacity(builder.size(payload.len()));
+    builder.write(&mut frame, &payload).expect("writing to a Vec cannot fail");
+    frame
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = args()?;
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the XDP benchmark loads BPF programs: run it as root (sudo -E cargo xtask bench)");
+    }
+    // Per-CPU state and a stable clock: stay on one CPU.
+    limiter_tests::cpu::pin_current_thread(0).context("pinning to CPU 0")?;
+
+    let mut rng = StdRng::seed_from_u64(0x6c696d);
+    // 2^17 distinct sources in 198.18.0.0/15, in random order.
+    let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
+    let mut offsets: Vec<u32> = (0..SOURCES as u32).collect();
+    for i in (1..offsets.len()).rev() {
+        offsets.swap(i, rng.random_range(0..=i));
+    }
+    let dst = Ipv4Addr::new(198, 18, 0, 1);
+    let frames: Vec<Vec<u8>> = offsets.iter().map(|o| udp_v4(Ipv4Addr::from(base + o), dst, 53, 64)).collect();
+
+    let subjects = subjects()?;
+    for s in subjects.iter().filter(|s| s.warm_all_sources) {
+        for f in &frames {
+            (s.run)(f, 1)?;
+        }
+    }
+    let mut samples = vec![Sample::default(); subjects.len()];
+    let started = Instant::now();
+    for _ in 0..args.rounds {
+        // Interleave programs within each round so drift on a noisy machine hits all alike.
+        for (s, sample) in subjects.iter().zip(samples.iter_mut()) {
+            sample.hot.push(f64::from((s.run)(&frames[0], HOT_REPEAT)?));
+            let total: u64 = frames.iter().map(|f| (s.run)(f, 1).map(u64::from)).sum::<anyhow::Result<u64>>()?;
+            sample.random.push(total as f64 / frames.len() as f64);
+        }
+    }
+    let elapsed = started.elapsed();
+
+    let floor = &samples[1];
+    let pass = &samples[0];
+    let (floor_hot, floor_rand, pass_rand) = (median(&floor.hot), median(&floor.random), median(&pass.random));
+    let mut table = String::new();
+    writeln!(table, "| program | what it does | hot ns/pkt | hot / floor | random-source ns/pkt | random / floor | net of bare pass / floor |")?;
+    writeln!(table, "|---|---|---:|---:|---:|---:|---:|")?;
+    for (s, sample) in subjects.iter().zip(&samples) {
+        let (hot, rand) = (median(&sample.hot), median(&sample.random));
+        writeln!(
+            table,
+            "| {} | {} | {:.1} | {:.2}x | {:.1} | {:.2}x | {:.2}x |",
+            s.name,
+            s.what,
+            hot,
+            hot / floor_hot,
+            rand,
+            rand / floor_rand,
+            (rand - pass_rand) / (floor_rand - pass_rand),
+        )?;
+    }
+    writeln!(
+        table,
+        "\n{} buckets per CPU, {} distinct IPv4 sources, {} rounds (medians), hot repeat {}; measured in {:.1} s on CPU 0.",
+        BUCKETS,
+        SOURCES,
+        args.rounds,
+        HOT_REPEAT,
+        elapsed.as_secs_f64()
+    )?;
+    print!("{table}");
+    if let Some(out) = args.out {
+        std::fs::write(&out, &table).with_context(|| format!("writing {out}"))?;
+    }
+    Ok(())
+}
