@@ -12,7 +12,7 @@ use limiter_common::{
 };
 use limiter_ctl::{
     Limiter,
-    policy::{KeySpec, PolicySpec, Unit},
+    policy::PolicySpec,
     rate::Rate,
 };
 use limiter_tests::{
@@ -161,13 +161,7 @@ fn frames_shorter_than_ethernet_never_reach_the_program() {
 /// A policy of 10 per minute with a burst of 5: slow enough that no refill happens between
 /// packets sent microseconds apart, even on a loaded machine.
 fn burst_policy(id: u16) -> Policy {
-    let spec = PolicySpec {
-        rate: Rate { count: 10, period_ns: 60_000_000_000 },
-        burst: 5,
-        key: KeySpec::default(),
-        unit: Unit::Packets,
-        dry_run: false,
-    };
+    let spec = PolicySpec::any(Rate { count: 10, period_ns: 60_000_000_000 }, 5);
     spec.compile(id).expect("10/min burst 5 is representable")
 }
 

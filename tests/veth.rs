@@ -1,1 +1,639 @@
+//! End to end on a real veth pair: the XDP program attached natively to the receiver's end, a
+//! real flood from the sender's namespace, a UDP socket counting what gets through.
+//!
+//! Bounds. GCRA state is per bucket per CPU, and veth runs the receiver's XDP in NAPI on the CPU
+//! that sent, so the sender is pinned to one CPU and the per-CPU counters say which CPUs judged
+//! packets; the upper bound is `Gcra::bound(window)` summed over those CPUs, where the window
+//! runs from before the first send to after the last delivery (or the counter read). The lower
+//! bound asks for 90% of one CPU's bound over the flood's own duration: the flood offers far
+//! more than the rate, so the limiter must admit close to its full allowance.
 
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{BufRead as _, BufReader, Read},
+    net::{IpAddr, Ipv4Addr, UdpSocket},
+    path::PathBuf,
+    process::{Child, ExitStatus, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, anyhow, bail};
+use aya::{
+    maps::{Map, MapData, MapInfo, PerCpuArray},
+    programs::loaded_programs,
+};
+use limiter_common::{
+    FlowKey, Gcra, SipKey,
+    key::FAMILY_V4,
+    maps::{CLASS_UDP, Counters, MAP_COUNTERS},
+};
+use limiter_ctl::{
+    Limiter, ModeRequest,
+    policy::PolicySpec,
+    rate::Rate,
+};
+use limiter_tests::{
+    flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, Limits, PacketSocket, Prefix, Report, Sources},
+    netns::{End, TestNet},
+    privileged,
+};
+
+const POLICY: u16 = 1;
+/// A fixed salt, so the test can predict every source's bucket.
+const SALT: SipKey = SipKey { k0: 0x6c69_6d69_7465_7221, k1: 0x7665_7468_2d74_6573 };
+const FLOOD_TIME: Duration = Duration::from_secs(2);
+/// Far more than 2 s at any rate this VM reaches; the duration is what normally stops the flood.
+const FLOOD_PACKETS: u64 = 2_000_000;
+/// The flood must offer at least this multiple of the policy's rate per bucket, or the lower
+/// bound would test the sender rather than the limiter.
+const MIN_OVERLOAD: f64 = 10.0;
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+/// One source floods at the sender's top speed; the limiter lets through its allowance and no
+/// more, and every admitted packet reaches the socket.
+#[test]
+fn single_source_flood_is_held_to_the_bound() {
+    if !privileged::require("single_source_flood_is_held_to_the_bound") {
+        return;
+    }
+    let net = TestNet::new().expect("test network");
+    let (rate, burst) = ("1000/s", 100);
+    let (mut limiter, gcra) = load_limiter(64, rate, burst).expect("loading the limiter");
+    attach_native(&net, &mut limiter);
+    let receiver = Receiver::start(&net.receiver).expect("UDP receiver");
+
+    let report = flood(&net, Sources::One(net.sender.v4.into()), receiver.port).expect("flood");
+    let delivered = receiver.finish().expect("receiver");
+    let per_cpu = limiter.counters_per_cpu(POLICY).expect("counters");
+    let counters_read = Instant::now();
+    let drops = udp_drops(&net.receiver).expect("UDP drop counters");
+    let judged = Judged::new(&per_cpu);
+    eprintln!("single source: {report}; {judged}; delivered {} (socket drops {drops})", delivered.total());
+
+    check_overload(&report, per_sec(rate), 1);
+    assert_quiet(&limiter);
+    assert_eq!(delivered.sources(), vec![IpAddr::from(net.sender.v4)], "datagrams from unexpected sources");
+    judged.check_against(&report);
+    let window = delivered.window(&report);
+    check_bounds("delivered", delivered.total(), &gcra, judged.cpus.len(), window, report.duration());
+    judged.check_admitted(&gcra, counters_read - first(&report), report.duration());
+    let admitted = judged.total.admitted_packets;
+    assert_eq!(
+        admitted,
+        delivered.total() + drops,
+        "the limiter admitted {admitted} but the socket received {} and the UDP stack dropped {drops}",
+        delivered.total()
+    );
+    limiter.detach().expect("detach");
+}
+
+/// 64 spoofed sources over 64 buckets: sources whose keys hash to the same bucket (predicted
+/// from the known salt) share one allowance, and each bucket is held to the bound.
+#[test]
+fn spoofed_sources_share_allowances_by_predicted_bucket() {
+    if !privileged::require("spoofed_sources_share_allowances_by_predicted_bucket") {
+        return;
+    }
+    const BUCKETS: u32 = 64;
+    const SOURCES: u32 = 64;
+    let net = TestNet::new().expect("test network");
+    // A low rate: each bucket gets a sliver of the flood, and must still be overloaded.
+    let (rate, burst) = ("100/s", 10);
+    let (mut limiter, gcra) = load_limiter(BUCKETS, rate, burst).expect("loading the limiter");
+    attach_native(&net, &mut limiter);
+    let prefix: Prefix = "198.19.0.0/16".parse().expect("prefix");
+    let sources = Sources::Spoofed { prefix, count: SOURCES };
+    let groups = predicted_groups(&sources.addresses().expect("sources"), BUCKETS);
+    let largest = groups.values().map(Vec::len).max().unwrap_or(0);
+    assert!(
+        largest >= 2 && groups.len() < SOURCES as usize,
+        "the fixed salt should make some of {SOURCES} sources collide in {BUCKETS} buckets"
+    );
+    let receiver = Receiver::start(&net.receiver).expect("UDP receiver");
+
+    let report = flood(&net, sources, receiver.port).expect("flood");
+    let delivered = receiver.finish().expect("receiver");
+    let per_cpu = limiter.counters_per_cpu(POLICY).expect("counters");
+    let drops = udp_drops(&net.receiver).expect("UDP drop counters");
+    let judged = Judged::new(&per_cpu);
+    eprintln!(
+        "spoofed: {report}; {judged}; delivered {} from {} sources in {} buckets (largest group {largest}, socket drops {drops})",
+        delivered.total(),
+        delivered.per_source.len(),
+        groups.len()
+    );
+
+    // Every source, so even a bucket of one, gets MIN_OVERLOAD times the rate.
+    check_overload(&report, per_sec(rate), SOURCES as usize);
+    assert_quiet(&limiter);
+    judged.check_against(&report);
+    check_touched_buckets(&limiter, &groups, &judged, BUCKETS);
+    let window = delivered.window(&report);
+    for (bucket, members) in &groups {
+        let got: u64 = members.iter().map(|a| delivered.from(a)).sum();
+        let what = format!("bucket {bucket} ({} sources)", members.len());
+        check_bounds(&what, got, &gcra, judged.cpus.len(), window, report.duration());
+    }
+    let strays: Vec<IpAddr> =
+        delivered.sources().into_iter().filter(|a| !groups.values().any(|m| m.contains(a))).collect();
+    assert!(strays.is_empty(), "datagrams from sources that were not sent: {strays:?}");
+    assert_eq!(judged.total.admitted_packets, delivered.total() + drops, "admitted vs delivered + socket drops");
+    limiter.detach().expect("detach");
+}
+
+/// The real daemon in the receiver's namespace: it attaches natively, holds a flood to its
+/// configured rate, and on SIGINT detaches, says so and exits 0, leaving no XDP program behind.
+#[test]
+fn daemon_limits_a_flood_and_detaches_on_sigint() {
+    if !privileged::require("daemon_limits_a_flood_and_detaches_on_sigint") {
+        return;
+    }
+    let bin = limiter_ctl_binary();
+    let net = TestNet::new().expect("test network");
+    let (rate, burst) = ("1000/s", 100);
+    let iface = net.receiver.iface.clone();
+    let mut daemon = Daemon::start(&net.receiver, &bin, &[
+        "daemon", "--iface", &iface, "--rate", rate, "--burst", &burst.to_string(), "--mode", "native",
+    ])
+    .expect("starting limiter-ctl");
+    let attached = daemon.wait_for(|l| l.contains(" attached "), Duration::from_secs(30)).expect("attached line");
+    assert!(attached.contains("mode=native"), "the daemon did not attach natively: {attached}");
+    assert!(attached.contains(&format!("iface={iface}")), "{attached}");
+    let link = net.receiver.link_details().expect("ip link");
+    // The same check as after exit, which must see the program while it is there.
+    assert!(link.contains("xdp"), "ip -d link shows no XDP program while the daemon runs:\n{link}");
+    let program = xdp_program_id(&net.receiver).expect("ip link").expect("an XDP program id on the interface");
+
+    let receiver = Receiver::start(&net.receiver).expect("UDP receiver");
+    let report = flood(&net, Sources::One(net.sender.v4.into()), receiver.port).expect("flood");
+    let delivered = receiver.finish().expect("receiver");
+    let per_cpu = program_counters(program, POLICY).expect("the daemon's counters");
+    let counters_read = Instant::now();
+    let drops = udp_drops(&net.receiver).expect("UDP drop counters");
+    let judged = Judged::new(&per_cpu);
+    eprintln!("daemon: {report}; {judged}; delivered {} (socket drops {drops})", delivered.total());
+
+    let gcra = policy(rate, burst).expect("policy").gcra;
+    check_overload(&report, per_sec(rate), 1);
+    judged.check_against(&report);
+    check_bounds("delivered", delivered.total(), &gcra, judged.cpus.len(), delivered.window(&report), report.duration());
+    judged.check_admitted(&gcra, counters_read - first(&report), report.duration());
+    let admitted = judged.total.admitted_packets;
+    // The daemon judges every protocol; the fixture keeps the link free of anything but the flood.
+    assert_eq!(admitted, delivered.total() + drops, "admitted vs delivered + socket drops");
+
+    let status = daemon.interrupt(Duration::from_secs(10)).expect("stopping the daemon");
+    assert!(status.success(), "limiter-ctl exited with {status}; output:\n{}", daemon.output());
+    daemon.drain(Duration::from_secs(2));
+    let out = daemon.output();
+    assert!(out.contains(" stopping ") && out.contains("SIGINT"), "no 'stopping' line:\n{out}");
+    assert!(out.contains(&format!(" detached iface={iface}")), "no 'detached' line:\n{out}");
+    let link = net.receiver.link_details().expect("ip link");
+    assert!(!link.contains("xdp"), "an XDP program is still attached after the daemon exited:\n{link}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The limiter, loaded in-process
+
+fn policy(rate: &str, burst: u64) -> anyhow::Result<limiter_common::maps::Policy> {
+    let rate: Rate = rate.parse()?;
+    let spec = PolicySpec::any(rate, burst);
+    spec.compile(POLICY).map_err(|e| anyhow!("{rate} burst {burst}: {e}"))
+}
+
+/// Packets per second of a rate written in this file.
+fn per_sec(rate: &str) -> f64 {
+    rate.parse::<Rate>().expect("the test's rates parse").per_sec()
+}
+
+/// The limiter with the known salt and one policy for UDP only: anything else on the link (there
+/// should be nothing) passes unjudged and cannot blur the admitted count.
+fn load_limiter(buckets: u32, rate: &str, burst: u64) -> anyhow::Result<(Limiter, Gcra)> {
+    let policy = policy(rate, burst)?;
+    let mut limiter = Limiter::load(buckets)?;
+    limiter.set_salt(SALT)?;
+    limiter.set_policy(&policy)?;
+    let mut config = limiter.config()?;
+    config.class_policy[CLASS_UDP] = POLICY;
+    limiter.write_config(&config)?;
+    Ok((limiter, policy.gcra))
+}
+
+/// Attaches from inside the receiver's namespace: interface names and indexes are per namespace.
+fn attach_native(net: &TestNet, limiter: &mut Limiter) {
+    let iface = &net.receiver.iface;
+    let attached = net.receiver.run(|| limiter.attach(iface, ModeRequest::Native)).expect("entering the namespace");
+    let attached = attached.unwrap_or_else(|e| panic!("native XDP on veth {iface} failed: {e}"));
+    assert_eq!(attached.mode, limiter_ctl::AttachMode::Native);
+}
+
+/// The bucket each source lands in under [`SALT`], with the sources that share it.
+fn predicted_groups(sources: &[IpAddr], buckets: u32) -> BTreeMap<u32, Vec<IpAddr>> {
+    let mut groups: BTreeMap<u32, Vec<IpAddr>> = BTreeMap::new();
+    for &src in sources {
+        let IpAddr::V4(v4) = src else { panic!("this test floods IPv4 only") };
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(&v4.octets());
+        let key = FlowKey { addr, policy: POLICY, dport: 0, family: FAMILY_V4, _pad: [0; 3] };
+        groups.entry(key.bucket(&SALT, buckets - 1)).or_default().push(src);
+    }
+    groups
+}
+
+/// The buckets holding a TAT are exactly the predicted ones: the test's key and hash agree with
+/// the kernel's (generation 0 is the only one in use).
+fn check_touched_buckets(limiter: &Limiter, groups: &BTreeMap<u32, Vec<IpAddr>>, judged: &Judged, buckets: u32) {
+    for bucket in 0..buckets {
+        let tats = limiter.bucket(bucket).expect("reading a bucket");
+        let touched: Vec<usize> = (0..tats.len()).filter(|&cpu| tats[cpu] != 0).collect();
+        if groups.contains_key(&bucket) {
+            assert!(!touched.is_empty(), "bucket {bucket} was predicted for {:?} but holds no TAT", groups[&bucket]);
+        } else {
+            assert!(touched.is_empty(), "bucket {bucket} was predicted for no source but CPUs {touched:?} used it");
+        }
+        assert!(touched.iter().all(|c| judged.cpus.contains(c)), "bucket {bucket} used on CPUs {touched:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bounds
+
+/// What the per-CPU counters of the policy say.
+struct Judged {
+    per_cpu: Vec<Counters>,
+    /// The CPUs that judged at least one packet.
+    cpus: Vec<usize>,
+    total: Counters,
+}
+
+impl Judged {
+    fn new(per_cpu: &[Counters]) -> Self {
+        let mut total = Counters::default();
+        per_cpu.iter().for_each(|c| total.add(c));
+        let cpus = (0..per_cpu.len()).filter(|&c| per_cpu[c].packets() > 0).collect();
+        Self { per_cpu: per_cpu.to_vec(), cpus, total }
+    }
+
+    /// Someone judged the flood, the pinned CPU among them, never more than was sent, and some of
+    /// it was refused (or the test measured nothing).
+    fn check_against(&self, report: &Report) {
+        let cpu = flood_cpu();
+        assert!(self.cpus.contains(&cpu), "the pinned CPU {cpu} judged nothing: {:?}", self.per_cpu);
+        let judged = self.total.packets();
+        assert!(judged <= report.sent, "judged {judged} > sent {}", report.sent);
+        assert!(self.total.refused_packets > 0, "nothing was refused: {:?}", self.per_cpu);
+        assert_eq!(self.total.errors, 0, "the program reported internal errors");
+    }
+
+    /// Each CPU's state is its own, so each CPU's admissions are held to one bound over
+    /// `window`; all of them together still make at least 90% of one allowance over the flood.
+    fn check_admitted(&self, gcra: &Gcra, window: Duration, flood: Duration) {
+        for &cpu in &self.cpus {
+            check_upper(&format!("admitted on CPU {cpu}"), self.per_cpu[cpu].admitted_packets, gcra, 1, window);
+        }
+        check_bounds("admitted", self.total.admitted_packets, gcra, self.cpus.len(), window, flood);
+    }
+}
+
+impl std::fmt::Display for Judged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let packets: Vec<u64> = self.per_cpu.iter().map(Counters::packets).collect();
+        write!(
+            f,
+            "judged per CPU {packets:?} (admitted {}, refused {})",
+            self.total.admitted_packets, self.total.refused_packets
+        )
+    }
+}
+
+/// Nothing but the flood reached the program: the fixture keeps both kernels silent, and a
+/// stray packet would also have pulled XDP onto whichever CPU sent it.
+fn assert_quiet(limiter: &Limiter) {
+    let unjudged = limiter.counters_per_cpu(0).expect("counters");
+    let packets: Vec<u64> = unjudged.iter().map(Counters::packets).collect();
+    assert!(packets.iter().all(|&p| p == 0), "packets other than the UDP flood reached XDP, per CPU: {unjudged:?}");
+}
+
+/// `got` within [90% of one CPU's bound over the flood, sum of per-CPU bounds over `window`].
+fn check_bounds(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration, flood: Duration) {
+    check_upper(what, got, gcra, cpus, window);
+    let full = gcra.bound(nanos(flood));
+    assert!(got * 10 >= full * 9, "{what}: {got} is under 90% of the {full} allowed over the flood's {flood:?}");
+}
+
+fn check_upper(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration) {
+    let upper = cpus.max(1) as u64 * gcra.bound(nanos(window));
+    eprintln!("  {what}: {got} <= {upper} (window {window:?}, {cpus} CPU(s))");
+    assert!(got <= upper, "{what}: {got} exceeds the bound {upper} over {window:?} on {cpus} CPU(s)");
+}
+
+/// The flood offered each bucket at least MIN_OVERLOAD times its rate.
+fn check_overload(report: &Report, rate: f64, sources: usize) {
+    let per_source = report.pps() / sources as f64;
+    assert!(
+        per_source >= MIN_OVERLOAD * rate,
+        "the flood offered {per_source:.0} pps per source, under {MIN_OVERLOAD}x the {rate}/s rate: too slow a sender to test the limiter"
+    );
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn first(report: &Report) -> Instant {
+    report.first.expect("the flood records its start")
+}
+
+/// The CPU the sender is pinned to: the last one this process may use.
+fn flood_cpu() -> usize {
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).expect("sched_getaffinity");
+    (0..nix::sched::CpuSet::count()).rev().find(|&c| set.is_set(c).unwrap_or(false)).unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traffic
+
+/// A bounded single-CPU flood of UDP to `port` on the receiver, from the sender's namespace.
+fn flood(net: &TestNet, sources: Sources, port: u16) -> anyhow::Result<Report> {
+    let spec = FrameSpec {
+        src_mac: net.sender.mac,
+        dst_mac: net.receiver.mac,
+        dst: net.receiver.v4.into(),
+        sport: DEFAULT_SPORT,
+        dport: port,
+        payload: DEFAULT_PAYLOAD,
+    };
+    let frames = Frames::build(&spec, &sources)?;
+    let limits = Limits { packets: FLOOD_PACKETS, duration: FLOOD_TIME, cpu: Some(flood_cpu()) };
+    let iface = &net.sender.iface;
+    net.sender.run(|| frames.send(&mut PacketSocket::open(iface)?, &limits))?
+}
+
+/// Datagrams received, per source, and when the last one arrived.
+#[derive(Default)]
+struct Delivered {
+    per_source: HashMap<IpAddr, u64>,
+    last: Option<Instant>,
+}
+
+impl Delivered {
+    fn total(&self) -> u64 {
+        self.per_source.values().sum()
+    }
+
+    fn from(&self, src: &IpAddr) -> u64 {
+        self.per_source.get(src).copied().unwrap_or(0)
+    }
+
+    fn sources(&self) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = self.per_source.keys().copied().collect();
+        v.sort();
+        v
+    }
+
+    /// From before the first send to after the last delivery: every delivered packet was judged
+    /// inside it.
+    fn window(&self, report: &Report) -> Duration {
+        let end = self.last.or(report.last).unwrap_or_else(Instant::now);
+        end.duration_since(first(report))
+    }
+}
+
+/// A UDP socket in the receiver's namespace, counting datagrams per source on its own thread
+/// (which ends once stopped, also when a failing test drops the receiver unfinished).
+struct Receiver {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    handle: Option<thread::JoinHandle<anyhow::Result<Delivered>>>,
+}
+
+/// After the flood, the receiver stops once nothing arrived for this long.
+const QUIET: Duration = Duration::from_millis(300);
+const MAX_DRAIN: Duration = Duration::from_secs(5);
+
+impl Receiver {
+    fn start(end: &End) -> anyhow::Result<Self> {
+        // A socket belongs to the namespace it was created in, wherever it is used later.
+        let socket = end.run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))?.context("binding the UDP socket")?;
+        // Room for a whole run's admissions, so the socket never drops while the test counts.
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &(8 << 20))
+            .context("SO_RCVBUFFORCE")?;
+        socket.set_read_timeout(Some(Duration::from_millis(20)))?;
+        let port = socket.local_addr()?.port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = thread::spawn(move || receive(&socket, &flag));
+        Ok(Self { port, stop, handle: Some(handle) })
+    }
+
+    /// Waits until the link has been quiet for [`QUIET`] (at most [`MAX_DRAIN`]) and returns
+    /// the counts.
+    fn finish(mut self) -> anyhow::Result<Delivered> {
+        self.stop.store(true, Ordering::Relaxed);
+        let handle = self.handle.take().context("the receiver was already finished")?;
+        handle.join().map_err(|_| anyhow!("the receiver thread panicked"))?
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn receive(socket: &UdpSocket, stop: &AtomicBool) -> anyhow::Result<Delivered> {
+    let mut delivered = Delivered::default();
+    let mut buf = [0u8; 2048];
+    let mut stop_seen: Option<Instant> = None;
+    loop {
+        match socket.recv_from(&mut buf) {
+            Ok((_, from)) => {
+                let now = Instant::now();
+                *delivered.per_source.entry(from.ip()).or_default() += 1;
+                delivered.last = Some(now);
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => return Err(e).context("receiving"),
+        }
+        if stop.load(Ordering::Relaxed) {
+            let since = *stop_seen.get_or_insert_with(Instant::now);
+            let idle = delivered.last.map_or(since.elapsed(), |l| l.max(since).elapsed());
+            if idle >= QUIET || since.elapsed() >= MAX_DRAIN {
+                return Ok(delivered);
+            }
+        }
+    }
+}
+
+/// Datagrams the UDP stack of `end`'s namespace dropped (full socket buffers and the like).
+fn udp_drops(end: &End) -> anyhow::Result<u64> {
+    end.run(|| -> anyhow::Result<u64> {
+        // thread-self: /proc/net would show the main thread's namespace.
+        let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp")?;
+        let snmp6 = std::fs::read_to_string("/proc/thread-self/net/snmp6")?;
+        Ok(snmp_value(&snmp, "Udp:", "InErrors")? + snmp6_value(&snmp6, "Udp6InErrors")?)
+    })?
+}
+
+/// A field of /proc/net/snmp, where each protocol has a line of names then a line of values.
+fn snmp_value(text: &str, proto: &str, field: &str) -> anyhow::Result<u64> {
+    let mut lines = text.lines().filter(|l| l.starts_with(proto));
+    let (names, values) = lines.next().zip(lines.next()).with_context(|| format!("no {proto} lines in snmp"))?;
+    let index = names.split_whitespace().position(|n| n == field).with_context(|| format!("no {proto} {field}"))?;
+    let value = values.split_whitespace().nth(index).with_context(|| format!("no value for {proto} {field}"))?;
+    Ok(value.parse()?)
+}
+
+fn snmp6_value(text: &str, field: &str) -> anyhow::Result<u64> {
+    let line = text.lines().find(|l| l.split_whitespace().next() == Some(field)).with_context(|| format!("no {field}"))?;
+    Ok(line.split_whitespace().nth(1).with_context(|| format!("no value for {field}"))?.parse()?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon, as a separate process
+
+/// `target/<profile>/limiter-ctl`, next to this test's `deps/` directory.
+fn limiter_ctl_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let bin = exe.parent().and_then(|deps| deps.parent()).map(|dir| dir.join("limiter-ctl"));
+    match bin {
+        Some(bin) if bin.is_file() => bin,
+        _ => panic!(
+            "limiter-ctl is not built next to {} (expected ../../limiter-ctl): run `cargo build -p limiter-ctl` \
+             first, or `cargo xtask test`, which builds the workspace",
+            exe.display()
+        ),
+    }
+}
+
+/// limiter-ctl running in a namespace, its stdout and stderr collected line by line. Dropping it
+/// kills the process (by its pid) if it is still running.
+struct Daemon {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Daemon {
+    fn start(end: &End, bin: &std::path::Path, args: &[&str]) -> anyhow::Result<Self> {
+        let mut child = end
+            .command(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {} in {}", bin.display(), end.ns))?;
+        let (tx, lines) = mpsc::channel();
+        forward_lines(child.stdout.take(), "", tx.clone());
+        forward_lines(child.stderr.take(), "stderr: ", tx);
+        Ok(Self { child, lines, seen: Vec::new() })
+    }
+
+    /// The first line matching `want`; fails (with the output so far) on timeout or exit.
+    fn wait_for(&mut self, want: impl Fn(&str) -> bool, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if want(&line) {
+                        return Ok(line);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => bail!("timed out after {timeout:?}; output:\n{}", self.output()),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait()?;
+                    bail!("limiter-ctl exited ({status}); output:\n{}", self.output())
+                }
+            }
+        }
+    }
+
+    /// SIGINT by pid, then the exit status (SIGKILL and an error if it does not exit in time).
+    fn interrupt(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).context("sending SIGINT")?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                self.child.kill().ok();
+                self.child.wait().ok();
+                bail!("limiter-ctl did not exit within {timeout:?} of SIGINT; output:\n{}", self.output());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Collects what is left of the output once the process has exited.
+    fn drain(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while let Ok(line) = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            self.seen.push(line);
+        }
+    }
+
+    fn output(&self) -> String {
+        self.seen.join("\n")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.child.kill().ok();
+            self.child.wait().ok();
+        }
+    }
+}
+
+fn forward_lines(stream: Option<impl Read + Send + 'static>, tag: &'static str, tx: mpsc::Sender<String>) {
+    let Some(stream) = stream else { return };
+    thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if tx.send(format!("{tag}{line}")).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// The id of the XDP program on `end`'s interface, from `ip -j -d link show`.
+fn xdp_program_id(end: &End) -> anyhow::Result<Option<u32>> {
+    let json = end.ip(["-j", "-d", "link", "show", "dev", &end.iface])?;
+    let Some(xdp) = json.find("\"xdp\":") else { return Ok(None) };
+    let after = &json[xdp..];
+    let id = after.find("\"id\":").with_context(|| format!("no program id in {after}"))?;
+    let digits: String = after[id + 5..].chars().take_while(char::is_ascii_digit).collect();
+    Ok(Some(digits.parse().with_context(|| format!("program id in {after}"))?))
+}
+
+/// The per-CPU counters of policy `id` of the loaded program `program` (another process's),
+/// found through the program's map ids.
+fn program_counters(program: u32, id: u16) -> anyhow::Result<Vec<Counters>> {
+    let info = loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == program)
+        .with_context(|| format!("no loaded program with id {program}"))?;
+    let map_ids = info.map_ids()?.context("the kernel does not report a program's maps")?;
+    for map_id in map_ids {
+        if MapInfo::from_id(map_id)?.name_as_str() == Some(MAP_COUNTERS) {
+            let map = Map::PerCpuArray(MapData::from_id(map_id)?);
+            let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(map)?;
+            return Ok(counters.get(&u32::from(id), 0)?.iter().copied().collect());
+        }
+    }
+    bail!("program {program} has no {MAP_COUNTERS} map")
+}

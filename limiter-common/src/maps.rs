@@ -9,6 +9,9 @@
 //!                 `g * buckets .. (g + 1) * buckets`.
 //! - `COUNTERS`    PerCpuArray[MAX_POLICIES] of [`Counters`]; index 0 holds what belongs to no
 //!                 policy (not IP, malformed, unmatched, internal errors).
+//! - `ACL_V4`, `ACL_V6` LPM tries of source prefixes to [`ACL_ALLOW`] or [`ACL_DENY`]; the
+//!                 longest prefix decides. Consulted only while `Config::HAS_ACL_*` is set, so an
+//!                 empty list costs one branch.
 //!
 //! Finding a packet's policy is two array reads whatever the number of policies.
 
@@ -20,6 +23,14 @@ pub const MAP_POLICIES: &str = "POLICIES";
 pub const MAP_PORT_POLICY: &str = "PORT_POLICY";
 pub const MAP_BUCKETS: &str = "BUCKETS";
 pub const MAP_COUNTERS: &str = "COUNTERS";
+pub const MAP_ACL_V4: &str = "ACL_V4";
+pub const MAP_ACL_V6: &str = "ACL_V6";
+
+/// Entries per allow/deny trie (each family).
+pub const MAX_ACL_ENTRIES: u32 = 16_384;
+/// ACL values: allowed sources bypass limiting; denied ones are always dropped.
+pub const ACL_ALLOW: u8 = 1;
+pub const ACL_DENY: u8 = 2;
 
 /// Policy ids are 1..MAX_POLICIES; 0 means none.
 pub const MAX_POLICIES: u32 = 256;
@@ -62,6 +73,10 @@ pub struct Config {
 impl Config {
     /// At least one port entry is set: TCP/UDP packets consult `PORT_POLICY`.
     pub const HAS_PORT_POLICIES: u32 = 1 << 0;
+    /// The IPv4 allow/deny trie has entries.
+    pub const HAS_ACL_V4: u32 = 1 << 1;
+    /// The IPv6 allow/deny trie has entries.
+    pub const HAS_ACL_V6: u32 = 1 << 2;
 }
 
 #[repr(C)]

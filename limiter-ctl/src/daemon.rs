@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::{
     Limiter,
     cli::DaemonArgs,
-    policy::{KeySpec, PolicySpec, Unit},
+    policy::PolicySpec,
     salt,
 };
 
@@ -21,13 +21,7 @@ use crate::{
 pub const DEFAULT_POLICY_ID: u16 = 1;
 
 pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
-    let spec = PolicySpec {
-        rate: args.rate,
-        burst: args.burst(),
-        key: KeySpec::default(),
-        unit: Unit::Packets,
-        dry_run: false,
-    };
+    let spec = PolicySpec::any(args.rate, args.burst());
     let policy = spec
         .compile(DEFAULT_POLICY_ID)
         .map_err(|e| crate::error::Usage(format!("--rate {} --burst {}: {e}", spec.rate, spec.burst)))?;

@@ -6,3 +6,21 @@
 pub mod decide;
 pub mod key;
 pub mod parse;
+
+/// What every BPF object here needs besides its programs: the license the kernel checks before
+/// allowing GPL-only helpers, and a panic handler (never reached: code that could panic does not
+/// pass the verifier).
+#[macro_export]
+macro_rules! program_object {
+    () => {
+        #[cfg(not(test))]
+        #[panic_handler]
+        fn panic(_info: &core::panic::PanicInfo) -> ! {
+            loop {}
+        }
+
+        #[unsafe(link_section = "license")]
+        #[unsafe(no_mangle)]
+        static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+    };
+}

@@ -7,20 +7,21 @@ use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
     helpers::bpf_ktime_get_ns,
     macros::{map, xdp},
-    maps::{Array, PerCpuArray},
+    maps::{Array, LpmTrie, PerCpuArray, lpm_trie::Key},
     programs::XdpContext,
 };
 use limiter_common::{
     key::bucket_of,
+    key::FAMILY_V4,
     maps::{
-        CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_POLICIES,
-        PORT_POLICY_ENTRIES, Policy,
+        ACL_ALLOW, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS,
+        MAX_ACL_ENTRIES, MAX_POLICIES, PORT_POLICY_ENTRIES, Policy,
     },
 };
 use limiter_ebpf::{
     decide::{Verdict, count, decide},
     key::key_words,
-    parse::{Skip, parse},
+    parse::{Packet, Skip, parse},
 };
 
 #[map]
@@ -34,6 +35,10 @@ static PORT_POLICY: Array<u16> = Array::with_max_entries(PORT_POLICY_ENTRIES, 0)
 static BUCKETS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GENERATIONS * DEFAULT_BUCKETS, 0);
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_POLICIES, 0);
+#[map]
+static ACL_V4: LpmTrie<[u8; 4], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES, 0);
+#[map]
+static ACL_V6: LpmTrie<[u8; 16], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES, 0);
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
@@ -51,31 +56,33 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 }
 
 #[inline(always)]
-fn judge(pkt: &limiter_ebpf::parse::Packet, frame_len: u64) -> u32 {
+fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     let Some(cfg) = CONFIG.get(0) else {
         return fault();
     };
-    let mut id = 0u16;
-    if pkt.has_l4 && cfg.flags & Config::HAS_PORT_POLICIES != 0 && (pkt.class == CLASS_TCP || pkt.class == CLASS_UDP) {
-        let index = (pkt.class as u32) << 16 | u32::from(pkt.dport);
-        match PORT_POLICY.get(index) {
-            Some(p) => id = *p,
-            None => return fault(),
+    let Some(id) = policy_id(cfg, pkt) else {
+        return fault();
+    };
+    if cfg.flags & (Config::HAS_ACL_V4 | Config::HAS_ACL_V6) != 0 {
+        if let Some(action) = acl(cfg, pkt) {
+            // Counted under the policy the packet would have met, so hits show per policy.
+            return if action == ACL_ALLOW {
+                bump(u32::from(id), |c| c.allowed_packets += 1);
+                XDP_PASS
+            } else {
+                bump(u32::from(id), |c| c.denied_packets += 1);
+                XDP_DROP
+            };
         }
     }
     if id == 0 {
-        id = cfg.class_policy[pkt.class & 3];
-    }
-    if id == 0 {
-        bump(0, |c| c.unmatched += 1);
-        return XDP_PASS;
+        return unmatched();
     }
     let Some(policy) = POLICIES.get(u32::from(id)) else {
         return fault();
     };
     if policy.flags & Policy::ACTIVE == 0 {
-        bump(0, |c| c.unmatched += 1);
-        return XDP_PASS;
+        return unmatched();
     }
     let words = key_words(pkt, policy);
     let base = cfg.generation.wrapping_mul(cfg.bucket_mask + 1);
@@ -87,6 +94,46 @@ fn judge(pkt: &limiter_ebpf::parse::Packet, frame_len: u64) -> u32 {
     let verdict = decide(policy, unsafe { &mut *tat }, now, frame_len);
     bump(u32::from(id), |c| count(c, verdict, frame_len));
     if verdict == Verdict::Refuse { XDP_DROP } else { XDP_PASS }
+}
+
+/// The packet's policy id (0: none): exact port or range, then protocol, then `any`, all folded
+/// by userspace into two array reads. None on a failed lookup.
+#[inline(always)]
+fn policy_id(cfg: &Config, pkt: &Packet) -> Option<u16> {
+    if pkt.has_l4 && cfg.flags & Config::HAS_PORT_POLICIES != 0 && (pkt.class == CLASS_TCP || pkt.class == CLASS_UDP) {
+        let index = (pkt.class as u32) << 16 | u32::from(pkt.dport);
+        let id = *PORT_POLICY.get(index)?;
+        if id != 0 {
+            return Some(id);
+        }
+    }
+    Some(cfg.class_policy[pkt.class & 3])
+}
+
+/// The allow/deny verdict for the packet's source, if a listed prefix covers it.
+#[inline(always)]
+fn acl(cfg: &Config, pkt: &Packet) -> Option<u8> {
+    if pkt.family == FAMILY_V4 {
+        if cfg.flags & Config::HAS_ACL_V4 == 0 {
+            return None;
+        }
+        ACL_V4.get(Key::new(32, (pkt.src[0] as u32).to_le_bytes())).copied()
+    } else {
+        if cfg.flags & Config::HAS_ACL_V6 == 0 {
+            return None;
+        }
+        let mut addr = [0u8; 16];
+        addr[..8].copy_from_slice(&pkt.src[0].to_le_bytes());
+        addr[8..].copy_from_slice(&pkt.src[1].to_le_bytes());
+        ACL_V6.get(Key::new(128, addr)).copied()
+    }
+}
+
+/// IP traffic no policy covers passes untouched.
+#[inline(always)]
+fn unmatched() -> u32 {
+    bump(0, |c| c.unmatched += 1);
+    XDP_PASS
 }
 
 /// The limiter's own fault: never drop because of it.
@@ -103,12 +150,4 @@ fn bump(index: u32, f: impl FnOnce(&mut Counters)) {
     }
 }
 
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+limiter_ebpf::program_object!();

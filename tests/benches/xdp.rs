@@ -14,7 +14,11 @@
 //! Run with `cargo xtask bench` (records BENCHMARKS.md) or
 //! `cargo bench -p limiter-tests --bench xdp -- [--out FILE] [--rounds N]`.
 
-use std::{fmt::Write as _, net::Ipv4Addr, time::Instant};
+use std::{
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr},
+    time::Instant,
+};
 
 use anyhow::{Context as _, bail};
 use aya::{
@@ -23,9 +27,10 @@ use aya::{
 };
 use limiter_ctl::{
     Limiter, objects,
-    policy::{KeySpec, PolicySpec, Unit},
+    policy::PolicySpec,
     rate::Rate,
 };
+use limiter_tests::{flood::FrameSpec, netns};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const BUCKETS: u32 = 1 << 20;
@@ -95,13 +100,7 @@ fn limiter(rate: &str, burst: u64, with_policy: bool) -> anyhow::Result<Limiter>
     let mut limiter = Limiter::load(BUCKETS)?;
     limiter.set_salt(limiter_ctl::salt::draw()?)?;
     if with_policy {
-        let spec = PolicySpec {
-            rate: rate.parse::<Rate>()?,
-            burst,
-            key: KeySpec::default(),
-            unit: Unit::Packets,
-            dry_run: false,
-        };
+        let spec = PolicySpec::any(rate.parse::<Rate>()?, burst);
         limiter.set_policy(&spec.compile(POLICY_ID)?)?;
         limiter.set_default_policy(POLICY_ID)?;
     }
@@ -149,17 +148,6 @@ struct Sample {
     random: Vec<f64>,
 }
 
-// TODO(unify): replace with the shared frame builder once tests/src/frames.rs has one.
-fn udp_v4(src: Ipv4Addr, dst: Ipv4Addr, dport: u16, payload: usize) -> Vec<u8> {
-    let builder = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1])
-        .ipv4(src.octets(), dst.octets(), 64)
-        .udp(40000, dport);
-    let payload = vec![0u8; payload];
-    let mut frame = Vec::with_capacity(builder.size(payload.len()));
-    builder.write(&mut frame, &payload).expect("writing to a Vec cannot fail");
-    frame
-}
-
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -181,8 +169,18 @@ fn main() -> anyhow::Result<()> {
     for i in (1..offsets.len()).rev() {
         offsets.swap(i, rng.random_range(0..=i));
     }
-    let dst = Ipv4Addr::new(198, 18, 0, 1);
-    let frames: Vec<Vec<u8>> = offsets.iter().map(|o| udp_v4(Ipv4Addr::from(base + o), dst, 53, 64)).collect();
+    let spec = FrameSpec {
+        src_mac: netns::SENDER_MAC,
+        dst_mac: netns::RECEIVER_MAC,
+        dst: IpAddr::V4(netns::RECEIVER_V4),
+        sport: 40_000,
+        dport: 53,
+        payload: 64,
+    };
+    let frames = offsets
+        .iter()
+        .map(|o| spec.frame(IpAddr::V4(Ipv4Addr::from(base + o))))
+        .collect::<anyhow::Result<Vec<_>>>()?;
 
     let subjects = subjects()?;
     for s in subjects.iter().filter(|s| s.warm_all_sources) {

@@ -1,1 +1,420 @@
-//! (in progress)
+//! The flood generator: crafted Ethernet/IPv4|IPv6/UDP frames to one destination MAC, from one
+//! source, from N spoofed sources of a prefix (round robin), or from every address of a prefix.
+//!
+//! Frames are built up front ([`Frames`]), so the send loop does nothing but hand the next frame
+//! to a [`Transmit`]. [`PacketSocket`] (an AF_PACKET raw socket) is the one transmitter today;
+//! a PACKET_TX_RING or BPF_PROG_TEST_RUN transmitter plugs in through the same trait.
+
+use std::{
+    fmt, io,
+    net::IpAddr,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    str::FromStr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use etherparse::PacketBuilder;
+
+/// No more frames than this are pre-built (at 60-80 bytes each, tens of MB).
+pub const MAX_FRAMES: usize = 1 << 20;
+pub const DEFAULT_SPORT: u16 = 40_000;
+/// UDP payload bytes: with IPv4 this makes a 60-byte frame, Ethernet's minimum without FCS.
+pub const DEFAULT_PAYLOAD: usize = 18;
+
+/// An address prefix such as `198.19.0.0/16` or `2001:db8:1::/64`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl Prefix {
+    fn bits(&self) -> u32 {
+        if self.addr.is_ipv4() { 32 } else { 128 }
+    }
+
+    /// How many addresses the prefix holds (saturating at u128::MAX for ::/0).
+    pub fn size(&self) -> u128 {
+        1u128.checked_shl(self.bits() - u32::from(self.len)).unwrap_or(u128::MAX)
+    }
+
+    /// The `i`-th address of the prefix (0 is the prefix's own address, host bits zero).
+    pub fn nth(&self, i: u128) -> Option<IpAddr> {
+        if i >= self.size() {
+            return None;
+        }
+        Some(match self.addr {
+            IpAddr::V4(a) => IpAddr::V4((u32::from(a) & mask32(self.len)).wrapping_add(i as u32).into()),
+            IpAddr::V6(a) => IpAddr::V6((u128::from(a) & mask128(self.len)).wrapping_add(i).into()),
+        })
+    }
+}
+
+fn mask32(len: u8) -> u32 {
+    u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
+}
+
+fn mask128(len: u8) -> u128 {
+    u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
+}
+
+impl FromStr for Prefix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || format!("invalid prefix '{s}': expected ADDRESS/LENGTH such as 198.19.0.0/16");
+        let (addr, len) = s.split_once('/').ok_or_else(err)?;
+        let addr: IpAddr = addr.parse().map_err(|_| err())?;
+        let len: u8 = len.parse().map_err(|_| err())?;
+        let prefix = Self { addr, len };
+        if u32::from(len) > prefix.bits() {
+            return Err(err());
+        }
+        Ok(prefix)
+    }
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// Where the flood claims to come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sources {
+    One(IpAddr),
+    /// Addresses 1..=count of the prefix (skipping the all-zero host), sent round robin.
+    Spoofed { prefix: Prefix, count: u32 },
+    /// Every address of the prefix in order, then again (the prefix must hold <= MAX_FRAMES).
+    Sweep(Prefix),
+}
+
+impl Sources {
+    /// The source of each pre-built frame, in sending order.
+    pub fn addresses(&self) -> anyhow::Result<Vec<IpAddr>> {
+        let (prefix, first, count) = match *self {
+            Self::One(addr) => return Ok(vec![addr]),
+            Self::Spoofed { prefix, count } => {
+                ensure!(count >= 1, "--sources must be at least 1");
+                ensure!(u128::from(count) < prefix.size(), "{prefix} holds fewer than {count} host addresses");
+                (prefix, 1, u128::from(count))
+            }
+            Self::Sweep(prefix) => (prefix, 0, prefix.size()),
+        };
+        ensure!(
+            count <= MAX_FRAMES as u128,
+            "{count} sources in {prefix} is more than the {MAX_FRAMES} frames this generator pre-builds"
+        );
+        Ok((first..first + count).filter_map(|i| prefix.nth(i)).collect())
+    }
+}
+
+/// Everything about the frames except their source address.
+#[derive(Clone, Debug)]
+pub struct FrameSpec {
+    pub src_mac: [u8; 6],
+    pub dst_mac: [u8; 6],
+    pub dst: IpAddr,
+    pub sport: u16,
+    pub dport: u16,
+    pub payload: usize,
+}
+
+impl FrameSpec {
+    /// One Ethernet/IP/UDP frame from `src`, checksums filled in.
+    pub fn frame(&self, src: IpAddr) -> anyhow::Result<Vec<u8>> {
+        let eth = PacketBuilder::ethernet2(self.src_mac, self.dst_mac);
+        let ip = match (src, self.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => eth.ipv4(s.octets(), d.octets(), 64),
+            (IpAddr::V6(s), IpAddr::V6(d)) => eth.ipv6(s.octets(), d.octets(), 64),
+            _ => bail!("source {src} and destination {} are of different families", self.dst),
+        };
+        let udp = ip.udp(self.sport, self.dport);
+        let mut frame = Vec::with_capacity(udp.size(self.payload));
+        udp.write(&mut frame, &vec![0x6c; self.payload]).context("building a UDP frame")?;
+        Ok(frame)
+    }
+}
+
+/// Pre-built frames, all the same length, stored back to back.
+pub struct Frames {
+    bytes: Vec<u8>,
+    len: usize,
+    sources: Vec<IpAddr>,
+}
+
+impl Frames {
+    pub fn build(spec: &FrameSpec, sources: &Sources) -> anyhow::Result<Self> {
+        let sources = sources.addresses()?;
+        let mut bytes = Vec::new();
+        let mut len = 0;
+        for &src in &sources {
+            let frame = spec.frame(src)?;
+            len = frame.len();
+            bytes.extend_from_slice(&frame);
+        }
+        Ok(Self { bytes, len, sources })
+    }
+
+    pub fn count(&self) -> usize {
+        self.sources.len()
+    }
+
+    /// Frame `i` (sending order), and the source address it carries.
+    pub fn get(&self, i: usize) -> (&[u8], IpAddr) {
+        (&self.bytes[i * self.len..(i + 1) * self.len], self.sources[i])
+    }
+
+    /// Sends frames round robin until `limits` says stop; pins the calling thread first if
+    /// `limits.cpu` is set. Transient refusals (ENOBUFS, EAGAIN) are counted, not fatal.
+    pub fn send(&self, tx: &mut impl Transmit, limits: &Limits) -> anyhow::Result<Report> {
+        ensure!(self.count() > 0, "no frames to send");
+        if let Some(cpu) = limits.cpu {
+            crate::cpu::pin_current_thread(cpu).with_context(|| format!("pinning the sender to CPU {cpu}"))?;
+        }
+        let mut report = Report::default();
+        let start = Instant::now();
+        report.first = Some(start);
+        let (mut i, mut attempts) = (0, 0u64);
+        while report.sent < limits.packets {
+            // Reading the clock every 64 frames keeps it out of the per-frame cost.
+            if attempts.is_multiple_of(64) && start.elapsed() >= limits.duration {
+                break;
+            }
+            attempts += 1;
+            match tx.transmit(self.get(i).0) {
+                Ok(()) => report.sent += 1,
+                Err(e) if is_transient(&e) => report.refused += 1,
+                Err(e) => return Err(e).context(format!("sending frame {} after {} sent", i, report.sent)),
+            }
+            i = if i + 1 == self.count() { 0 } else { i + 1 };
+        }
+        report.last = Some(Instant::now());
+        Ok(report)
+    }
+}
+
+fn is_transient(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::EAGAIN))
+}
+
+/// When a flood stops: whichever limit comes first.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub packets: u64,
+    pub duration: Duration,
+    /// Pin the sending thread to this CPU (veth runs the receiver's XDP on the sending CPU).
+    pub cpu: Option<usize>,
+}
+
+/// What a flood did. `first` is taken before the first send, `last` after the last one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Report {
+    pub sent: u64,
+    /// Sends the kernel refused for lack of room (not counted in `sent`).
+    pub refused: u64,
+    pub first: Option<Instant>,
+    pub last: Option<Instant>,
+}
+
+impl Report {
+    pub fn duration(&self) -> Duration {
+        match (self.first, self.last) {
+            (Some(first), Some(last)) => last.duration_since(first),
+            _ => Duration::ZERO,
+        }
+    }
+
+    pub fn pps(&self) -> f64 {
+        self.sent as f64 / self.duration().as_secs_f64().max(1e-9)
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "sent={} refused={} seconds={:.3} pps={:.0}",
+            self.sent,
+            self.refused,
+            self.duration().as_secs_f64(),
+            self.pps()
+        )
+    }
+}
+
+/// Something that puts one frame on the wire (or into the program under test).
+pub trait Transmit {
+    fn transmit(&mut self, frame: &[u8]) -> io::Result<()>;
+}
+
+/// An AF_PACKET raw socket bound to one interface of the calling thread's namespace; frames go
+/// out as they are, Ethernet header included.
+pub struct PacketSocket {
+    fd: OwnedFd,
+}
+
+impl PacketSocket {
+    /// Opens the socket in the calling thread's network namespace: call it from inside the
+    /// sender's namespace.
+    pub fn open(iface: &str) -> anyhow::Result<Self> {
+        let ifindex = ifindex(iface)?;
+        // Protocol 0: send only, so the socket never queues received frames.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error()).context("opening an AF_PACKET socket (needs CAP_NET_RAW)");
+        }
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = ifindex as i32;
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&raw const addr).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error()).context(format!("binding the AF_PACKET socket to {iface}"));
+        }
+        Ok(Self { fd })
+    }
+}
+
+impl Transmit for PacketSocket {
+    fn transmit(&mut self, frame: &[u8]) -> io::Result<()> {
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    }
+}
+
+fn ifindex(iface: &str) -> anyhow::Result<u32> {
+    let name = std::ffi::CString::new(iface).with_context(|| format!("interface name {iface:?}"))?;
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => bail!("no interface '{iface}' in this network namespace (see `ip link`)"),
+        index => Ok(index),
+    }
+}
+
+/// The MAC address of `iface` in the calling thread's network namespace.
+pub fn iface_mac(iface: &str) -> anyhow::Result<[u8; 6]> {
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error()).context("opening a socket for SIOCGIFHWADDR");
+    }
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    let name = iface.as_bytes();
+    ensure!(name.len() < req.ifr_name.len() && !name.contains(&0), "invalid interface name {iface:?}");
+    for (dst, &src) in req.ifr_name.iter_mut().zip(name) {
+        *dst = src as libc::c_char;
+    }
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } < 0 {
+        return Err(io::Error::last_os_error()).context(format!("reading the MAC address of {iface}"));
+    }
+    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
+    Ok(std::array::from_fn(|i| data[i] as u8))
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let err = || format!("invalid MAC address '{s}': expected six hex bytes such as 02:00:00:00:00:01");
+    let bytes: Vec<u8> = s.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>().map_err(|_| err())?;
+    bytes.try_into().map_err(|_| err())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+
+    use super::*;
+
+    fn spec(dst: IpAddr) -> FrameSpec {
+        FrameSpec {
+            src_mac: [2, 0, 0, 0, 0, 2],
+            dst_mac: [2, 0, 0, 0, 0, 1],
+            dst,
+            sport: DEFAULT_SPORT,
+            dport: 9,
+            payload: DEFAULT_PAYLOAD,
+        }
+    }
+
+    fn source_of(frame: &[u8]) -> IpAddr {
+        let sliced = SlicedPacket::from_ethernet(frame).expect("frame parses");
+        assert!(matches!(sliced.transport, Some(TransportSlice::Udp(_))));
+        match sliced.net.expect("has IP") {
+            NetSlice::Ipv4(ip) => ip.header().source_addr().into(),
+            NetSlice::Ipv6(ip) => ip.header().source_addr().into(),
+            _ => panic!("not IP"),
+        }
+    }
+
+    #[test]
+    fn spoofed_sources_are_sent_round_robin_from_inside_the_prefix() {
+        let prefix: Prefix = "198.19.7.9/16".parse().unwrap();
+        let frames = Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 300 })
+            .unwrap();
+        assert_eq!(frames.count(), 300);
+        for i in 0..300 {
+            let (frame, src) = frames.get(i);
+            assert_eq!(frame.len(), 60);
+            assert_eq!(source_of(frame), src);
+            let expected = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + 1 + i as u32);
+            assert_eq!(src, IpAddr::V4(expected));
+        }
+    }
+
+    #[test]
+    fn a_sweep_covers_every_address_once() {
+        let prefix: Prefix = "2001:db8:1::/120".parse().unwrap();
+        let frames = Frames::build(&spec(Ipv6Addr::LOCALHOST.into()), &Sources::Sweep(prefix)).unwrap();
+        let mut seen: Vec<IpAddr> = (0..frames.count()).map(|i| source_of(frames.get(i).0)).collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 256);
+        assert!(seen.iter().all(|a| matches!(a, IpAddr::V6(v) if v.segments()[..7] == [0x2001, 0xdb8, 1, 0, 0, 0, 0])));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_build() {
+        let v4 = spec(Ipv4Addr::new(198, 18, 0, 1).into());
+        assert!(Frames::build(&v4, &Sources::One(Ipv6Addr::LOCALHOST.into())).is_err());
+        let small: Prefix = "198.19.0.0/30".parse().unwrap();
+        assert!(Sources::Spoofed { prefix: small, count: 3 }.addresses().is_ok());
+        assert!(Sources::Spoofed { prefix: small, count: 4 }.addresses().is_err());
+        assert!(Sources::Sweep("10.0.0.0/8".parse().unwrap()).addresses().is_err());
+        assert!("198.19.0.0/33".parse::<Prefix>().is_err());
+        assert!("198.19.0.0".parse::<Prefix>().is_err());
+    }
+
+    #[test]
+    fn send_stops_at_the_packet_limit_and_skips_transient_refusals() {
+        struct Flaky(u64);
+        impl Transmit for Flaky {
+            fn transmit(&mut self, _: &[u8]) -> io::Result<()> {
+                self.0 += 1;
+                if self.0.is_multiple_of(3) { Err(io::Error::from_raw_os_error(libc::ENOBUFS)) } else { Ok(()) }
+            }
+        }
+        let frames = Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::One(Ipv4Addr::new(198, 18, 0, 2).into()))
+            .unwrap();
+        let limits = Limits { packets: 1000, duration: Duration::from_secs(60), cpu: None };
+        let report = frames.send(&mut Flaky(0), &limits).unwrap();
+        assert_eq!(report.sent, 1000);
+        assert_eq!(report.refused, 499);
+        assert!(report.last >= report.first);
+    }
+
+    #[test]
+    fn macs_parse_strictly() {
+        assert_eq!(parse_mac("02:6c:6d:74:00:01"), Ok([2, 0x6c, 0x6d, 0x74, 0, 1]));
+        assert!(parse_mac("02:6c:6d:74:00").is_err());
+        assert!(parse_mac("02:6c:6d:74:00:0g").is_err());
+    }
+}

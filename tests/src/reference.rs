@@ -254,7 +254,7 @@ pub mod kernel {
     };
     use limiter_ctl::{
         Limiter, objects,
-        policy::{KeySpec, PolicySpec, Unit},
+        policy::{KeySpec, PolicySpec},
         rate::Rate,
     };
 
@@ -269,13 +269,7 @@ pub mod kernel {
 
     /// A policy no test refuses anything under: 10^9 per second, burst 10^6.
     pub fn permissive(key: KeySpec) -> PolicySpec {
-        PolicySpec {
-            rate: Rate { count: 1_000_000_000, period_ns: 1_000_000_000 },
-            burst: 1_000_000,
-            key,
-            unit: Unit::Packets,
-            dry_run: false,
-        }
+        PolicySpec { key, ..PolicySpec::any(Rate { count: 1_000_000_000, period_ns: 1_000_000_000 }, 1_000_000) }
     }
 
     /// The errno behind a failed test run, wherever it sits in the error chain.

@@ -48,12 +48,4 @@ pub fn limiter_probe(ctx: XdpContext) -> u32 {
     XDP_PASS
 }
 
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+limiter_ebpf::program_object!();
