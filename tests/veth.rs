@@ -242,7 +242,7 @@ fn predicted_groups(sources: &[IpAddr], buckets: u32) -> BTreeMap<u32, Vec<IpAdd
         let IpAddr::V4(v4) = src else { panic!("this test floods IPv4 only") };
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&v4.octets());
-        let key = FlowKey { addr, policy: POLICY, dport: 0, family: FAMILY_V4, _pad: [0; 3] };
+        let key = FlowKey { addr, policy: POLICY, dport: 0, family: FAMILY_V4 };
         groups.entry(key.bucket(&SALT, buckets - 1)).or_default().push(src);
     }
     groups

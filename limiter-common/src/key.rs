@@ -1,18 +1,20 @@
 //! A source's key: its address masked to the policy's prefix, the policy id, and optionally the
 //! destination port, hashed under the salt into a bucket index.
 //!
-//! The key is three little-endian words, i.e. the bytes of [`FlowKey`]:
-//! `addr[0..8]`, `addr[8..16]`, then `policy | dport << 16 | family << 32`. IPv4 addresses fill
-//! `addr[0..4]`. The policy id and family are part of the hashed bytes, so no two policies and no
-//! IPv4/IPv6 pair ever share an allowance except by a hash collision.
+//! The hashed bytes ([`FlowKey::bytes`]) are, as little-endian words:
+//! - IPv4, 8 bytes: `addr[0..4] | policy << 32 | dport << 48`;
+//! - IPv6, 24 bytes: `addr[0..8]`, `addr[8..16]`, `policy | dport << 16 | 6 << 32`.
+//!
+//! IPv4 fits one word, which saves two SipHash rounds per packet. The lengths differ, so an IPv4
+//! and an IPv6 key never hash alike except by collision; the policy id is hashed too, so no two
+//! policies share an allowance except by collision.
 
-use crate::siphash::{SipKey, hash_words};
+use crate::siphash::{SipInit, SipKey, hash_bytes, hash_words};
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
 
-/// The hashed key, laid out exactly as the words the XDP program feeds to SipHash.
-#[repr(C)]
+/// A key as userspace describes it; [`FlowKey::bytes`] is what gets hashed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowKey {
     /// Source address masked to the prefix, in network byte order; IPv4 in the first 4 bytes.
@@ -21,43 +23,63 @@ pub struct FlowKey {
     /// Destination port (host order) when the policy keys on it, else 0.
     pub dport: u16,
     pub family: u8,
-    pub _pad: [u8; 3],
 }
 
 impl FlowKey {
+    /// The hashed bytes and how many of them there are (8 for IPv4, 24 for IPv6).
+    pub fn bytes(&self) -> ([u8; 24], usize) {
+        let mut b = [0u8; 24];
+        if self.family == FAMILY_V4 {
+            b[0..4].copy_from_slice(&self.addr[0..4]);
+            b[4..6].copy_from_slice(&self.policy.to_le_bytes());
+            b[6..8].copy_from_slice(&self.dport.to_le_bytes());
+            (b, 8)
+        } else {
+            b[0..16].copy_from_slice(&self.addr);
+            b[16..18].copy_from_slice(&self.policy.to_le_bytes());
+            b[18..20].copy_from_slice(&self.dport.to_le_bytes());
+            b[20] = FAMILY_V6;
+            (b, 24)
+        }
+    }
+
+    /// The bytes as the three words the probe program records (IPv4: one word, then zeros).
     pub fn words(&self) -> [u64; 3] {
-        let mut w = [0u64; 3];
-        let mut meta = [0u8; 8];
-        meta[0..2].copy_from_slice(&self.policy.to_le_bytes());
-        meta[2..4].copy_from_slice(&self.dport.to_le_bytes());
-        meta[4] = self.family;
-        w[0] = le_word(&self.addr[0..8]);
-        w[1] = le_word(&self.addr[8..16]);
-        w[2] = u64::from_le_bytes(meta);
-        w
+        let (b, _) = self.bytes();
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        [word(0), word(1), word(2)]
     }
 
+    /// The bucket this key lands in, computed over [`FlowKey::bytes`] by the byte-wise SipHash,
+    /// independently of the word-wise code the kernel runs.
     pub fn bucket(&self, salt: &SipKey, bucket_mask: u32) -> u32 {
-        bucket_of(salt, &self.words(), bucket_mask)
+        let (b, len) = self.bytes();
+        (hash_bytes(salt, &b[..len]) as u32) & bucket_mask
     }
 }
 
-fn le_word(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(b);
-    u64::from_le_bytes(a)
+/// The IPv4 key word from the address word as loaded from the packet (already masked).
+#[inline(always)]
+pub fn v4_word(addr: u64, policy: u16, dport: u16) -> u64 {
+    addr | (u64::from(policy) << 32) | (u64::from(dport) << 48)
 }
 
-/// The third key word, built the way [`FlowKey::words`] lays it out.
+/// The third IPv6 key word.
 #[inline(always)]
-pub fn meta_word(policy: u16, dport: u16, family: u8) -> u64 {
-    u64::from(policy) | (u64::from(dport) << 16) | (u64::from(family) << 32)
+pub fn v6_meta_word(policy: u16, dport: u16) -> u64 {
+    u64::from(policy) | (u64::from(dport) << 16) | (u64::from(FAMILY_V6) << 32)
 }
 
-/// The bucket a key lands in. `bucket_mask` is the bucket count minus one (a power of two).
+/// The bucket for key words as the kernel builds them (IPv4: `words[0]` alone).
+/// `bucket_mask` is the bucket count minus one (a power of two).
 #[inline(always)]
-pub fn bucket_of(salt: &SipKey, words: &[u64; 3], bucket_mask: u32) -> u32 {
-    (hash_words(salt, words) as u32) & bucket_mask
+pub fn bucket_of(salt: &SipInit, family: u8, words: &[u64; 3], bucket_mask: u32) -> u32 {
+    let hash = if family == FAMILY_V4 { hash_words(salt, &[words[0]]) } else { hash_words(salt, words) };
+    (hash as u32) & bucket_mask
 }
 
 /// The mask for a prefix of `prefix_len` bits, as the two little-endian words the XDP program
@@ -70,37 +92,63 @@ pub fn prefix_mask_words(prefix_len: u8) -> [u64; 2] {
         *b = if take == 0 { 0 } else { 0xffu8 << (8 - take) };
         bits -= take;
     }
-    [le_word(&bytes[0..8]), le_word(&bytes[8..16])]
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    [word(&bytes[0..8]), word(&bytes[8..16])]
 }
 
 #[cfg(test)]
 mod tests {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+
     use super::*;
 
     #[test]
     fn masks_keep_exactly_the_prefix() {
-        let addr = [0xffu8; 16];
         for len in 0..=128u8 {
             let m = prefix_mask_words(len);
-            let kept = m[0].count_ones() + m[1].count_ones();
-            assert_eq!(kept, u32::from(len));
-            let w = [le_word(&addr[0..8]) & m[0], le_word(&addr[8..16]) & m[1]];
-            let bytes: [u8; 16] = {
-                let mut b = [0u8; 16];
-                b[0..8].copy_from_slice(&w[0].to_le_bytes());
-                b[8..16].copy_from_slice(&w[1].to_le_bytes());
-                b
-            };
+            assert_eq!(m[0].count_ones() + m[1].count_ones(), u32::from(len));
+            let mut bytes = [0u8; 16];
+            bytes[0..8].copy_from_slice(&m[0].to_le_bytes());
+            bytes[8..16].copy_from_slice(&m[1].to_le_bytes());
             // Leading ones in network bit order.
-            let lead = u128::from_be_bytes(bytes).leading_ones();
-            assert_eq!(lead, u32::from(len));
+            assert_eq!(u128::from_be_bytes(bytes).leading_ones(), u32::from(len));
         }
     }
 
     #[test]
-    fn meta_word_matches_the_struct_layout() {
-        let k = FlowKey { addr: [1; 16], policy: 0xabcd, dport: 53, family: FAMILY_V6, _pad: [0; 3] };
-        assert_eq!(k.words()[2], meta_word(0xabcd, 53, FAMILY_V6));
-        assert_eq!(core::mem::size_of::<FlowKey>(), 24);
+    fn kernel_words_hash_like_the_key_bytes() {
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..10_000 {
+            let salt = SipKey { k0: rng.random(), k1: rng.random() };
+            let family = if rng.random_bool(0.5) { FAMILY_V4 } else { FAMILY_V6 };
+            let mut addr: [u8; 16] = rng.random();
+            if family == FAMILY_V4 {
+                addr[4..].fill(0);
+            }
+            let key = FlowKey { addr, policy: rng.random(), dport: rng.random(), family };
+            // The words the kernel builds from what it loads from the packet.
+            let lo = u64::from_le_bytes(addr[0..8].try_into().unwrap());
+            let hi = u64::from_le_bytes(addr[8..16].try_into().unwrap());
+            let words = if family == FAMILY_V4 {
+                [v4_word(lo, key.policy, key.dport), 0, 0]
+            } else {
+                [lo, hi, v6_meta_word(key.policy, key.dport)]
+            };
+            assert_eq!(words, key.words());
+            let mask = (1 << rng.random_range(4..24)) - 1;
+            assert_eq!(bucket_of(&SipInit::new(&salt), family, &words, mask), key.bucket(&salt, mask));
+        }
+    }
+
+    #[test]
+    fn families_and_policies_are_kept_apart() {
+        let v4 = FlowKey { addr: [198, 18, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], policy: 1, dport: 0, family: FAMILY_V4 };
+        let v6 = FlowKey { family: FAMILY_V6, ..v4 };
+        assert_ne!(v4.bytes(), v6.bytes());
+        assert_ne!(v4.bytes(), FlowKey { policy: 2, ..v4 }.bytes());
     }
 }

@@ -11,4 +11,4 @@ pub mod siphash;
 
 pub use gcra::Gcra;
 pub use key::FlowKey;
-pub use siphash::SipKey;
+pub use siphash::{SipInit, SipKey};

@@ -15,7 +15,7 @@
 //!
 //! Finding a packet's policy is two array reads whatever the number of policies.
 
-use crate::{gcra::Gcra, siphash::SipKey};
+use crate::{gcra::Gcra, siphash::SipInit};
 
 pub const PROGRAM: &str = "limiter";
 pub const MAP_CONFIG: &str = "CONFIG";
@@ -54,10 +54,10 @@ pub const PORT_POLICY_ENTRIES: u32 = PORT_CLASSES * 65_536;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
-    /// The current salt. Never logged or printed (see [`SipKey`]'s Debug).
-    pub salt: SipKey,
+    /// The current salt, folded into SipHash's initial state. Never logged or printed.
+    pub salt: SipInit,
     /// The previous salt, consulted until `grace_until_ns` (salt rotation).
-    pub prev_salt: SipKey,
+    pub prev_salt: SipInit,
     pub grace_until_ns: u64,
     /// Buckets per generation minus one; the bucket count is a power of two.
     pub bucket_mask: u32,
@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<Config>(), 16 + 16 + 8 + 4 + 4 + 8 + 4 + 4);
+        assert_eq!(size_of::<Config>(), 32 + 32 + 8 + 4 + 4 + 8 + 4 + 4);
         assert_eq!(size_of::<Policy>(), 24 + 16 + 8 + 4 + 2 + 2);
         assert_eq!(size_of::<Counters>(), 12 * 8);
         assert_eq!(size_of::<ParseProbe>(), 4 + 4 + 4 + 4 + 16 + 24);

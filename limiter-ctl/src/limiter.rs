@@ -9,7 +9,7 @@ use aya::{
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
 use limiter_common::{
-    SipKey,
+    SipInit, SipKey,
     maps::{
         CLASSES, Config, Counters, GENERATIONS, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
         MAP_POLICIES, MAX_BUCKETS, MAX_POLICIES, MIN_BUCKETS, PROGRAM, Policy,
@@ -156,7 +156,7 @@ impl Limiter {
 
     pub fn set_salt(&mut self, salt: SipKey) -> Result<(), Error> {
         let mut config = self.config()?;
-        config.salt = salt;
+        config.salt = SipInit::new(&salt);
         self.write_config(&config)
     }
 

@@ -86,7 +86,7 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     }
     let words = key_words(pkt, policy);
     let base = cfg.generation.wrapping_mul(cfg.bucket_mask + 1);
-    let index = base + bucket_of(&cfg.salt, &words, cfg.bucket_mask);
+    let index = base + bucket_of(&cfg.salt, pkt.family, &words, cfg.bucket_mask);
     let Some(tat) = BUCKETS.get_ptr_mut(index) else {
         return fault();
     };

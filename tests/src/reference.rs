@@ -219,7 +219,6 @@ pub fn flow_key(policy: u16, key: &KeySpec, family: u8, src: &[u8; 16], dport: u
         policy,
         dport: if key.dport { dport } else { 0 },
         family,
-        _pad: [0; 3],
     }
 }
 
@@ -409,7 +408,7 @@ mod tests {
         // /48: the first three groups survive, dport 22, policy 1, family 6.
         let mut addr = [0u8; 16];
         addr[..6].copy_from_slice(&frames::v6(2, 7)[..6]);
-        let expect = FlowKey { addr, policy: 1, dport: 22, family: FAMILY_V6, _pad: [0; 3] };
+        let expect = FlowKey { addr, policy: 1, dport: 22, family: FAMILY_V6 };
         assert_eq!(p.probe.key, expect.words());
     }
 
