@@ -1,14 +1,24 @@
-//! The command line, defined once with clap (completions and the man page derive from it).
+//! The command line, defined once with clap; shell completions are generated from it.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
+use ipnet::IpNet;
 
-use crate::{limiter::ModeRequest, rate::Rate};
+use crate::{
+    config::{self, PolicyDef},
+    ipc,
+    limiter::ModeRequest,
+    policy::{KeySpec, Match, Mode, Name, Unit, parse_burst},
+    rate::Rate,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "limiter-ctl", version, about = "Host-level flood limiter: per-source GCRA in XDP")]
 pub struct Cli {
+    /// The daemon's control socket.
+    #[arg(long, global = true, value_name = "PATH", default_value = ipc::DEFAULT_SOCKET)]
+    pub socket: PathBuf,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -17,6 +27,20 @@ pub struct Cli {
 pub enum Command {
     /// Load the XDP limiter on an interface and keep it there until SIGINT or SIGTERM.
     Daemon(DaemonArgs),
+    /// Create, replace, remove and inspect rate policies.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Sources that bypass limiting.
+    #[command(subcommand)]
+    Allow(ListCommand),
+    /// Sources that are always dropped.
+    #[command(subcommand)]
+    Deny(ListCommand),
+    /// Print a shell completion script.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -24,11 +48,14 @@ pub struct DaemonArgs {
     /// Interface to protect.
     #[arg(long, value_name = "IFACE")]
     pub iface: String,
-    /// Sustained rate per source: N/s, N/min or N/h.
+    /// Policies and lists, loaded at start, re-read on SIGHUP, rewritten on every change.
+    #[arg(long, value_name = "PATH", default_value = config::DEFAULT_PATH)]
+    pub config: PathBuf,
+    /// Install (or replace) the policy "default", matching all traffic, at this rate per source.
     #[arg(long, value_name = "RATE")]
-    pub rate: Rate,
-    /// Packets a source may send at once after being quiet [default: one second's worth of the rate].
-    #[arg(long, value_name = "N", value_parser = parse_burst)]
+    pub rate: Option<Rate>,
+    /// Burst of the "default" policy [default: one second's worth of the rate].
+    #[arg(long, value_name = "N", value_parser = parse_burst, requires = "rate")]
     pub burst: Option<u64>,
     /// Buckets per CPU (a power of two from 16 to 16777216); memory is buckets x 16 bytes x CPUs.
     #[arg(long, value_name = "N", default_value_t = limiter_common::maps::DEFAULT_BUCKETS, value_parser = parse_buckets)]
@@ -41,34 +68,100 @@ pub struct DaemonArgs {
     pub stats_every: Option<Duration>,
 }
 
-impl DaemonArgs {
-    pub fn burst(&self) -> u64 {
-        self.burst.unwrap_or_else(|| self.rate.per_sec().ceil().max(1.0) as u64)
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Create a policy, or replace the one of that name (it keeps its buckets and counters).
+    Set(PolicySetArgs),
+    /// Remove a policy: its traffic falls to the next matching policy, or passes.
+    Rm { name: Name },
+    /// All policies, with their counters.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One policy, with its counters.
+    Show {
+        name: Name,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PolicySetArgs {
+    /// 1-32 of A-Z a-z 0-9 _ . -
+    pub name: Name,
+    /// any, tcp, udp or icmp, optionally with a destination port or range: udp:53, tcp:8000-8999.
+    #[arg(long = "match", value_name = "MATCH", default_value = "any")]
+    pub matches: Match,
+    /// Rate per key: N/s, N/min or N/h.
+    #[arg(long)]
+    pub rate: Rate,
+    /// Burst in the policy's unit [default: one second's worth; in bytes at least 65535].
+    #[arg(long, value_name = "N", value_parser = parse_burst)]
+    pub burst: Option<u64>,
+    /// Sources sharing an allowance: src/V4LEN,/V6LEN, optionally +dport.
+    #[arg(long, value_name = "KEY", default_value = "src/32,/64")]
+    pub key: KeySpec,
+    /// What the rate counts.
+    #[arg(long, value_enum, default_value_t = Unit::Packets)]
+    pub unit: Unit,
+    /// Pass everything; count what would have been refused.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl PolicySetArgs {
+    pub fn def(&self) -> PolicyDef {
+        PolicyDef {
+            name: self.name.clone(),
+            matches: self.matches,
+            rate: self.rate,
+            burst: self.burst,
+            key: self.key,
+            unit: self.unit,
+            mode: if self.dry_run { Mode::DryRun } else { Mode::Enforce },
+        }
     }
 }
 
-fn parse_burst(s: &str) -> Result<u64, String> {
-    match s.parse::<u64>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(format!("invalid burst '{s}': expected a whole number from 1")),
-    }
+#[derive(Debug, Subcommand)]
+pub enum ListCommand {
+    /// Add an IPv4 or IPv6 network (e.g. 198.18.0.0/24, 2001:db8::/48).
+    Add {
+        #[arg(value_parser = parse_cidr)]
+        cidr: IpNet,
+    },
+    /// Remove a network.
+    Rm {
+        #[arg(value_parser = parse_cidr)]
+        cidr: IpNet,
+    },
+    /// The networks on the list.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_cidr(s: &str) -> Result<IpNet, String> {
+    s.parse().map_err(|_| {
+        format!("invalid CIDR '{s}': expected an IPv4 or IPv6 network with its prefix length, such as 198.18.0.0/24 or 2001:db8::/32")
+    })
 }
 
 fn parse_buckets(s: &str) -> Result<u32, String> {
-    s.parse::<u32>()
-        .ok()
-        .and_then(|n| crate::limiter::check_buckets(n).ok())
-        .ok_or_else(|| {
-            format!(
-                "invalid bucket count '{s}': expected a power of two from {} to {}",
-                limiter_common::maps::MIN_BUCKETS,
-                limiter_common::maps::MAX_BUCKETS
-            )
-        })
+    s.parse::<u32>().ok().and_then(|n| crate::limiter::check_buckets(n).ok()).ok_or_else(|| {
+        format!(
+            "invalid bucket count '{s}': expected a power of two from {} to {}",
+            limiter_common::maps::MIN_BUCKETS,
+            limiter_common::maps::MAX_BUCKETS
+        )
+    })
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {
-    let err = || format!("invalid interval '{s}': expected seconds such as 1s or 5s");
+    let err = || format!("invalid interval '{s}': expected whole seconds such as 1s or 5s");
     let n: u64 = s.strip_suffix('s').unwrap_or(s).parse().map_err(|_| err())?;
     if n == 0 {
         return Err(err());

@@ -1,38 +1,64 @@
-//! `limiter-ctl daemon`: load, configure, attach, then wait for a signal and detach.
+//! `limiter-ctl daemon`: validate the config, load the program, make its maps say what the
+//! config says, attach, then serve the control socket until SIGINT or SIGTERM, re-reading the
+//! config on SIGHUP.
 //!
-//! One line per state change on stdout (through `tracing`). The salt is drawn here and written
-//! to the kernel map only.
+//! Every change is validated whole before anything moves; then the kernel's maps are updated,
+//! then the config file is written (atomically). If the write fails the maps are put back.
+//! One log line per state change. The salt is drawn here and written to the kernel map only.
 
-use std::time::Instant;
+use std::{
+    io,
+    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use limiter_common::maps::Counters;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    net::{UnixListener, UnixStream},
+    signal::unix::{SignalKind, signal},
+};
 use tracing::{info, warn};
 
 use crate::{
     Limiter,
     cli::DaemonArgs,
-    policy::PolicySpec,
+    config::{self, ConfigFile, PolicyDef},
+    error::Usage,
+    ipc::{MAX_REQUEST, PolicyStatus, Request, Response},
     salt,
+    state::State,
 };
 
-/// The policy id the daemon's command-line rate is installed under.
-pub const DEFAULT_POLICY_ID: u16 = 1;
+/// The policy the daemon's `--rate` installs (matching everything).
+pub const DEFAULT_POLICY: &str = "default";
 
-pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
-    let spec = PolicySpec::any(args.rate, args.burst());
-    let policy = spec
-        .compile(DEFAULT_POLICY_ID)
-        .map_err(|e| crate::error::Usage(format!("--rate {} --burst {}: {e}", spec.rate, spec.burst)))?;
-    if !crate::limiter::interface_exists(&args.iface) {
-        return Err(crate::error::Usage(format!("interface '{}' does not exist (see `ip link`)", args.iface)).into());
+pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
+    // Everything the operator gave is checked before anything is loaded or bound.
+    let file = config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
+    let mut state = State::build(&file, &State::default()).map_err(|e| Usage(format!("{}: {}", args.config.display(), e.0)))?;
+    if let Some(rate) = args.rate {
+        let def = PolicyDef {
+            name: DEFAULT_POLICY.parse().map_err(|e: crate::policy::FieldError| Usage(e.to_string()))?,
+            matches: Default::default(),
+            rate,
+            burst: args.burst,
+            key: Default::default(),
+            unit: Default::default(),
+            mode: Default::default(),
+        };
+        state = state.with_policy(def).map_err(|e| Usage(format!("--rate/--burst: {}", e.0)))?;
     }
+    if !crate::limiter::interface_exists(&args.iface) {
+        return Err(Usage(format!("interface '{}' does not exist (see `ip link`)", args.iface)).into());
+    }
+    let listener = bind(socket)?;
 
     let mut limiter = Limiter::load(args.buckets)?;
     limiter.set_salt(salt::draw()?)?;
-    limiter.set_policy(&policy)?;
-    limiter.set_default_policy(DEFAULT_POLICY_ID)?;
+    limiter.sync(&State::default(), &state)?;
     let attached = limiter.attach(&args.iface, args.mode)?;
     if let Some(reason) = &attached.fallback {
         warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
@@ -40,47 +66,226 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     info!(
         iface = %args.iface,
         mode = %attached.mode,
-        rate = %spec.rate,
-        burst = spec.burst,
+        policies = state.policies().count(),
         buckets = args.buckets,
+        config = %args.config.display(),
+        socket = %socket.display(),
         "attached"
     );
+    let mut daemon = Daemon { limiter, state, config_path: args.config.clone() };
+    if daemon.state.to_config() != file {
+        daemon.save().context("writing the config")?;
+    }
 
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut stats = args.stats_every.map(tokio::time::interval);
-    let mut last = (Instant::now(), total(&limiter)?);
-    let signal_name = loop {
-        tokio::select! {
-            _ = sigint.recv() => break "SIGINT",
-            _ = sigterm.recv() => break "SIGTERM",
-            _ = async { stats.as_mut().expect("guarded").tick().await }, if stats.is_some() => {
-                let now = (Instant::now(), total(&limiter)?);
-                print_rates(&last, &now);
-                last = now;
-            }
-        }
-    };
-    info!(signal = signal_name, "stopping");
-    if let Some(iface) = limiter.detach()? {
+    let result = daemon.serve(listener, args.stats_every).await;
+    if let Err(e) = std::fs::remove_file(socket) {
+        warn!(socket = %socket.display(), error = %e, "could not remove the control socket");
+    }
+    if let Some(iface) = daemon.limiter.detach()? {
         info!(iface = %iface, "detached");
     }
-    Ok(())
+    result
 }
 
-fn total(limiter: &Limiter) -> anyhow::Result<Counters> {
-    let mut sum = Counters::default();
-    limiter.counters()?.iter().for_each(|c| sum.add(c));
-    Ok(sum)
+/// Binds the control socket, refusing to take it from a running daemon.
+fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        anyhow::bail!("another daemon is already listening on {}; stop it or pass --socket", path.display());
+    }
+    match std::fs::symlink_metadata(path) {
+        // Left by a daemon that died: nothing answers on it.
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?,
+        Ok(_) => anyhow::bail!("{} exists and is not a socket; remove it or pass --socket", path.display()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("checking {}", path.display())),
+    }
+    // Created 0755 at worst (no one else may write to it, so no one else may connect), then 0600.
+    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {} to root", path.display()))?;
+    Ok(listener)
+}
+
+struct Daemon {
+    limiter: Limiter,
+    state: State,
+    config_path: PathBuf,
+}
+
+impl Daemon {
+    async fn serve(&mut self, listener: UnixListener, stats_every: Option<Duration>) -> anyhow::Result<()> {
+        let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let mut stats = stats_every.map(tokio::time::interval);
+        let mut last = (Instant::now(), self.total()?);
+        let signal_name = loop {
+            tokio::select! {
+                _ = sigint.recv() => break "SIGINT",
+                _ = sigterm.recv() => break "SIGTERM",
+                _ = sighup.recv() => self.reload(),
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        if let Err(e) = self.answer(stream).await {
+                            warn!(error = %e, "control connection failed");
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "accepting a control connection failed"),
+                },
+                _ = async { stats.as_mut().expect("guarded").tick().await }, if stats.is_some() => {
+                    let now = (Instant::now(), self.total()?);
+                    print_rates(&last, &now);
+                    last = now;
+                }
+            }
+        };
+        info!(signal = signal_name, "stopping");
+        Ok(())
+    }
+
+    /// One request, one response. A client that stalls is dropped after a few seconds.
+    async fn answer(&mut self, stream: UnixStream) -> io::Result<()> {
+        let (read, mut write) = stream.into_split();
+        let mut line = String::new();
+        let mut reader = BufReader::new(read.take(MAX_REQUEST as u64));
+        tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request within 5 s"))??;
+        let response = match serde_json::from_str::<Request>(&line) {
+            Ok(request) => self.handle(request),
+            Err(e) => Response::Usage { error: format!("unreadable request: {e}") },
+        };
+        let mut reply = serde_json::to_string(&response).map_err(io::Error::other)?;
+        reply.push('\n');
+        write.write_all(reply.as_bytes()).await
+    }
+
+    fn handle(&mut self, request: Request) -> Response {
+        match request {
+            Request::PolicySet { policy } => {
+                let what = format!("name={} match={} rate={} burst={} key={} unit={} mode={}", policy.name, policy.matches,
+                    policy.rate, policy.burst_or_default(), policy.key, policy.unit.as_str(), policy.mode.as_str());
+                let next = self.state.with_policy(policy);
+                self.change(next, "policy set", what)
+            }
+            Request::PolicyRm { name } => {
+                let next = self.state.without_policy(&name);
+                self.change(next, "policy removed", format!("name={name}"))
+            }
+            Request::ListAdd { list, cidr } => {
+                let next = self.state.with_net(list, cidr);
+                self.change(next, "list entry added", format!("list={} cidr={cidr}", list.as_str()))
+            }
+            Request::ListRm { list, cidr } => {
+                let next = self.state.without_net(list, cidr);
+                self.change(next, "list entry removed", format!("list={} cidr={cidr}", list.as_str()))
+            }
+            Request::PolicyList => self.reply(self.statuses().map(|s| serde_json::to_value(s).unwrap_or_default())),
+            Request::PolicyShow { name } => match self.state.policy(&name) {
+                None => Response::Usage { error: format!("no policy named '{name}' (see `limiter-ctl policy list`)") },
+                Some(entry) => {
+                    let id = entry.id;
+                    self.reply(self.statuses().and_then(|all| {
+                        let one = all.into_iter().find(|s| s.id == id);
+                        Ok(serde_json::to_value(one).unwrap_or_default())
+                    }))
+                }
+            },
+            Request::ListShow { list } => {
+                Response::Ok { data: serde_json::to_value(self.state.list(list)).unwrap_or_default() }
+            }
+        }
+    }
+
+    fn reply(&self, data: Result<serde_json::Value, crate::Error>) -> Response {
+        match data {
+            Ok(data) => Response::Ok { data },
+            Err(e) => Response::Failed { error: e.to_string() },
+        }
+    }
+
+    fn statuses(&self) -> Result<Vec<PolicyStatus>, crate::Error> {
+        let counters = self.limiter.counters()?;
+        Ok(self
+            .state
+            .policies()
+            .map(|e| PolicyStatus {
+                id: e.id,
+                def: PolicyDef { burst: Some(e.def.burst_or_default()), ..e.def.clone() },
+                counters: counters.get(usize::from(e.id)).map(Into::into).unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// Applies a validated change: kernel first, then the file; puts the kernel back if the
+    /// file cannot be written.
+    fn change(&mut self, next: Result<State, Usage>, event: &str, detail: String) -> Response {
+        let next = match next {
+            Ok(next) => next,
+            Err(Usage(error)) => return Response::Usage { error },
+        };
+        if let Err(e) = self.limiter.sync(&self.state, &next) {
+            let restored = self.limiter.sync(&next, &self.state);
+            return Response::Failed { error: format!("updating the kernel maps failed: {e}{}", rollback_note(restored)) };
+        }
+        if let Err(e) = config::save(&self.config_path, &next.to_config()) {
+            let restored = self.limiter.sync(&next, &self.state);
+            return Response::Failed { error: format!("{e}{}", rollback_note(restored)) };
+        }
+        self.state = next;
+        info!("{event} {detail}");
+        Response::Ok { data: serde_json::Value::Null }
+    }
+
+    fn save(&self) -> Result<(), config::ConfigError> {
+        config::save(&self.config_path, &self.state.to_config())
+    }
+
+    /// SIGHUP: re-read the file. A file that does not parse or validate changes nothing.
+    fn reload(&mut self) {
+        let path = self.config_path.display().to_string();
+        let next = config::load(&self.config_path)
+            .map_err(|e| e.to_string())
+            .and_then(|file: ConfigFile| State::build(&file, &self.state).map_err(|e| format!("{path}: {}", e.0)));
+        match next {
+            Err(error) => warn!(%error, "reload failed; keeping the running config"),
+            Ok(next) => match self.limiter.sync(&self.state, &next) {
+                Ok(()) => {
+                    self.state = next;
+                    info!(config = %path, policies = self.state.policies().count(), "reloaded");
+                }
+                Err(e) => {
+                    let restored = self.limiter.sync(&next, &self.state);
+                    warn!(error = %format!("{e}{}", rollback_note(restored)), "reload failed; keeping the running config");
+                }
+            },
+        }
+    }
+
+    fn total(&self) -> anyhow::Result<Counters> {
+        let mut sum = Counters::default();
+        self.limiter.counters()?.iter().for_each(|c| sum.add(c));
+        Ok(sum)
+    }
+}
+
+fn rollback_note(restored: Result<(), crate::Error>) -> String {
+    match restored {
+        Ok(()) => "; nothing changed".into(),
+        Err(e) => format!("; restoring the previous maps failed too ({e}): restart the daemon"),
+    }
 }
 
 fn print_rates(prev: &(Instant, Counters), now: &(Instant, Counters)) {
     let secs = now.0.duration_since(prev.0).as_secs_f64().max(1e-3);
-    let rate = |f: fn(&Counters) -> u64| (f(&now.1).saturating_sub(f(&prev.1))) as f64 / secs;
+    let rate = |f: fn(&Counters) -> u64| ((f(&now.1).saturating_sub(f(&prev.1))) as f64 / secs).round() as u64;
     info!(
-        admitted_per_s = format!("{:.0}", rate(|c| c.admitted_packets)),
-        refused_per_s = format!("{:.0}", rate(|c| c.refused_packets)),
-        passed_unjudged_per_s = format!("{:.0}", rate(|c| c.not_ip + c.malformed + c.unmatched)),
+        admitted_per_s = rate(|c| c.admitted_packets),
+        refused_per_s = rate(|c| c.refused_packets + c.denied_packets),
+        passed_unjudged_per_s = rate(|c| c.not_ip + c.malformed + c.unmatched + c.allowed_packets + c.dry_run_packets),
         errors = now.1.errors,
         "stats"
     );

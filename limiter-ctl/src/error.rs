@@ -26,6 +26,8 @@ pub enum Error {
     Buckets(u32),
     #[error("test run failed: {0}")]
     TestRun(#[source] ProgramError),
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error(transparent)]
     Io(#[from] io::Error),
 }

@@ -4,13 +4,17 @@
 //! the same loading, configuration and counter-reading code the daemon runs.
 
 pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod ipc;
 pub mod limiter;
 pub mod objects;
 pub mod policy;
 pub mod rate;
 pub mod salt;
+pub mod show;
+pub mod state;
 
 pub use error::Error;
 pub use limiter::{AttachMode, Limiter, ModeRequest};

@@ -5,18 +5,26 @@ use std::{ffi::CString, fmt};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData, PerCpuArray},
+    maps::{
+        Array, LpmTrie, MapData, PerCpuArray, PerCpuValues,
+        lpm_trie::Key,
+    },
     programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
+use ipnet::IpNet;
 use limiter_common::{
     SipInit, SipKey,
     maps::{
-        CLASSES, Config, Counters, GENERATIONS, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
-        MAP_POLICIES, MAX_BUCKETS, MAX_POLICIES, MIN_BUCKETS, PROGRAM, Policy,
+        ACL_ALLOW, ACL_DENY, CLASSES, Config, Counters, GENERATIONS, MAP_ACL_V4, MAP_ACL_V6,
+        MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES, MAP_PORT_POLICY, MAX_BUCKETS,
+        MAX_POLICIES, MIN_BUCKETS, PROGRAM, Policy,
     },
 };
 
-use crate::{Error, objects};
+use crate::{
+    Error, objects,
+    state::{List, State},
+};
 
 /// The attach mode an operator asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -212,6 +220,97 @@ impl Limiter {
         Ok(Some(link.iface))
     }
 
+    /// Makes the kernel's maps say what `new` says, given that they say what `old` says, touching
+    /// only what differs. The order keeps packets in flight consistent: policies exist before
+    /// routes lead to them, list entries exist before their flag is set, and routes leave a
+    /// policy before it is deactivated.
+    pub fn sync(&mut self, old: &State, new: &State) -> Result<(), Error> {
+        let old_routes = old.routes().map_err(|e| Error::Internal(e.0))?;
+        let new_routes = new.routes().map_err(|e| Error::Internal(e.0))?;
+        let old_by_id: std::collections::BTreeMap<u16, &crate::state::Entry> = old.policies().map(|e| (e.id, e)).collect();
+        for entry in new.policies() {
+            let before = old_by_id.get(&entry.id);
+            if before.map(|b| &b.kernel) != Some(&entry.kernel) {
+                self.set_policy(&entry.kernel)?;
+            }
+            if before.is_some_and(|b| b.def.name != entry.def.name) {
+                // The id changed hands: the new policy starts its own counts.
+                self.zero_counters(entry.id)?;
+            }
+        }
+        let entries = |s: &State| -> std::collections::BTreeMap<IpNet, u8> {
+            let allow = s.list(List::Allow).iter().map(|n| (*n, ACL_ALLOW));
+            allow.chain(s.list(List::Deny).iter().map(|n| (*n, ACL_DENY))).collect()
+        };
+        let (old_acl, new_acl) = (entries(old), entries(new));
+        for (net, action) in &new_acl {
+            if old_acl.get(net) != Some(action) {
+                self.acl_insert(*net, *action)?;
+            }
+        }
+        let mut table = self.array_mut::<u16>(MAP_PORT_POLICY)?;
+        for (i, (&was, &is)) in old_routes.ports.iter().zip(&new_routes.ports).enumerate() {
+            if was != is {
+                table.set(i as u32, is, 0).map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
+            }
+        }
+        let mut config = self.config()?;
+        config.class_policy = new_routes.class_policy;
+        let mut flags = config.flags & !(Config::HAS_PORT_POLICIES | Config::HAS_ACL_V4 | Config::HAS_ACL_V6);
+        if new_routes.has_ports() {
+            flags |= Config::HAS_PORT_POLICIES;
+        }
+        if new_acl.keys().any(|n| matches!(n, IpNet::V4(_))) {
+            flags |= Config::HAS_ACL_V4;
+        }
+        if new_acl.keys().any(|n| matches!(n, IpNet::V6(_))) {
+            flags |= Config::HAS_ACL_V6;
+        }
+        config.flags = flags;
+        self.write_config(&config)?;
+        for net in old_acl.keys().filter(|n| !new_acl.contains_key(n)) {
+            self.acl_remove(*net)?;
+        }
+        let new_ids: std::collections::BTreeSet<u16> = new.policies().map(|e| e.id).collect();
+        for id in old_by_id.keys().filter(|id| !new_ids.contains(id)) {
+            self.set_policy(&Policy { id: *id, ..Policy::default() })?;
+            self.zero_counters(*id)?;
+        }
+        Ok(())
+    }
+
+    fn acl_insert(&mut self, net: IpNet, action: u8) -> Result<(), Error> {
+        let prefix = u32::from(net.prefix_len());
+        match net {
+            IpNet::V4(n) => self.acl::<[u8; 4]>(MAP_ACL_V4)?.insert(&Key::new(prefix, n.network().octets()), action, 0),
+            IpNet::V6(n) => self.acl::<[u8; 16]>(MAP_ACL_V6)?.insert(&Key::new(prefix, n.network().octets()), action, 0),
+        }
+        .map_err(|source| Error::Map { name: acl_map_name(net), source })
+    }
+
+    fn acl_remove(&mut self, net: IpNet) -> Result<(), Error> {
+        let prefix = u32::from(net.prefix_len());
+        match net {
+            IpNet::V4(n) => self.acl::<[u8; 4]>(MAP_ACL_V4)?.remove(&Key::new(prefix, n.network().octets())),
+            IpNet::V6(n) => self.acl::<[u8; 16]>(MAP_ACL_V6)?.remove(&Key::new(prefix, n.network().octets())),
+        }
+        .map_err(|source| Error::Map { name: acl_map_name(net), source })
+    }
+
+    fn acl<K: aya::Pod>(&mut self, name: &'static str) -> Result<LpmTrie<&mut MapData, K, u8>, Error> {
+        let map = self.ebpf.map_mut(name).ok_or_else(|| Error::Missing { kind: "map", name: name.into() })?;
+        LpmTrie::try_from(map).map_err(|source| Error::Map { name, source })
+    }
+
+    fn zero_counters(&mut self, id: u16) -> Result<(), Error> {
+        let cpus = aya::util::nr_cpus().map_err(|(what, e)| Error::Internal(format!("{what}: {e}")))?;
+        let zeros = PerCpuValues::try_from(vec![Counters::default(); cpus])
+            .map_err(|e| Error::Internal(format!("per-CPU values: {e}")))?;
+        let map = self.ebpf.map_mut(MAP_COUNTERS).ok_or_else(|| Error::Missing { kind: "map", name: MAP_COUNTERS.into() })?;
+        let mut counters = PerCpuArray::<_, Counters>::try_from(map).map_err(|source| Error::Map { name: MAP_COUNTERS, source })?;
+        counters.set(u32::from(id), zeros, 0).map_err(|source| Error::Map { name: MAP_COUNTERS, source })
+    }
+
     /// Counters per policy id (index 0: traffic no policy judged), summed over CPUs.
     pub fn counters(&self) -> Result<Vec<Counters>, Error> {
         let map = self.per_cpu::<Counters>(MAP_COUNTERS)?;
@@ -255,4 +354,11 @@ fn error_chain(e: &ProgramError) -> String {
         source = s.source();
     }
     out
+}
+
+fn acl_map_name(net: IpNet) -> &'static str {
+    match net {
+        IpNet::V4(_) => MAP_ACL_V4,
+        IpNet::V6(_) => MAP_ACL_V6,
+    }
 }

@@ -1,11 +1,17 @@
-use std::process::ExitCode;
+use std::{io::Write as _, process::ExitCode};
 
-use clap::Parser as _;
+use clap::{CommandFactory as _, Parser as _};
 use limiter_ctl::{
-    cli::{Cli, Command},
+    cli::{Cli, Command, ListCommand, PolicyCommand},
     daemon,
     error::Usage,
+    ipc::{self, PolicyStatus, Request, Response},
+    show,
+    state::List,
 };
+
+/// Exit codes: 0 done, 1 failed, 2 bad input (nothing changed).
+const BAD_INPUT: u8 = 2;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -14,7 +20,7 @@ fn main() -> ExitCode {
             // One line: clap's first line names the argument and the accepted form.
             let rendered = e.render().to_string();
             eprintln!("{}", rendered.lines().next().unwrap_or("error: invalid arguments"));
-            return ExitCode::from(2);
+            return ExitCode::from(BAD_INPUT);
         }
         Err(e) => {
             // --help, --version
@@ -22,34 +28,108 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
+    match cli.command {
+        Command::Daemon(args) => run_daemon(args, &cli.socket),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "limiter-ctl", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Policy(cmd) => client(&cli.socket, policy_request(&cmd), |data| match cmd {
+            PolicyCommand::List { json } => render::<Vec<PolicyStatus>>(data, json, |all| show::policies(&all)),
+            PolicyCommand::Show { json, .. } => render::<PolicyStatus>(data, json, |one| show::policy(&one)),
+            _ => Ok(String::new()),
+        }),
+        Command::Allow(cmd) => list_command(&cli.socket, List::Allow, cmd),
+        Command::Deny(cmd) => list_command(&cli.socket, List::Deny, cmd),
+    }
+}
+
+fn run_daemon(args: limiter_ctl::cli::DaemonArgs, socket: &std::path::Path) -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stdout)
         .with_target(false)
         .with_ansi(false)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the async runtime failed: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Daemon(args) => daemon::run(args).await,
-        }
-    });
-    match result {
+    match runtime.block_on(daemon::run(args, socket)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Usage>() => {
             eprintln!("error: {e}");
-            ExitCode::from(2)
+            ExitCode::from(BAD_INPUT)
         }
         Err(e) => {
             eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn policy_request(cmd: &PolicyCommand) -> Request {
+    match cmd {
+        PolicyCommand::Set(args) => Request::PolicySet { policy: args.def() },
+        PolicyCommand::Rm { name } => Request::PolicyRm { name: name.clone() },
+        PolicyCommand::List { .. } => Request::PolicyList,
+        PolicyCommand::Show { name, .. } => Request::PolicyShow { name: name.clone() },
+    }
+}
+
+fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitCode {
+    let request = match cmd {
+        ListCommand::Add { cidr } => Request::ListAdd { list, cidr },
+        ListCommand::Rm { cidr } => Request::ListRm { list, cidr },
+        ListCommand::List { .. } => Request::ListShow { list },
+    };
+    client(socket, request, |data| match cmd {
+        ListCommand::List { json } => render::<Vec<ipnet::IpNet>>(data, json, |nets| show::nets(&nets)),
+        _ => Ok(String::new()),
+    })
+}
+
+/// Renders a response's data as JSON or through `human`.
+fn render<T: serde::de::DeserializeOwned>(
+    data: serde_json::Value,
+    json: bool,
+    human: impl FnOnce(T) -> String,
+) -> Result<String, String> {
+    if json {
+        return serde_json::to_string_pretty(&data).map(|s| s + "\n").map_err(|e| e.to_string());
+    }
+    serde_json::from_value(data).map(human).map_err(|e| format!("unexpected response from the daemon: {e}"))
+}
+
+fn client(
+    socket: &std::path::Path,
+    request: Request,
+    output: impl FnOnce(serde_json::Value) -> Result<String, String>,
+) -> ExitCode {
+    match ipc::call(socket, &request) {
+        Ok(Response::Ok { data }) => match output(data) {
+            Ok(text) => {
+                let _ = std::io::stdout().write_all(text.as_bytes());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(Response::Usage { error }) => {
+            eprintln!("error: {error}");
+            ExitCode::from(BAD_INPUT)
+        }
+        Ok(Response::Failed { error }) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -49,20 +49,6 @@ impl FromStr for Name {
     }
 }
 
-impl TryFrom<String> for Name {
-    type Error = FieldError;
-
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl From<Name> for String {
-    fn from(n: Name) -> Self {
-        n.0
-    }
-}
-
 impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -103,7 +89,8 @@ pub enum Ports {
 }
 
 /// Which packets a policy judges: `any`, `tcp`, `udp`, `icmp`, `tcp:80`, `udp:8000-8999`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Match {
     pub proto: Proto,
     pub ports: Option<Ports>,
@@ -164,7 +151,8 @@ impl Default for Match {
 }
 
 /// How sources are grouped into one allowance: `src/24,/56`, `src/24`, `src`, `+dport` suffix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct KeySpec {
     pub v4_prefix: u8,
     pub v6_prefix: u8,
@@ -249,6 +237,27 @@ impl Mode {
         }
     }
 }
+
+/// Text-backed serde for the types above: the same parser for the CLI, the file and the socket.
+macro_rules! serde_via_string {
+    ($($t:ty),+) => {$(
+        impl TryFrom<String> for $t {
+            type Error = FieldError;
+
+            fn try_from(s: String) -> Result<Self, Self::Error> {
+                s.parse()
+            }
+        }
+
+        impl From<$t> for String {
+            fn from(v: $t) -> Self {
+                v.to_string()
+            }
+        }
+    )+};
+}
+
+serde_via_string!(Name, Match, KeySpec);
 
 /// Parses a burst: a whole number from 1.
 pub fn parse_burst(s: &str) -> Result<u64, FieldError> {

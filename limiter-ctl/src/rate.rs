@@ -4,7 +4,8 @@ use std::{fmt, str::FromStr};
 
 const NS_PER_SEC: u64 = 1_000_000_000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Rate {
     pub count: u64,
     pub period_ns: u64,
@@ -31,6 +32,20 @@ impl FromStr for Rate {
             _ => return Err(err()),
         };
         Ok(Self { count, period_ns })
+    }
+}
+
+impl TryFrom<String> for Rate {
+    type Error = RateError;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<Rate> for String {
+    fn from(r: Rate) -> Self {
+        r.to_string()
     }
 }
 

@@ -1,0 +1,331 @@
+//! The daemon's desired state (policies with their ids, allow and deny lists), validated as a
+//! whole before anything changes, and compiled into what the kernel reads: policy records, the
+//! port table and the per-protocol fallbacks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ipnet::IpNet;
+use limiter_common::maps::{
+    CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, MAX_ACL_ENTRIES, MAX_POLICIES,
+    PORT_POLICY_ENTRIES, Policy,
+};
+
+use crate::{
+    config::{ConfigFile, PolicyDef},
+    error::Usage,
+    policy::{Match, Name, Ports, Proto},
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum List {
+    Allow,
+    Deny,
+}
+
+impl List {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub id: u16,
+    pub def: PolicyDef,
+    pub kernel: Policy,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct State {
+    policies: BTreeMap<Name, Entry>,
+    allow: BTreeSet<IpNet>,
+    deny: BTreeSet<IpNet>,
+}
+
+/// Where each packet class goes: what `PORT_POLICY` and `Config::class_policy` hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routes {
+    /// `class * 65536 + port` -> policy id, for TCP then UDP.
+    pub ports: Vec<u16>,
+    pub class_policy: [u16; CLASSES],
+}
+
+impl Routes {
+    pub fn has_ports(&self) -> bool {
+        self.ports.iter().any(|&id| id != 0)
+    }
+}
+
+impl State {
+    /// Validates a whole config, keeping the ids `prev` gave to policies of the same name.
+    pub fn build(config: &ConfigFile, prev: &State) -> Result<State, Usage> {
+        let mut state = State::default();
+        for net in &config.allow {
+            state.add_net(List::Allow, *net)?;
+        }
+        for net in &config.deny {
+            state.add_net(List::Deny, *net)?;
+        }
+        let mut seen = BTreeSet::new();
+        for def in &config.policies {
+            if !seen.insert(def.name.clone()) {
+                return Err(Usage(format!("policy '{}' is defined twice", def.name)));
+            }
+        }
+        // Names that keep their ids first, so new names cannot take them.
+        let (kept, new): (Vec<_>, Vec<_>) = config.policies.iter().partition(|d| prev.policies.contains_key(&d.name));
+        for def in kept.into_iter().chain(new) {
+            let id = prev.policies.get(&def.name).map_or_else(|| state.free_id(), |e| Ok(e.id))?;
+            state.insert(def.clone(), id)?;
+        }
+        state.routes()?;
+        Ok(state)
+    }
+
+    pub fn to_config(&self) -> ConfigFile {
+        ConfigFile {
+            allow: self.allow.iter().copied().collect(),
+            deny: self.deny.iter().copied().collect(),
+            policies: self.policies.values().map(|e| e.def.clone()).collect(),
+        }
+    }
+
+    pub fn policies(&self) -> impl Iterator<Item = &Entry> {
+        self.policies.values()
+    }
+
+    pub fn policy(&self, name: &Name) -> Option<&Entry> {
+        self.policies.get(name)
+    }
+
+    pub fn list(&self, list: List) -> &BTreeSet<IpNet> {
+        match list {
+            List::Allow => &self.allow,
+            List::Deny => &self.deny,
+        }
+    }
+
+    /// Creates or replaces a policy; a replaced policy keeps its id, so its buckets and counters.
+    pub fn with_policy(&self, def: PolicyDef) -> Result<State, Usage> {
+        let mut next = self.clone();
+        let id = self.policies.get(&def.name).map_or_else(|| self.free_id(), |e| Ok(e.id))?;
+        next.insert(def, id)?;
+        next.routes()?;
+        Ok(next)
+    }
+
+    pub fn without_policy(&self, name: &Name) -> Result<State, Usage> {
+        let mut next = self.clone();
+        next.policies.remove(name).ok_or_else(|| Usage(format!("no policy named '{name}' (see `limiter-ctl policy list`)")))?;
+        Ok(next)
+    }
+
+    pub fn with_net(&self, list: List, net: IpNet) -> Result<State, Usage> {
+        let mut next = self.clone();
+        next.add_net(list, net)?;
+        Ok(next)
+    }
+
+    pub fn without_net(&self, list: List, net: IpNet) -> Result<State, Usage> {
+        let mut next = self.clone();
+        let set = match list {
+            List::Allow => &mut next.allow,
+            List::Deny => &mut next.deny,
+        };
+        if !set.remove(&net) {
+            return Err(Usage(format!("{net} is not on the {} list", list.as_str())));
+        }
+        Ok(next)
+    }
+
+    fn insert(&mut self, def: PolicyDef, id: u16) -> Result<(), Usage> {
+        let kernel = def.spec().compile(id).map_err(|e| Usage(format!("policy '{}': {e}", def.name)))?;
+        self.policies.insert(def.name.clone(), Entry { id, def, kernel });
+        Ok(())
+    }
+
+    fn free_id(&self) -> Result<u16, Usage> {
+        let used: BTreeSet<u16> = self.policies.values().map(|e| e.id).collect();
+        (1..MAX_POLICIES as u16)
+            .find(|id| !used.contains(id))
+            .ok_or_else(|| Usage(format!("too many policies: at most {} (remove one first)", MAX_POLICIES - 1)))
+    }
+
+    fn add_net(&mut self, list: List, net: IpNet) -> Result<(), Usage> {
+        if net.trunc() != net {
+            return Err(Usage(format!(
+                "invalid CIDR '{net}': host bits are set; expected a network address such as {}",
+                net.trunc()
+            )));
+        }
+        let (this, other) = match list {
+            List::Allow => (&mut self.allow, &self.deny),
+            List::Deny => (&mut self.deny, &self.allow),
+        };
+        if other.contains(&net) {
+            let other_name = match list {
+                List::Allow => "deny",
+                List::Deny => "allow",
+            };
+            return Err(Usage(format!("{net} is on the {other_name} list; remove it there first")));
+        }
+        this.insert(net);
+        let family = |n: &IpNet| matches!(n, IpNet::V4(_));
+        let same_family = self.allow.iter().chain(&self.deny).filter(|n| family(n) == family(&net)).count();
+        if same_family > MAX_ACL_ENTRIES as usize {
+            return Err(Usage(format!("too many allow/deny entries for this family: at most {MAX_ACL_ENTRIES}")));
+        }
+        Ok(())
+    }
+
+    /// Compiles the matches into the kernel's routing, rejecting clashes: two policies on the same
+    /// port, overlapping ranges of one protocol, two policies for one protocol, or two `any`.
+    pub fn routes(&self) -> Result<Routes, Usage> {
+        let mut ports = vec![0u16; PORT_POLICY_ENTRIES as usize];
+        let mut claimed: BTreeMap<(Proto, Option<Ports>), &Entry> = BTreeMap::new();
+        let mut ranges: Vec<(&Entry, Proto, u16, u16)> = Vec::new();
+        for entry in self.policies.values() {
+            let m: Match = entry.def.matches;
+            let clash = |other: &Entry| {
+                Usage(format!(
+                    "policy '{}' ({}) clashes with policy '{}' ({}): each packet must have one policy",
+                    entry.def.name, m, other.def.name, other.def.matches
+                ))
+            };
+            if let Some(other) = claimed.insert((m.proto, m.ports), entry) {
+                return Err(clash(other));
+            }
+            if let Some(Ports::Range(lo, hi)) = m.ports {
+                if let Some((other, ..)) = ranges.iter().find(|(_, p, l, h)| *p == m.proto && lo <= *h && *l <= hi) {
+                    return Err(clash(other));
+                }
+                ranges.push((entry, m.proto, lo, hi));
+            }
+        }
+        let index = |proto: Proto, port: u16| {
+            let class = if proto == Proto::Tcp { CLASS_TCP } else { CLASS_UDP };
+            (class << 16) | usize::from(port)
+        };
+        // Ranges first, then exact ports over them: an exact port wins.
+        for &(entry, proto, lo, hi) in &ranges {
+            for port in lo..=hi {
+                ports[index(proto, port)] = entry.id;
+            }
+        }
+        for ((proto, p), entry) in &claimed {
+            if let Some(Ports::Exact(port)) = p {
+                ports[index(*proto, *port)] = entry.id;
+            }
+        }
+        let proto_policy = |proto| claimed.get(&(proto, None)).map_or(0, |e| e.id);
+        let any = proto_policy(Proto::Any);
+        let or_any = |id: u16| if id == 0 { any } else { id };
+        let mut class_policy = [0u16; CLASSES];
+        class_policy[CLASS_TCP] = or_any(proto_policy(Proto::Tcp));
+        class_policy[CLASS_UDP] = or_any(proto_policy(Proto::Udp));
+        class_policy[CLASS_ICMP] = or_any(proto_policy(Proto::Icmp));
+        class_policy[CLASS_OTHER] = any;
+        Ok(Routes { ports, class_policy })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn def(name: &str, m: &str) -> PolicyDef {
+        PolicyDef {
+            name: name.parse().unwrap(),
+            matches: m.parse().unwrap(),
+            rate: "10/s".parse().unwrap(),
+            burst: None,
+            key: Default::default(),
+            unit: Default::default(),
+            mode: Default::default(),
+        }
+    }
+
+    fn with(defs: &[(&str, &str)]) -> Result<State, Usage> {
+        defs.iter().try_fold(State::default(), |s, (n, m)| s.with_policy(def(n, m)))
+    }
+
+    fn id(s: &State, name: &str) -> u16 {
+        s.policy(&name.parse().unwrap()).unwrap().id
+    }
+
+    #[test]
+    fn precedence_is_port_then_range_then_protocol_then_any() {
+        let s = with(&[("any", "any"), ("udp", "udp"), ("range", "udp:50-60"), ("dns", "udp:53"), ("web", "tcp:80")]).unwrap();
+        let r = s.routes().unwrap();
+        let udp = |p: usize| r.ports[(CLASS_UDP << 16) | p];
+        assert_eq!(udp(53), id(&s, "dns"));
+        assert_eq!(udp(54), id(&s, "range"));
+        assert_eq!(udp(61), 0, "falls through to the protocol");
+        assert_eq!(r.class_policy[CLASS_UDP], id(&s, "udp"));
+        assert_eq!(r.class_policy[CLASS_TCP], id(&s, "any"));
+        assert_eq!(r.class_policy[CLASS_ICMP], id(&s, "any"));
+        assert_eq!(r.class_policy[CLASS_OTHER], id(&s, "any"));
+        assert_eq!(r.ports[(CLASS_TCP << 16) | 80], id(&s, "web"));
+        assert!(r.has_ports());
+    }
+
+    #[test]
+    fn clashes_name_the_other_policy() {
+        for (first, second) in [("udp:53", "udp:53"), ("udp:50-60", "udp:60-70"), ("tcp", "tcp"), ("any", "any"), ("tcp:1-100", "tcp:5-6")] {
+            let err = with(&[("a", first), ("b", second)]).unwrap_err();
+            assert!(err.0.contains("'a'") && err.0.contains("'b'"), "{first} vs {second}: {}", err.0);
+        }
+        // Different protocols, or a port inside a range, are fine.
+        with(&[("a", "udp:50-60"), ("b", "tcp:50-60"), ("c", "udp:55")]).unwrap();
+    }
+
+    #[test]
+    fn replacing_keeps_the_id_and_removing_frees_it() {
+        let s = with(&[("a", "any"), ("b", "udp")]).unwrap();
+        let (a, b) = (id(&s, "a"), id(&s, "b"));
+        let s = s.with_policy(def("a", "tcp")).unwrap();
+        assert_eq!(id(&s, "a"), a);
+        let s = s.without_policy(&"a".parse().unwrap()).unwrap();
+        let s = s.with_policy(def("c", "icmp")).unwrap();
+        assert_eq!(id(&s, "c"), a, "the lowest free id is reused");
+        assert_eq!(id(&s, "b"), b);
+        assert!(s.without_policy(&"zzz".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn rebuilding_from_a_config_keeps_ids_by_name() {
+        let s = with(&[("a", "any"), ("b", "udp"), ("c", "tcp")]).unwrap();
+        let mut config = s.to_config();
+        config.policies.retain(|d| d.name.as_str() != "a");
+        config.policies.insert(0, def("new", "icmp"));
+        let t = State::build(&config, &s).unwrap();
+        assert_eq!(id(&t, "b"), id(&s, "b"));
+        assert_eq!(id(&t, "c"), id(&s, "c"));
+        assert!(![id(&t, "b"), id(&t, "c")].contains(&id(&t, "new")));
+    }
+
+    #[test]
+    fn lists_reject_host_bits_and_contradictions() {
+        let s = State::default();
+        let net = |t: &str| t.parse::<IpNet>().unwrap();
+        assert!(s.with_net(List::Allow, net("198.18.0.5/24")).unwrap_err().0.contains("198.18.0.0/24"));
+        let s = s.with_net(List::Allow, net("198.18.0.0/24")).unwrap();
+        assert!(s.with_net(List::Deny, net("198.18.0.0/24")).unwrap_err().0.contains("allow list"));
+        let s = s.with_net(List::Deny, net("2001:db8::/32")).unwrap();
+        assert_eq!(s.to_config().deny, vec![net("2001:db8::/32")]);
+        assert!(s.without_net(List::Allow, net("198.18.1.0/24")).is_err());
+    }
+
+    #[test]
+    fn policies_are_bounded() {
+        let mut s = State::default();
+        for i in 1..MAX_POLICIES {
+            s = s.with_policy(def(&format!("p{i}"), &format!("tcp:{i}"))).unwrap();
+        }
+        assert!(s.with_policy(def("one-too-many", "udp")).unwrap_err().0.contains("too many"));
+    }
+}
