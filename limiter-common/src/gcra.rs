@@ -123,6 +123,19 @@ impl Gcra {
         true
     }
 
+    /// How far ahead of now a TAT can be (the burst window), in ns, rounded up.
+    pub fn window_ns(&self) -> u64 {
+        let unit = 1u64 << self.shift;
+        self.capacity.div_ceil(unit)
+    }
+
+    /// The later of two TATs of the same clock (0: never used). Salt rotation carries a source's
+    /// TAT from its old bucket to its new one with this, so a rotation grants no fresh allowance.
+    #[inline(always)]
+    pub fn later(a: u64, b: u64) -> u64 {
+        if a == 0 || (b != 0 && (b.wrapping_sub(a) as i64) > 0) { b } else { a }
+    }
+
     /// The most weight these parameters admit in any interval of `interval_ns`, per bucket:
     /// `floor((t + tau) / T) + 1` in the rounded units.
     #[cfg(not(target_arch = "bpf"))]
@@ -275,6 +288,21 @@ mod tests {
         assert_eq!(first, 10);
         let again = (0..100).filter(|_| gcra.admit(&mut tat, t0 - 2 * SEC, 1)).count();
         assert_eq!(again, 0);
+    }
+
+    #[test]
+    fn later_picks_the_later_tat_across_the_wrap() {
+        assert_eq!(Gcra::later(0, 5), 5);
+        assert_eq!(Gcra::later(5, 0), 5);
+        assert_eq!(Gcra::later(5, 7), 7);
+        assert_eq!(Gcra::later(7, 5), 7);
+        assert_eq!(Gcra::later(u64::MAX - 1, 3), 3, "3 is 5 units after the wrap");
+        // Carrying the later TAT over keeps a spent bucket spent.
+        let gcra = Gcra::new(10, SEC, 3, 1).unwrap();
+        let (mut old, now) = (0, 100 * SEC);
+        while gcra.admit(&mut old, now, 1) {}
+        let mut new = Gcra::later(0, old);
+        assert!(!gcra.admit(&mut new, now, 1));
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //!                 `g * buckets .. (g + 1) * buckets`.
 //! - `COUNTERS`    PerCpuArray[MAX_POLICIES] of [`Counters`]; index 0 holds what belongs to no
 //!                 policy (not IP, malformed, unmatched, internal errors).
+//! - `POLICY_NAMES` Array[MAX_POLICIES] of [u8; 32], and `LAYOUT` Array[1] of u64: userspace
+//!                 only, pinned with the rest so a restarted daemon can adopt the state.
 //! - `ACL_V4`, `ACL_V6` LPM tries of source prefixes to [`ACL_ALLOW`] or [`ACL_DENY`]; the
 //!                 longest prefix decides. Consulted only while `Config::HAS_ACL_*` is set, so an
 //!                 empty list costs one branch.
@@ -25,6 +27,16 @@ pub const MAP_BUCKETS: &str = "BUCKETS";
 pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_ACL_V4: &str = "ACL_V4";
 pub const MAP_ACL_V6: &str = "ACL_V6";
+/// Userspace only: each policy id's name, so a restarted daemon keeps ids (and so buckets and
+/// counters) by name.
+pub const MAP_POLICY_NAMES: &str = "POLICY_NAMES";
+/// Userspace only: [`LAYOUT_VERSION`] of the pinned maps, checked before adopting them.
+pub const MAP_LAYOUT: &str = "LAYOUT";
+
+/// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
+/// not adopted.
+pub const LAYOUT_VERSION: u64 = 1;
+pub const POLICY_NAME_LEN: usize = 32;
 
 /// Entries per allow/deny trie (each family).
 pub const MAX_ACL_ENTRIES: u32 = 16_384;
@@ -54,14 +66,17 @@ pub const PORT_POLICY_ENTRIES: u32 = PORT_CLASSES * 65_536;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
-    /// The current salt, folded into SipHash's initial state. Never logged or printed.
-    pub salt: SipInit,
-    /// The previous salt, consulted until `grace_until_ns` (salt rotation).
-    pub prev_salt: SipInit,
+    /// The salt of each bucket generation, folded into SipHash's initial state. Never logged or
+    /// printed (Debug hides it).
+    pub salts: [SipInit; GENERATIONS as usize],
+    /// Salt rotation: until then, a packet's bucket in the other generation (under the other
+    /// salt) is consulted too, and a later TAT there carries over.
     pub grace_until_ns: u64,
+    /// When the current salt was drawn (monotonic ns; userspace only, for metrics).
+    pub rotated_at_ns: u64,
     /// Buckets per generation minus one; the bucket count is a power of two.
     pub bucket_mask: u32,
-    /// Which generation of `BUCKETS` the current salt indexes (0 or 1).
+    /// The current generation (0 or 1): its salt and its half of `BUCKETS`.
     pub generation: u32,
     /// Policy for each protocol class when no port entry matches, with `any` already folded in
     /// (0: traffic of that class passes untouched).
@@ -77,6 +92,8 @@ impl Config {
     pub const HAS_ACL_V4: u32 = 1 << 1;
     /// The IPv6 allow/deny trie has entries.
     pub const HAS_ACL_V6: u32 = 1 << 2;
+    /// Userspace only: the program was attached in skb (generic) mode.
+    pub const ATTACHED_SKB: u32 = 1 << 16;
 }
 
 #[repr(C)]
@@ -197,7 +214,7 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<Config>(), 32 + 32 + 8 + 4 + 4 + 8 + 4 + 4);
+        assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4);
         assert_eq!(size_of::<Policy>(), 24 + 16 + 8 + 4 + 2 + 2);
         assert_eq!(size_of::<Counters>(), 12 * 8);
         assert_eq!(size_of::<ParseProbe>(), 4 + 4 + 4 + 4 + 16 + 24);

@@ -9,6 +9,7 @@ use crate::{
     config::{self, PolicyDef},
     ipc,
     limiter::ModeRequest,
+    pins,
     policy::{KeySpec, Match, Mode, Name, Unit, parse_burst},
     rate::Rate,
 };
@@ -36,6 +37,17 @@ pub enum Command {
     /// Sources that are always dropped.
     #[command(subcommand)]
     Deny(ListCommand),
+    /// The secret salt that hashes sources into buckets.
+    #[command(subcommand)]
+    Salt(SaltCommand),
+    /// Remove a limiter left attached (and pinned) on an interface, with all its state.
+    Detach {
+        #[arg(long, value_name = "IFACE")]
+        iface: String,
+        /// Where limiters are pinned (bpffs).
+        #[arg(long, value_name = "PATH", default_value = pins::DEFAULT_ROOT)]
+        pin_dir: PathBuf,
+    },
     /// Print a shell completion script.
     Completions {
         #[arg(value_enum)]
@@ -66,6 +78,18 @@ pub struct DaemonArgs {
     /// Print admitted and refused packets per second at this interval (e.g. 1s); off by default.
     #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
     pub stats_every: Option<Duration>,
+    /// Draw a new salt this often (e.g. 1h, 30min, 90s), or `off`.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_rotation)]
+    pub rotate_every: Rotation,
+    /// Where the program, its link and maps are pinned (bpffs), under a directory per interface.
+    #[arg(long, value_name = "PATH", default_value = pins::DEFAULT_ROOT)]
+    pub pin_dir: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SaltCommand {
+    /// Draw a new salt now (the daemon also does so every --rotate-every).
+    Rotate,
 }
 
 #[derive(Debug, Subcommand)]
@@ -158,6 +182,20 @@ fn parse_buckets(s: &str) -> Result<u32, String> {
             limiter_common::maps::MAX_BUCKETS
         )
     })
+}
+
+/// How often the daemon draws a new salt; `off`: only on `limiter-ctl salt rotate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rotation(pub Option<Duration>);
+
+fn parse_rotation(s: &str) -> Result<Rotation, String> {
+    if s == "off" {
+        return Ok(Rotation(None));
+    }
+    match humantime::parse_duration(s) {
+        Ok(d) if d >= Duration::from_millis(10) => Ok(Rotation(Some(d))),
+        _ => Err(format!("invalid rotation interval '{s}': expected a duration of at least 10ms such as 1h, 30min or 90s, or off")),
+    }
 }
 
 fn parse_interval(s: &str) -> Result<Duration, String> {

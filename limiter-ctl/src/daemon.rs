@@ -7,6 +7,7 @@
 //! One log line per state change. The salt is drawn here and written to the kernel map only.
 
 use std::{
+    collections::BTreeMap,
     io,
     os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
@@ -28,8 +29,11 @@ use crate::{
     config::{self, ConfigFile, PolicyDef},
     error::Usage,
     ipc::{MAX_REQUEST, PolicyStatus, Request, Response},
+    pins::PinDir,
+    policy::Name,
     salt,
     state::State,
+    sync::MapView,
 };
 
 /// The policy the daemon's `--rate` installs (matching everything).
@@ -38,27 +42,44 @@ pub const DEFAULT_POLICY: &str = "default";
 pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
     // Everything the operator gave is checked before anything is loaded or bound.
     let file = config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
-    let mut state = State::build(&file, &State::default()).map_err(|e| Usage(format!("{}: {}", args.config.display(), e.0)))?;
-    if let Some(rate) = args.rate {
-        let def = PolicyDef {
-            name: DEFAULT_POLICY.parse().map_err(|e: crate::policy::FieldError| Usage(e.to_string()))?,
-            matches: Default::default(),
-            rate,
-            burst: args.burst,
-            key: Default::default(),
-            unit: Default::default(),
-            mode: Default::default(),
-        };
-        state = state.with_policy(def).map_err(|e| Usage(format!("--rate/--burst: {}", e.0)))?;
-    }
+    let default_policy = args.rate.map(|rate| PolicyDef {
+        name: Name::from_static(DEFAULT_POLICY),
+        matches: Default::default(),
+        rate,
+        burst: args.burst,
+        key: Default::default(),
+        unit: Default::default(),
+        mode: Default::default(),
+    });
+    let desired = |ids: &BTreeMap<Name, u16>| -> Result<State, Usage> {
+        let state = State::build(&file, ids).map_err(|e| Usage(format!("{}: {}", args.config.display(), e.0)))?;
+        match &default_policy {
+            Some(def) => state.with_policy(def.clone()).map_err(|e| Usage(format!("--rate/--burst: {}", e.0))),
+            None => Ok(state),
+        }
+    };
+    desired(&BTreeMap::new())?;
     if !crate::limiter::interface_exists(&args.iface) {
         return Err(Usage(format!("interface '{}' does not exist (see `ip link`)", args.iface)).into());
     }
     let listener = bind(socket)?;
 
-    let mut limiter = Limiter::load(args.buckets)?;
-    limiter.set_salt(salt::draw()?)?;
-    limiter.sync(&State::default(), &state)?;
+    let pins = PinDir::new(&args.pin_dir, &args.iface);
+    if let Some(note) = pins.prepare()? {
+        info!(note, "bpffs");
+    }
+    let mut limiter = Limiter::open(args.buckets, Some(pins.clone()))?;
+    // What the maps hold now: a pinned predecessor's state, or nothing.
+    let (before, ids) = if limiter.adopted() {
+        let view = limiter.read_view()?;
+        let ids = view.ids();
+        (view, ids)
+    } else {
+        limiter.set_salt(salt::draw()?)?;
+        (MapView::of(&State::default())?, BTreeMap::new())
+    };
+    let state = desired(&ids)?;
+    limiter.apply(&before, &MapView::of(&state)?)?;
     let attached = limiter.attach(&args.iface, args.mode)?;
     if let Some(reason) = &attached.fallback {
         warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
@@ -70,14 +91,16 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
         buckets = args.buckets,
         config = %args.config.display(),
         socket = %socket.display(),
-        "attached"
+        pins = %pins.dir().display(),
+        "{}",
+        if attached.replaced { "adopted the pinned limiter: program replaced in place, buckets, counters and salt kept" } else { "attached" }
     );
-    let mut daemon = Daemon { limiter, state, config_path: args.config.clone() };
+    let mut daemon = Daemon { limiter, state, config_path: args.config.clone(), iface: args.iface.clone(), mode: args.mode };
     if daemon.state.to_config() != file {
         daemon.save().context("writing the config")?;
     }
 
-    let result = daemon.serve(listener, args.stats_every).await;
+    let result = daemon.serve(listener, &args).await;
     if let Err(e) = std::fs::remove_file(socket) {
         warn!(socket = %socket.display(), error = %e, "could not remove the control socket");
     }
@@ -113,15 +136,23 @@ struct Daemon {
     limiter: Limiter,
     state: State,
     config_path: PathBuf,
+    iface: String,
+    mode: crate::limiter::ModeRequest,
 }
 
+/// Beyond the longest burst window, the old buckets are consulted this much longer.
+const GRACE_MARGIN: Duration = Duration::from_millis(50);
+
 impl Daemon {
-    async fn serve(&mut self, listener: UnixListener, stats_every: Option<Duration>) -> anyhow::Result<()> {
+    async fn serve(&mut self, listener: UnixListener, args: &DaemonArgs) -> anyhow::Result<()> {
         let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
         let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-        let mut stats = stats_every.map(tokio::time::interval);
+        let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
+        let mut rotation = args.rotate_every.0.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
+        let mut watch = tokio::time::interval(Duration::from_secs(1));
+        let mut if_index = crate::limiter::if_index(&self.iface);
         let signal_name = loop {
             tokio::select! {
                 _ = sigint.recv() => break "SIGINT",
@@ -135,6 +166,12 @@ impl Daemon {
                     }
                     Err(e) => warn!(error = %e, "accepting a control connection failed"),
                 },
+                _ = async { rotation.as_mut().expect("guarded").tick().await }, if rotation.is_some() => {
+                    if let Err(e) = self.rotate() {
+                        warn!(error = %e, "scheduled salt rotation skipped");
+                    }
+                }
+                _ = watch.tick() => if_index = self.watch_interface(if_index),
                 _ = async { stats.as_mut().expect("guarded").tick().await }, if stats.is_some() => {
                     let now = (Instant::now(), self.total()?);
                     print_rates(&last, &now);
@@ -144,6 +181,34 @@ impl Daemon {
         };
         info!(signal = signal_name, "stopping");
         Ok(())
+    }
+
+    /// Draws a new salt; for the longest burst window (plus a margin) packets are also judged
+    /// against their old buckets, so a rotation hands out no fresh allowance.
+    fn rotate(&mut self) -> Result<(), crate::Error> {
+        let grace = self.state.max_window() + GRACE_MARGIN;
+        self.limiter.rotate_salt(salt::draw()?, grace)?;
+        let generation = self.limiter.config()?.generation;
+        info!(generation, grace_ms = grace.as_millis() as u64, "salt rotated");
+        Ok(())
+    }
+
+    /// An interface that goes takes its XDP link with it; when it comes back (a new index),
+    /// attach again.
+    fn watch_interface(&mut self, known: Option<u32>) -> Option<u32> {
+        let now = crate::limiter::if_index(&self.iface);
+        match (known, now) {
+            (Some(_), None) => warn!(iface = %self.iface, "interface gone: the program went with it; waiting for it to come back"),
+            (_, Some(index)) if known != Some(index) => match self.limiter.reattach(self.mode) {
+                Ok(attached) => info!(iface = %self.iface, mode = %attached.mode, "interface re-created: reattached"),
+                Err(e) => {
+                    warn!(iface = %self.iface, error = %e, "reattaching failed; will retry");
+                    return known;
+                }
+            },
+            _ => {}
+        }
+        now
     }
 
     /// One request, one response. A client that stalls is dropped after a few seconds.
@@ -197,6 +262,10 @@ impl Daemon {
             Request::ListShow { list } => {
                 Response::Ok { data: serde_json::to_value(self.state.list(list)).unwrap_or_default() }
             }
+            Request::SaltRotate => match self.rotate() {
+                Ok(()) => Response::Ok { data: serde_json::Value::Null },
+                Err(e) => Response::Failed { error: e.to_string() },
+            },
         }
     }
 
@@ -249,7 +318,7 @@ impl Daemon {
         let path = self.config_path.display().to_string();
         let next = config::load(&self.config_path)
             .map_err(|e| e.to_string())
-            .and_then(|file: ConfigFile| State::build(&file, &self.state).map_err(|e| format!("{path}: {}", e.0)));
+            .and_then(|file: ConfigFile| State::build(&file, &self.state.ids()).map_err(|e| format!("{path}: {}", e.0)));
         match next {
             Err(error) => warn!(%error, "reload failed; keeping the running config"),
             Ok(next) => match self.limiter.sync(&self.state, &next) {

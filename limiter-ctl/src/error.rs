@@ -26,6 +26,12 @@ pub enum Error {
     Buckets(u32),
     #[error("test run failed: {0}")]
     TestRun(#[source] ProgramError),
+    #[error("cannot adopt the limiter pinned at {dir}: {why}; `limiter-ctl detach` removes it (and its state) so a new one can start")]
+    Adopt { dir: std::path::PathBuf, why: String },
+    #[error("{0}")]
+    Pins(String),
+    #[error("a salt rotation is in progress: its grace period ends in {seconds_left} s; try again then")]
+    RotationBusy { seconds_left: u64 },
     #[error("internal error: {0}")]
     Internal(String),
     #[error(transparent)]

@@ -28,6 +28,7 @@ pub enum Request {
     ListAdd { list: List, cidr: IpNet },
     ListRm { list: List, cidr: IpNet },
     ListShow { list: List },
+    SaltRotate,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

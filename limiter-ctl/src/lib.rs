@@ -10,11 +10,13 @@ pub mod error;
 pub mod ipc;
 pub mod limiter;
 pub mod objects;
+pub mod pins;
 pub mod policy;
 pub mod rate;
 pub mod salt;
 pub mod show;
 pub mod state;
+pub mod sync;
 
 pub use error::Error;
 pub use limiter::{AttachMode, Limiter, ModeRequest};

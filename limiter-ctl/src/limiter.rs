@@ -1,30 +1,28 @@
-//! The kernel-facing handle: load the XDP program, write its configuration and policies,
-//! attach and detach it, read its counters. The daemon, the tests and the benchmarks share it.
+//! The kernel-facing handle: load (or adopt) the XDP program and its maps, attach and detach
+//! it, rotate its salt, read its counters. The daemon, the tests and the benchmarks share it.
+//! Keeping the maps in step with a [`crate::state::State`] lives in `sync.rs`.
 
-use std::{ffi::CString, fmt};
+use std::{ffi::CString, fmt, path::PathBuf, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{
-        Array, LpmTrie, MapData, PerCpuArray, PerCpuValues,
-        lpm_trie::Key,
+    maps::{Array, Map, MapData, PerCpuArray},
+    programs::{
+        ProgramError, TestRun, TestRunOptions, Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        xdp::{XdpLink, XdpLinkId},
     },
-    programs::{ProgramError, TestRun, TestRunOptions, Xdp, XdpMode, xdp::XdpLinkId},
 };
-use ipnet::IpNet;
 use limiter_common::{
     SipInit, SipKey,
     maps::{
-        ACL_ALLOW, ACL_DENY, CLASSES, Config, Counters, GENERATIONS, MAP_ACL_V4, MAP_ACL_V6,
-        MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES, MAP_PORT_POLICY, MAX_BUCKETS,
-        MAX_POLICIES, MIN_BUCKETS, PROGRAM, Policy,
+        CLASSES, Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG,
+        MAP_COUNTERS, MAP_LAYOUT, MAP_POLICIES, MAX_BUCKETS, MAX_POLICIES, MIN_BUCKETS, PROGRAM,
+        Policy,
     },
 };
 
-use crate::{
-    Error, objects,
-    state::{List, State},
-};
+use crate::{Error, objects, pins::PinDir, sync::per_cpu_zeros};
 
 /// The attach mode an operator asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -65,22 +63,33 @@ impl fmt::Display for AttachMode {
     }
 }
 
-/// Where and how the program got attached; `fallback` says why native mode was not used.
+/// How the program got attached.
 #[derive(Debug)]
 pub struct Attached {
     pub mode: AttachMode,
+    /// Why native mode was not used, when auto fell back to skb mode.
     pub fallback: Option<String>,
+    /// The program replaced a pinned predecessor in place (no moment unprotected).
+    pub replaced: bool,
+}
+
+/// The XDP link, held by the program (unpinned) or pinned on bpffs (outlives the process).
+enum Held {
+    Program(XdpLinkId),
+    Pinned(PinnedLink),
 }
 
 struct Link {
     iface: String,
-    id: XdpLinkId,
+    held: Held,
 }
 
 pub struct Limiter {
     ebpf: Ebpf,
     buckets: u32,
     link: Option<Link>,
+    pins: Option<PinDir>,
+    adopted: bool,
 }
 
 pub fn check_buckets(buckets: u32) -> Result<u32, Error> {
@@ -91,28 +100,82 @@ pub fn check_buckets(buckets: u32) -> Result<u32, Error> {
     }
 }
 
+/// The interface's index, or None when there is no such interface.
+pub fn if_index(iface: &str) -> Option<u32> {
+    let c = CString::new(iface).ok()?;
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
 pub fn interface_exists(iface: &str) -> bool {
-    CString::new(iface).is_ok_and(|c| unsafe { libc::if_nametoindex(c.as_ptr()) } != 0)
+    if_index(iface).is_some()
+}
+
+/// CLOCK_MONOTONIC in ns: the clock the XDP program reads (bpf_ktime_get_ns).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 impl Limiter {
-    /// Loads the program with `buckets` buckets per generation (a power of two). Nothing is
-    /// attached and no policy is set: until then it passes everything.
+    /// Loads the program with `buckets` buckets per generation (a power of two), unpinned: it
+    /// goes when the handle goes. Nothing is attached and no policy set: it passes everything.
     pub fn load(buckets: u32) -> Result<Self, Error> {
+        Self::open(buckets, None)
+    }
+
+    /// Loads the program with its maps pinned in `pins`. When a limiter was left there (its
+    /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
+    /// they are what this build expects; [`Limiter::adopted`] says so.
+    pub fn open(buckets: u32, pins: Option<PinDir>) -> Result<Self, Error> {
         check_buckets(buckets)?;
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries(MAP_BUCKETS, GENERATIONS * buckets)
-            .load(objects::LIMITER)
-            .map_err(Error::Load)?;
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
+        let mut adopted = false;
+        let pin_paths: Vec<(&str, PathBuf)> = match &pins {
+            None => Vec::new(),
+            Some(p) => {
+                if p.has_link() {
+                    p.check_compatible(buckets)?;
+                    let data = MapData::from_pin(p.map(MAP_LAYOUT)).map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+                    let layout = Array::<_, u64>::try_from(Map::Array(data))
+                        .and_then(|a| a.get(&0, 0))
+                        .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+                    p.check_layout(layout)?;
+                    adopted = true;
+                } else {
+                    // Maps without a link are leftovers of a detach that did not finish.
+                    p.remove()?;
+                    p.prepare()?;
+                }
+                crate::pins::MAPS.iter().map(|m| (*m, p.map(m))).collect()
+            }
+        };
+        for (name, path) in &pin_paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(objects::LIMITER).map_err(Error::Load)?;
         let program: &mut Xdp = ebpf
             .program_mut(PROGRAM)
             .ok_or_else(|| Error::Missing { kind: "program", name: PROGRAM.into() })?
             .try_into()
             .map_err(Error::Verify)?;
         program.load().map_err(Error::Verify)?;
-        let mut limiter = Self { ebpf, buckets, link: None };
-        limiter.write_config(&Config { bucket_mask: buckets - 1, ..Config::default() })?;
+        let mut limiter = Self { ebpf, buckets, link: None, pins, adopted };
+        if !adopted {
+            limiter.write_config(&Config { bucket_mask: buckets - 1, ..Config::default() })?;
+            limiter
+                .array_mut::<u64>(MAP_LAYOUT)?
+                .set(0, LAYOUT_VERSION, 0)
+                .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+        }
         Ok(limiter)
+    }
+
+    /// The maps came from a pinned predecessor: keep its salt and state.
+    pub fn adopted(&self) -> bool {
+        self.adopted
     }
 
     pub fn buckets(&self) -> u32 {
@@ -135,25 +198,28 @@ impl Limiter {
             .map_err(Error::Verify)
     }
 
-    fn array<V: aya::Pod>(&self, name: &'static str) -> Result<Array<&MapData, V>, Error> {
-        let map = self.ebpf.map(name).ok_or_else(|| Error::Missing { kind: "map", name: name.into() })?;
-        Array::try_from(map).map_err(|source| Error::Map { name, source })
+    pub(crate) fn map(&self, name: &'static str) -> Result<&Map, Error> {
+        self.ebpf.map(name).ok_or_else(|| Error::Missing { kind: "map", name: name.into() })
     }
 
-    fn array_mut<V: aya::Pod>(&mut self, name: &'static str) -> Result<Array<&mut MapData, V>, Error> {
-        let map = self.ebpf.map_mut(name).ok_or_else(|| Error::Missing { kind: "map", name: name.into() })?;
-        Array::try_from(map).map_err(|source| Error::Map { name, source })
+    pub(crate) fn map_mut(&mut self, name: &'static str) -> Result<&mut Map, Error> {
+        self.ebpf.map_mut(name).ok_or_else(|| Error::Missing { kind: "map", name: name.into() })
+    }
+
+    pub(crate) fn array<V: aya::Pod>(&self, name: &'static str) -> Result<Array<&MapData, V>, Error> {
+        Array::try_from(self.map(name)?).map_err(|source| Error::Map { name, source })
+    }
+
+    pub(crate) fn array_mut<V: aya::Pod>(&mut self, name: &'static str) -> Result<Array<&mut MapData, V>, Error> {
+        Array::try_from(self.map_mut(name)?).map_err(|source| Error::Map { name, source })
     }
 
     fn per_cpu<V: aya::Pod>(&self, name: &'static str) -> Result<PerCpuArray<&MapData, V>, Error> {
-        let map = self.ebpf.map(name).ok_or_else(|| Error::Missing { kind: "map", name: name.into() })?;
-        PerCpuArray::try_from(map).map_err(|source| Error::Map { name, source })
+        PerCpuArray::try_from(self.map(name)?).map_err(|source| Error::Map { name, source })
     }
 
     pub fn config(&self) -> Result<Config, Error> {
-        self.array::<Config>(MAP_CONFIG)?
-            .get(&0, 0)
-            .map_err(|source| Error::Map { name: MAP_CONFIG, source })
+        self.array::<Config>(MAP_CONFIG)?.get(&0, 0).map_err(|source| Error::Map { name: MAP_CONFIG, source })
     }
 
     pub fn write_config(&mut self, config: &Config) -> Result<(), Error> {
@@ -162,10 +228,47 @@ impl Limiter {
             .map_err(|source| Error::Map { name: MAP_CONFIG, source })
     }
 
+    /// Sets the current generation's salt (before attaching; later, see [`Limiter::rotate_salt`]).
     pub fn set_salt(&mut self, salt: SipKey) -> Result<(), Error> {
         let mut config = self.config()?;
-        config.salt = SipInit::new(&salt);
+        config.salts[(config.generation & 1) as usize] = SipInit::new(&salt);
+        config.rotated_at_ns = monotonic_ns();
         self.write_config(&config)
+    }
+
+    /// Rotates the salt: the other generation of buckets, cleared, takes `salt` and becomes
+    /// current; for `grace` a packet is also judged against its bucket in the old generation and
+    /// carries over a later TAT, so a source over its limit stays over it. `grace` must cover the
+    /// longest burst window of any policy. Refused while a previous rotation's grace runs.
+    ///
+    /// Each step is one map write that changes one field, so a packet never sees a torn mix:
+    /// the new salt goes where nothing reads it, the grace period starts, then the switch.
+    pub fn rotate_salt(&mut self, salt: SipKey, grace: Duration) -> Result<(), Error> {
+        let mut config = self.config()?;
+        let now = monotonic_ns();
+        if now < config.grace_until_ns {
+            return Err(Error::RotationBusy { seconds_left: (config.grace_until_ns - now).div_ceil(1_000_000_000) });
+        }
+        let next = (config.generation & 1) ^ 1;
+        self.clear_generation(next)?;
+        config.salts[next as usize] = SipInit::new(&salt);
+        self.write_config(&config)?;
+        config.grace_until_ns = monotonic_ns().saturating_add(grace.as_nanos() as u64);
+        self.write_config(&config)?;
+        config.generation = next;
+        config.rotated_at_ns = monotonic_ns();
+        self.write_config(&config)
+    }
+
+    /// Zeroes one generation's buckets; only ever done to the generation nothing reads.
+    fn clear_generation(&mut self, generation: u32) -> Result<(), Error> {
+        let buckets = self.buckets;
+        let mut map = PerCpuArray::<_, u64>::try_from(self.map_mut(MAP_BUCKETS)?)
+            .map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
+        for index in generation * buckets..(generation + 1) * buckets {
+            map.set(index, per_cpu_zeros::<u64>()?, 0).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
+        }
+        Ok(())
     }
 
     pub fn set_policy(&mut self, policy: &Policy) -> Result<(), Error> {
@@ -181,134 +284,103 @@ impl Limiter {
         self.write_config(&config)
     }
 
+    /// Attaches to `iface`. With pins: a pinned predecessor's link gets this program swapped in
+    /// atomically (its attach mode stays); otherwise a new link is made and pinned.
     pub fn attach(&mut self, iface: &str, mode: ModeRequest) -> Result<Attached, Error> {
         if !interface_exists(iface) {
             return Err(Error::NoSuchInterface(iface.into()));
         }
+        if let Some(path) = self.pins.as_ref().map(PinDir::link).filter(|p| p.exists()) {
+            match self.replace_in_pinned_link(&path) {
+                Ok(id) => {
+                    let mode = if self.config()?.flags & Config::ATTACHED_SKB != 0 { AttachMode::Skb } else { AttachMode::Native };
+                    self.link = Some(Link { iface: iface.into(), held: Held::Program(id) });
+                    return Ok(Attached { mode, fallback: None, replaced: true });
+                }
+                // Defunct: its interface went away (re-created since?). Start a new link.
+                Err(_) => std::fs::remove_file(&path).map_err(|e| Error::Pins(format!("removing the stale {}: {e}", path.display())))?,
+            }
+        }
+        let (id, attached) = self.attach_new(iface, mode)?;
+        let held = match &self.pins {
+            None => Held::Program(id),
+            Some(pins) => {
+                let path = pins.link();
+                let link = self.program_mut()?.take_link(id).map_err(|source| Error::Attach { iface: iface.into(), mode: attached.mode.as_str(), source })?;
+                let fd = FdLink::try_from(link).map_err(|e| Error::Pins(format!("the XDP link is not a bpf_link ({e}); this kernel cannot pin it")))?;
+                Held::Pinned(fd.pin(&path).map_err(|e| Error::Pins(format!("pinning {}: {e}", path.display())))?)
+            }
+        };
+        let mut config = self.config()?;
+        config.flags = (config.flags & !Config::ATTACHED_SKB) | if attached.mode == AttachMode::Skb { Config::ATTACHED_SKB } else { 0 };
+        self.write_config(&config)?;
+        self.link = Some(Link { iface: iface.into(), held });
+        Ok(attached)
+    }
+
+    fn replace_in_pinned_link(&mut self, path: &std::path::Path) -> Result<XdpLinkId, Error> {
+        let pinned = PinnedLink::from_pin(path).map_err(|e| Error::Pins(format!("opening {}: {e}", path.display())))?;
+        let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| Error::Pins(format!("{}: {e}", path.display())))?;
+        self.program_mut()?.attach_to_link(link).map_err(|source| Error::Attach { iface: "(pinned link)".into(), mode: "replace", source })
+    }
+
+    fn attach_new(&mut self, iface: &str, mode: ModeRequest) -> Result<(XdpLinkId, Attached), Error> {
         let first = match mode {
             ModeRequest::Auto | ModeRequest::Native => AttachMode::Native,
             ModeRequest::Skb => AttachMode::Skb,
         };
         let program = self.program_mut()?;
-        let (id, attached) = match program.attach(iface, first.xdp_mode()) {
-            Ok(id) => (id, Attached { mode: first, fallback: None }),
+        match program.attach(iface, first.xdp_mode()) {
+            Ok(id) => Ok((id, Attached { mode: first, fallback: None, replaced: false })),
             Err(native_err) if mode == ModeRequest::Auto => {
                 let reason = error_chain(&native_err);
-                let id = program.attach(iface, XdpMode::Skb).map_err(|source| Error::Attach {
-                    iface: iface.into(),
-                    mode: "skb",
-                    source,
-                })?;
-                (id, Attached { mode: AttachMode::Skb, fallback: Some(reason) })
+                let id = program
+                    .attach(iface, XdpMode::Skb)
+                    .map_err(|source| Error::Attach { iface: iface.into(), mode: "skb", source })?;
+                Ok((id, Attached { mode: AttachMode::Skb, fallback: Some(reason), replaced: false }))
             }
-            Err(source) => {
-                return Err(Error::Attach { iface: iface.into(), mode: first.as_str(), source });
-            }
-        };
-        self.link = Some(Link { iface: iface.into(), id });
-        Ok(attached)
+            Err(source) => Err(Error::Attach { iface: iface.into(), mode: first.as_str(), source }),
+        }
     }
 
-    /// Detaches from the interface, if attached. Dropping a `Limiter` detaches too.
+    /// Attaches again after the interface was re-created (the old link died with it).
+    pub fn reattach(&mut self, mode: ModeRequest) -> Result<Attached, Error> {
+        let Some(link) = self.link.take() else {
+            return Err(Error::Internal("reattach without an attachment".into()));
+        };
+        self.drop_link(link.held, false)?;
+        self.attach(&link.iface, mode)
+    }
+
+    /// Detaches from the interface and removes the pins: the next start begins afresh.
+    /// (Dropping a `Limiter` without this leaves a pinned program attached: fail static.)
     pub fn detach(&mut self) -> Result<Option<String>, Error> {
         let Some(link) = self.link.take() else {
             return Ok(None);
         };
-        self.program_mut()?
-            .detach(link.id)
-            .map_err(|source| Error::Detach { iface: link.iface.clone(), source })?;
+        self.drop_link(link.held, true)?;
+        if let Some(pins) = &self.pins {
+            pins.remove()?;
+        }
         Ok(Some(link.iface))
     }
 
-    /// Makes the kernel's maps say what `new` says, given that they say what `old` says, touching
-    /// only what differs. The order keeps packets in flight consistent: policies exist before
-    /// routes lead to them, list entries exist before their flag is set, and routes leave a
-    /// policy before it is deactivated.
-    pub fn sync(&mut self, old: &State, new: &State) -> Result<(), Error> {
-        let old_routes = old.routes().map_err(|e| Error::Internal(e.0))?;
-        let new_routes = new.routes().map_err(|e| Error::Internal(e.0))?;
-        let old_by_id: std::collections::BTreeMap<u16, &crate::state::Entry> = old.policies().map(|e| (e.id, e)).collect();
-        for entry in new.policies() {
-            let before = old_by_id.get(&entry.id);
-            if before.map(|b| &b.kernel) != Some(&entry.kernel) {
-                self.set_policy(&entry.kernel)?;
+    fn drop_link(&mut self, held: Held, detach: bool) -> Result<(), Error> {
+        let pin = self.pins.as_ref().map(PinDir::link);
+        // Unpinning first: then closing our descriptor destroys the link.
+        if let Some(path) = pin.filter(|p| p.exists()) {
+            std::fs::remove_file(&path).map_err(|e| Error::Pins(format!("removing {}: {e}", path.display())))?;
+        }
+        match held {
+            Held::Pinned(p) => drop(FdLink::from(p)),
+            Held::Program(id) => {
+                let result = self.program_mut()?.detach(id);
+                if detach {
+                    result.map_err(|source| Error::Detach { iface: String::new(), source })?;
+                }
             }
-            if before.is_some_and(|b| b.def.name != entry.def.name) {
-                // The id changed hands: the new policy starts its own counts.
-                self.zero_counters(entry.id)?;
-            }
-        }
-        let entries = |s: &State| -> std::collections::BTreeMap<IpNet, u8> {
-            let allow = s.list(List::Allow).iter().map(|n| (*n, ACL_ALLOW));
-            allow.chain(s.list(List::Deny).iter().map(|n| (*n, ACL_DENY))).collect()
-        };
-        let (old_acl, new_acl) = (entries(old), entries(new));
-        for (net, action) in &new_acl {
-            if old_acl.get(net) != Some(action) {
-                self.acl_insert(*net, *action)?;
-            }
-        }
-        let mut table = self.array_mut::<u16>(MAP_PORT_POLICY)?;
-        for (i, (&was, &is)) in old_routes.ports.iter().zip(&new_routes.ports).enumerate() {
-            if was != is {
-                table.set(i as u32, is, 0).map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
-            }
-        }
-        let mut config = self.config()?;
-        config.class_policy = new_routes.class_policy;
-        let mut flags = config.flags & !(Config::HAS_PORT_POLICIES | Config::HAS_ACL_V4 | Config::HAS_ACL_V6);
-        if new_routes.has_ports() {
-            flags |= Config::HAS_PORT_POLICIES;
-        }
-        if new_acl.keys().any(|n| matches!(n, IpNet::V4(_))) {
-            flags |= Config::HAS_ACL_V4;
-        }
-        if new_acl.keys().any(|n| matches!(n, IpNet::V6(_))) {
-            flags |= Config::HAS_ACL_V6;
-        }
-        config.flags = flags;
-        self.write_config(&config)?;
-        for net in old_acl.keys().filter(|n| !new_acl.contains_key(n)) {
-            self.acl_remove(*net)?;
-        }
-        let new_ids: std::collections::BTreeSet<u16> = new.policies().map(|e| e.id).collect();
-        for id in old_by_id.keys().filter(|id| !new_ids.contains(id)) {
-            self.set_policy(&Policy { id: *id, ..Policy::default() })?;
-            self.zero_counters(*id)?;
         }
         Ok(())
-    }
-
-    fn acl_insert(&mut self, net: IpNet, action: u8) -> Result<(), Error> {
-        let prefix = u32::from(net.prefix_len());
-        match net {
-            IpNet::V4(n) => self.acl::<[u8; 4]>(MAP_ACL_V4)?.insert(&Key::new(prefix, n.network().octets()), action, 0),
-            IpNet::V6(n) => self.acl::<[u8; 16]>(MAP_ACL_V6)?.insert(&Key::new(prefix, n.network().octets()), action, 0),
-        }
-        .map_err(|source| Error::Map { name: acl_map_name(net), source })
-    }
-
-    fn acl_remove(&mut self, net: IpNet) -> Result<(), Error> {
-        let prefix = u32::from(net.prefix_len());
-        match net {
-            IpNet::V4(n) => self.acl::<[u8; 4]>(MAP_ACL_V4)?.remove(&Key::new(prefix, n.network().octets())),
-            IpNet::V6(n) => self.acl::<[u8; 16]>(MAP_ACL_V6)?.remove(&Key::new(prefix, n.network().octets())),
-        }
-        .map_err(|source| Error::Map { name: acl_map_name(net), source })
-    }
-
-    fn acl<K: aya::Pod>(&mut self, name: &'static str) -> Result<LpmTrie<&mut MapData, K, u8>, Error> {
-        let map = self.ebpf.map_mut(name).ok_or_else(|| Error::Missing { kind: "map", name: name.into() })?;
-        LpmTrie::try_from(map).map_err(|source| Error::Map { name, source })
-    }
-
-    fn zero_counters(&mut self, id: u16) -> Result<(), Error> {
-        let cpus = aya::util::nr_cpus().map_err(|(what, e)| Error::Internal(format!("{what}: {e}")))?;
-        let zeros = PerCpuValues::try_from(vec![Counters::default(); cpus])
-            .map_err(|e| Error::Internal(format!("per-CPU values: {e}")))?;
-        let map = self.ebpf.map_mut(MAP_COUNTERS).ok_or_else(|| Error::Missing { kind: "map", name: MAP_COUNTERS.into() })?;
-        let mut counters = PerCpuArray::<_, Counters>::try_from(map).map_err(|source| Error::Map { name: MAP_COUNTERS, source })?;
-        counters.set(u32::from(id), zeros, 0).map_err(|source| Error::Map { name: MAP_COUNTERS, source })
     }
 
     /// Counters per policy id (index 0: traffic no policy judged), summed over CPUs.
@@ -354,11 +426,4 @@ fn error_chain(e: &ProgramError) -> String {
         source = s.source();
     }
     out
-}
-
-fn acl_map_name(net: IpNet) -> &'static str {
-    match net {
-        IpNet::V4(_) => MAP_ACL_V4,
-        IpNet::V6(_) => MAP_ACL_V6,
-    }
 }

@@ -2,10 +2,11 @@ use std::{io::Write as _, process::ExitCode};
 
 use clap::{CommandFactory as _, Parser as _};
 use limiter_ctl::{
-    cli::{Cli, Command, ListCommand, PolicyCommand},
+    cli::{Cli, Command, ListCommand, PolicyCommand, SaltCommand},
     daemon,
     error::Usage,
     ipc::{self, PolicyStatus, Request, Response},
+    pins,
     show,
     state::List,
 };
@@ -39,6 +40,17 @@ fn main() -> ExitCode {
             PolicyCommand::Show { json, .. } => render::<PolicyStatus>(data, json, |one| show::policy(&one)),
             _ => Ok(String::new()),
         }),
+        Command::Salt(SaltCommand::Rotate) => client(&cli.socket, Request::SaltRotate, |_| Ok("salt rotated\n".into())),
+        Command::Detach { iface, pin_dir } => match pins::detach(&pin_dir, &iface) {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Allow(cmd) => list_command(&cli.socket, List::Allow, cmd),
         Command::Deny(cmd) => list_command(&cli.socket, List::Deny, cmd),
     }

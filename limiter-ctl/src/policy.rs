@@ -56,6 +56,12 @@ impl fmt::Display for Name {
 }
 
 impl Name {
+    /// A name known to be valid (a constant in this crate).
+    pub fn from_static(s: &'static str) -> Self {
+        debug_assert!(s.parse::<Self>().is_ok(), "{s}");
+        Self(s.to_string())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

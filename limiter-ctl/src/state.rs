@@ -61,8 +61,9 @@ impl Routes {
 }
 
 impl State {
-    /// Validates a whole config, keeping the ids `prev` gave to policies of the same name.
-    pub fn build(config: &ConfigFile, prev: &State) -> Result<State, Usage> {
+    /// Validates a whole config. Policies named in `ids` keep those ids (and so their buckets and
+    /// counters); new names take free ones.
+    pub fn build(config: &ConfigFile, ids: &BTreeMap<Name, u16>) -> Result<State, Usage> {
         let mut state = State::default();
         for net in &config.allow {
             state.add_net(List::Allow, *net)?;
@@ -77,13 +78,24 @@ impl State {
             }
         }
         // Names that keep their ids first, so new names cannot take them.
-        let (kept, new): (Vec<_>, Vec<_>) = config.policies.iter().partition(|d| prev.policies.contains_key(&d.name));
+        let (kept, new): (Vec<_>, Vec<_>) = config.policies.iter().partition(|d| ids.contains_key(&d.name));
         for def in kept.into_iter().chain(new) {
-            let id = prev.policies.get(&def.name).map_or_else(|| state.free_id(), |e| Ok(e.id))?;
+            let id = ids.get(&def.name).map_or_else(|| state.free_id(), |id| Ok(*id))?;
             state.insert(def.clone(), id)?;
         }
         state.routes()?;
         Ok(state)
+    }
+
+    /// The longest burst window of any policy: how long a TAT can stay ahead of now, so how
+    /// long a salt rotation must keep consulting the old buckets.
+    pub fn max_window(&self) -> std::time::Duration {
+        let ns = self.policies.values().map(|e| e.kernel.gcra.window_ns()).max().unwrap_or(0);
+        std::time::Duration::from_nanos(ns)
+    }
+
+    pub fn ids(&self) -> BTreeMap<Name, u16> {
+        self.policies.iter().map(|(n, e)| (n.clone(), e.id)).collect()
     }
 
     pub fn to_config(&self) -> ConfigFile {
@@ -302,7 +314,7 @@ mod tests {
         let mut config = s.to_config();
         config.policies.retain(|d| d.name.as_str() != "a");
         config.policies.insert(0, def("new", "icmp"));
-        let t = State::build(&config, &s).unwrap();
+        let t = State::build(&config, &s.ids()).unwrap();
         assert_eq!(id(&t, "b"), id(&s, "b"));
         assert_eq!(id(&t, "c"), id(&s, "c"));
         assert!(![id(&t, "b"), id(&t, "c")].contains(&id(&t, "new")));

@@ -11,11 +11,12 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
+    Gcra,
     key::bucket_of,
     key::FAMILY_V4,
     maps::{
         ACL_ALLOW, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS,
-        MAX_ACL_ENTRIES, MAX_POLICIES, PORT_POLICY_ENTRIES, Policy,
+        MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy,
     },
 };
 use limiter_ebpf::{
@@ -39,6 +40,11 @@ static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_POLIC
 static ACL_V4: LpmTrie<[u8; 4], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES, 0);
 #[map]
 static ACL_V6: LpmTrie<[u8; 16], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES, 0);
+// Read and written by userspace only; defined here so they are created and pinned with the rest.
+#[map]
+static POLICY_NAMES: Array<[u8; POLICY_NAME_LEN]> = Array::with_max_entries(MAX_POLICIES, 0);
+#[map]
+static LAYOUT: Array<u64> = Array::with_max_entries(1, 0);
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
@@ -85,15 +91,30 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
         return unmatched();
     }
     let words = key_words(pkt, policy);
-    let base = cfg.generation.wrapping_mul(cfg.bucket_mask + 1);
-    let index = base + bucket_of(&cfg.salt, pkt.family, &words, cfg.bucket_mask);
-    let Some(tat) = BUCKETS.get_ptr_mut(index) else {
+    let generation = (cfg.generation & 1) as usize;
+    let Some(tat) = BUCKETS.get_ptr_mut(bucket_index(cfg, generation, pkt.family, &words)) else {
         return fault();
     };
+    let tat = unsafe { &mut *tat };
     let now = unsafe { bpf_ktime_get_ns() };
-    let verdict = decide(policy, unsafe { &mut *tat }, now, frame_len);
+    if now < cfg.grace_until_ns {
+        // Salt rotation: the source's bucket under the previous salt may be further ahead.
+        let previous = generation ^ 1;
+        let Some(old) = BUCKETS.get_ptr(bucket_index(cfg, previous, pkt.family, &words)) else {
+            return fault();
+        };
+        *tat = Gcra::later(*tat, unsafe { *old });
+    }
+    let verdict = decide(policy, tat, now, frame_len);
     bump(u32::from(id), |c| count(c, verdict, frame_len));
     if verdict == Verdict::Refuse { XDP_DROP } else { XDP_PASS }
+}
+
+/// The bucket of `words` in `generation`, under that generation's salt.
+#[inline(always)]
+fn bucket_index(cfg: &Config, generation: usize, family: u8, words: &[u64; 3]) -> u32 {
+    let base = (generation as u32) * (cfg.bucket_mask + 1);
+    base + bucket_of(&cfg.salts[generation], family, words, cfg.bucket_mask)
 }
 
 /// The packet's policy id (0: none): exact port or range, then protocol, then `any`, all folded

@@ -27,8 +27,8 @@ use aya::{
 };
 use limiter_ctl::{
     Limiter, objects,
-    policy::PolicySpec,
-    rate::Rate,
+    config::PolicyDef,
+    state::{List, State},
 };
 use limiter_tests::{flood::FrameSpec, netns};
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -36,7 +36,6 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 const BUCKETS: u32 = 1 << 20;
 const SOURCES: usize = 1 << 17;
 const HOT_REPEAT: u32 = 200_000;
-const POLICY_ID: u16 = 1;
 
 struct Args {
     out: Option<String>,
@@ -96,14 +95,29 @@ fn bench_object(name: &'static str) -> anyhow::Result<Ebpf> {
     Ok(ebpf)
 }
 
-fn limiter(rate: &str, burst: u64, with_policy: bool) -> anyhow::Result<Limiter> {
+/// A limiter configured the way the daemon does it: `policies` as (match, rate, burst), then
+/// `allow` entries.
+fn limiter(policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
     let mut limiter = Limiter::load(BUCKETS)?;
     limiter.set_salt(limiter_ctl::salt::draw()?)?;
-    if with_policy {
-        let spec = PolicySpec::any(rate.parse::<Rate>()?, burst);
-        limiter.set_policy(&spec.compile(POLICY_ID)?)?;
-        limiter.set_default_policy(POLICY_ID)?;
+    let mut state = State::default();
+    for (i, (matches, rate, burst)) in policies.iter().enumerate() {
+        state = state
+            .with_policy(PolicyDef {
+                name: format!("p{i}").parse()?,
+                matches: matches.parse()?,
+                rate: rate.parse()?,
+                burst: Some(*burst),
+                key: Default::default(),
+                unit: Default::default(),
+                mode: Default::default(),
+            })
+            .map_err(|e| anyhow::anyhow!(e.0))?;
     }
+    for net in allow {
+        state = state.with_net(List::Allow, net.parse()?).map_err(|e| anyhow::anyhow!(e.0))?;
+    }
+    limiter.sync(&State::default(), &state)?;
     Ok(limiter)
 }
 
@@ -124,19 +138,34 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
         Subject {
             name: "limiter: admit",
             what: "policy matched, GCRA admits",
-            run: limiter_runner(limiter("1000000000/s", 1_000_000_000, true)?),
+            run: limiter_runner(limiter(&[("any", "1000000000/s", 1_000_000_000)], &[])?),
             warm_all_sources: false,
         },
         Subject {
             name: "limiter: refuse",
             what: "policy matched, GCRA refuses (XDP_DROP)",
-            run: limiter_runner(limiter("1/h", 1, true)?),
+            run: limiter_runner(limiter(&[("any", "1/h", 1)], &[])?),
             warm_all_sources: true,
         },
         Subject {
             name: "limiter: no policy",
             what: "IP traffic no policy matches",
-            run: limiter_runner(limiter("1/s", 1, false)?),
+            run: limiter_runner(limiter(&[], &[])?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: port policy, admit",
+            what: "as admit, the policy found through the port table (udp:53) among 4 policies",
+            run: limiter_runner(limiter(
+                &[("udp:53", "1000000000/s", 1_000_000_000), ("udp:50-60", "1/s", 1), ("udp", "1/s", 1), ("any", "1/s", 1)],
+                &[],
+            )?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: lists, admit",
+            what: "as admit, with an allow list the sources are not on (one LPM lookup)",
+            run: limiter_runner(limiter(&[("any", "1000000000/s", 1_000_000_000)], &["192.0.2.0/24", "2001:db8:ffff::/48"])?),
             warm_all_sources: false,
         },
     ])

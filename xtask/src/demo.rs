@@ -67,9 +67,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn demo(args: &Args, net: &Net, ctl: &Path, flood_bin: &Path) -> anyhow::Result<()> {
     let burst = args.burst.to_string();
+    // The demo's daemon keeps its config and socket in a scratch directory, not /etc and /run.
+    let scratch = ScratchDir::new()?;
     let mut daemon = Proc::spawn(
         "daemon",
         net.rx.command(ctl).args(["daemon", "--iface", &net.rx.iface, "--rate", &args.rate, "--burst", &burst])
+            .arg("--config").arg(scratch.0.join("limiter.toml"))
+            .arg("--socket").arg(scratch.0.join("ctl.sock"))
             .args(["--stats-every", "1s"]),
     )?;
     let stats = daemon.stream();
@@ -388,4 +392,21 @@ fn ip(args: &[&str]) -> anyhow::Result<()> {
         bail!("`{}` failed: {}", describe(&cmd), String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
+}
+
+/// A directory under the system temp dir, removed on drop.
+struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    fn new() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("{PREFIX}{}-demo", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

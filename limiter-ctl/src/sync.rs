@@ -1,0 +1,215 @@
+//! Bringing the kernel's maps from one state to another, touching only what differs.
+//!
+//! A [`MapView`] is what the maps say, in the terms that matter for a diff: it is computed from
+//! a [`State`], or read back from the maps of a pinned limiter a restarted daemon adopts.
+
+use std::collections::BTreeMap;
+
+use aya::maps::{LpmTrie, MapData, PerCpuArray, PerCpuValues, lpm_trie::Key};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use limiter_common::maps::{
+    ACL_ALLOW, ACL_DENY, CLASSES, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_COUNTERS,
+    MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
+};
+
+use crate::{
+    Error, Limiter,
+    error::Usage,
+    policy::Name,
+    state::{List, State},
+};
+
+type NameBytes = [u8; POLICY_NAME_LEN];
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MapView {
+    /// Active policies by id, with their names.
+    pub policies: BTreeMap<u16, (Policy, NameBytes)>,
+    /// The port table (`class << 16 | port`).
+    pub ports: Vec<u16>,
+    pub class_policy: [u16; CLASSES],
+    pub acl: BTreeMap<IpNet, u8>,
+}
+
+fn name_bytes(name: &Name) -> NameBytes {
+    let mut b = [0u8; POLICY_NAME_LEN];
+    let s = name.as_str().as_bytes();
+    b[..s.len().min(POLICY_NAME_LEN)].copy_from_slice(&s[..s.len().min(POLICY_NAME_LEN)]);
+    b
+}
+
+impl MapView {
+    pub fn of(state: &State) -> Result<Self, Usage> {
+        let routes = state.routes()?;
+        let policies = state.policies().map(|e| (e.id, (e.kernel, name_bytes(&e.def.name)))).collect();
+        let acl = state
+            .list(List::Allow)
+            .iter()
+            .map(|n| (*n, ACL_ALLOW))
+            .chain(state.list(List::Deny).iter().map(|n| (*n, ACL_DENY)))
+            .collect();
+        Ok(Self { policies, ports: routes.ports, class_policy: routes.class_policy, acl })
+    }
+
+    /// Policy ids by name, for keeping ids (and so buckets and counters) across a restart.
+    pub fn ids(&self) -> BTreeMap<Name, u16> {
+        self.policies
+            .iter()
+            .filter_map(|(id, (_, name))| {
+                let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+                let name = std::str::from_utf8(&name[..len]).ok()?.parse().ok()?;
+                Some((name, *id))
+            })
+            .collect()
+    }
+}
+
+impl Limiter {
+    /// Makes the maps say what `new` says, given that they say what `old` says.
+    pub fn sync(&mut self, old: &State, new: &State) -> Result<(), Error> {
+        let old = MapView::of(old).map_err(|e| Error::Internal(e.0))?;
+        let new = MapView::of(new).map_err(|e| Error::Internal(e.0))?;
+        self.apply(&old, &new)
+    }
+
+    /// Applies the difference between two views. The order keeps packets in flight consistent:
+    /// policies exist before routes lead to them, list entries exist before their flag is set,
+    /// and routes leave a policy before it is deactivated.
+    pub fn apply(&mut self, old: &MapView, new: &MapView) -> Result<(), Error> {
+        for (id, (policy, name)) in &new.policies {
+            let before = old.policies.get(id);
+            if before.map(|b| &b.0) != Some(policy) {
+                self.set_policy(policy)?;
+            }
+            if before.map(|b| &b.1) != Some(name) {
+                self.set_policy_name(*id, name)?;
+                if before.is_some() {
+                    // The id changed hands: the new policy starts its own counts.
+                    self.zero_counters(*id)?;
+                }
+            }
+        }
+        for (net, action) in &new.acl {
+            if old.acl.get(net) != Some(action) {
+                self.acl_insert(*net, *action)?;
+            }
+        }
+        let mut table = self.array_mut::<u16>(MAP_PORT_POLICY)?;
+        for (i, (&was, &is)) in old.ports.iter().zip(&new.ports).enumerate() {
+            if was != is {
+                table.set(i as u32, is, 0).map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
+            }
+        }
+        let mut config = self.config()?;
+        config.class_policy = new.class_policy;
+        config.flags &= !(Config::HAS_PORT_POLICIES | Config::HAS_ACL_V4 | Config::HAS_ACL_V6);
+        if new.ports.iter().any(|&id| id != 0) {
+            config.flags |= Config::HAS_PORT_POLICIES;
+        }
+        if new.acl.keys().any(|n| matches!(n, IpNet::V4(_))) {
+            config.flags |= Config::HAS_ACL_V4;
+        }
+        if new.acl.keys().any(|n| matches!(n, IpNet::V6(_))) {
+            config.flags |= Config::HAS_ACL_V6;
+        }
+        self.write_config(&config)?;
+        for net in old.acl.keys().filter(|n| !new.acl.contains_key(n)) {
+            self.acl_remove(*net)?;
+        }
+        for id in old.policies.keys().filter(|id| !new.policies.contains_key(id)) {
+            self.set_policy(&Policy { id: *id, ..Policy::default() })?;
+            self.set_policy_name(*id, &[0; POLICY_NAME_LEN])?;
+            self.zero_counters(*id)?;
+        }
+        Ok(())
+    }
+
+    /// What the maps say now (for adopting a pinned limiter).
+    pub fn read_view(&self) -> Result<MapView, Error> {
+        let policies_map = self.array::<Policy>(MAP_POLICIES)?;
+        let names = self.array::<NameBytes>(MAP_POLICY_NAMES)?;
+        let mut policies = BTreeMap::new();
+        for id in 1..MAX_POLICIES {
+            let p = policies_map.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICIES, source })?;
+            if p.flags & Policy::ACTIVE != 0 {
+                let name = names.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICY_NAMES, source })?;
+                policies.insert(id as u16, (p, name));
+            }
+        }
+        let ports = self
+            .array::<u16>(MAP_PORT_POLICY)?
+            .iter()
+            .collect::<Result<Vec<u16>, _>>()
+            .map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
+        let mut acl = BTreeMap::new();
+        let v4 = self.acl_trie::<[u8; 4]>(MAP_ACL_V4)?;
+        for item in v4.iter() {
+            let (key, action) = item.map_err(|source| Error::Map { name: MAP_ACL_V4, source })?;
+            let net = Ipv4Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
+            acl.insert(IpNet::V4(net), action);
+        }
+        let v6 = self.acl_trie::<[u8; 16]>(MAP_ACL_V6)?;
+        for item in v6.iter() {
+            let (key, action) = item.map_err(|source| Error::Map { name: MAP_ACL_V6, source })?;
+            let net = Ipv6Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
+            acl.insert(IpNet::V6(net), action);
+        }
+        Ok(MapView { policies, ports, class_policy: self.config()?.class_policy, acl })
+    }
+
+    /// A pinned limiter's policy ids by name.
+    pub fn policy_ids(&self) -> Result<BTreeMap<Name, u16>, Error> {
+        Ok(self.read_view()?.ids())
+    }
+
+    fn set_policy_name(&mut self, id: u16, name: &NameBytes) -> Result<(), Error> {
+        self.array_mut::<NameBytes>(MAP_POLICY_NAMES)?
+            .set(u32::from(id), name, 0)
+            .map_err(|source| Error::Map { name: MAP_POLICY_NAMES, source })
+    }
+
+    fn acl_insert(&mut self, net: IpNet, action: u8) -> Result<(), Error> {
+        let prefix = u32::from(net.prefix_len());
+        match net {
+            IpNet::V4(n) => self.acl_trie_mut::<[u8; 4]>(MAP_ACL_V4)?.insert(&Key::new(prefix, n.network().octets()), action, 0),
+            IpNet::V6(n) => self.acl_trie_mut::<[u8; 16]>(MAP_ACL_V6)?.insert(&Key::new(prefix, n.network().octets()), action, 0),
+        }
+        .map_err(|source| Error::Map { name: acl_map_name(net), source })
+    }
+
+    fn acl_remove(&mut self, net: IpNet) -> Result<(), Error> {
+        let prefix = u32::from(net.prefix_len());
+        match net {
+            IpNet::V4(n) => self.acl_trie_mut::<[u8; 4]>(MAP_ACL_V4)?.remove(&Key::new(prefix, n.network().octets())),
+            IpNet::V6(n) => self.acl_trie_mut::<[u8; 16]>(MAP_ACL_V6)?.remove(&Key::new(prefix, n.network().octets())),
+        }
+        .map_err(|source| Error::Map { name: acl_map_name(net), source })
+    }
+
+    fn acl_trie<K: aya::Pod>(&self, name: &'static str) -> Result<LpmTrie<&MapData, K, u8>, Error> {
+        LpmTrie::try_from(self.map(name)?).map_err(|source| Error::Map { name, source })
+    }
+
+    fn acl_trie_mut<K: aya::Pod>(&mut self, name: &'static str) -> Result<LpmTrie<&mut MapData, K, u8>, Error> {
+        LpmTrie::try_from(self.map_mut(name)?).map_err(|source| Error::Map { name, source })
+    }
+
+    pub(crate) fn zero_counters(&mut self, id: u16) -> Result<(), Error> {
+        let zeros = per_cpu_zeros::<Counters>()?;
+        let mut counters = PerCpuArray::<_, Counters>::try_from(self.map_mut(MAP_COUNTERS)?)
+            .map_err(|source| Error::Map { name: MAP_COUNTERS, source })?;
+        counters.set(u32::from(id), zeros, 0).map_err(|source| Error::Map { name: MAP_COUNTERS, source })
+    }
+}
+
+pub(crate) fn per_cpu_zeros<T: aya::Pod + Default>() -> Result<PerCpuValues<T>, Error> {
+    let cpus = aya::util::nr_cpus().map_err(|(what, e)| Error::Internal(format!("{what}: {e}")))?;
+    PerCpuValues::try_from(vec![T::default(); cpus]).map_err(|e| Error::Internal(format!("per-CPU values: {e}")))
+}
+
+fn acl_map_name(net: IpNet) -> &'static str {
+    match net {
+        IpNet::V4(_) => MAP_ACL_V4,
+        IpNet::V6(_) => MAP_ACL_V6,
+    }
+}
