@@ -32,6 +32,9 @@ pub const MAP_ACL_V6: &str = "ACL_V6";
 pub const MAP_POLICY_NAMES: &str = "POLICY_NAMES";
 /// Userspace only: [`LAYOUT_VERSION`] of the pinned maps, checked before adopting them.
 pub const MAP_LAYOUT: &str = "LAYOUT";
+/// A sample of refusals ([`RefusalSample`]), for `limiter-ctl top`.
+pub const MAP_REFUSALS: &str = "REFUSALS";
+pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
@@ -82,7 +85,8 @@ pub struct Config {
     /// (0: traffic of that class passes untouched).
     pub class_policy: [u16; CLASSES],
     pub flags: u32,
-    pub _pad: u32,
+    /// With `SAMPLE_REFUSALS`: a refusal is sampled when `random & sample_mask == 0`.
+    pub sample_mask: u32,
 }
 
 impl Config {
@@ -92,6 +96,8 @@ impl Config {
     pub const HAS_ACL_V4: u32 = 1 << 1;
     /// The IPv6 allow/deny trie has entries.
     pub const HAS_ACL_V6: u32 = 1 << 2;
+    /// Send a sample of refusals (1 in `sample_mask + 1`) to `REFUSALS`.
+    pub const SAMPLE_REFUSALS: u32 = 1 << 3;
     /// Userspace only: the program was attached in skb (generic) mode.
     pub const ATTACHED_SKB: u32 = 1 << 16;
 }
@@ -105,7 +111,9 @@ pub struct Policy {
     pub v4_mask: u64,
     pub flags: u32,
     pub id: u16,
-    pub _pad: u16,
+    /// The prefix lengths the masks keep (reported with refusal samples).
+    pub v4_prefix: u8,
+    pub v6_prefix: u8,
 }
 
 impl Policy {
@@ -169,6 +177,21 @@ impl Counters {
     }
 }
 
+/// One sampled refusal: the key's prefix (never more of the address than the policy keys on).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RefusalSample {
+    /// The masked source address (network order; IPv4 in the first 4 bytes).
+    pub addr: [u8; 16],
+    pub policy: u16,
+    pub dport: u16,
+    pub family: u8,
+    pub prefix_len: u8,
+    /// 1 when the policy is dry-run (the packet passed).
+    pub dry_run: u8,
+    pub _pad: u8,
+}
+
 /// What the parser made of one frame (test-only probe program).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -204,6 +227,7 @@ mod pod {
     unsafe impl aya::Pod for super::Policy {}
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::ParseProbe {}
+    unsafe impl aya::Pod for super::RefusalSample {}
 }
 
 #[cfg(test)]
@@ -218,5 +242,6 @@ mod tests {
         assert_eq!(size_of::<Policy>(), 24 + 16 + 8 + 4 + 2 + 2);
         assert_eq!(size_of::<Counters>(), 12 * 8);
         assert_eq!(size_of::<ParseProbe>(), 4 + 4 + 4 + 4 + 16 + 24);
+        assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4);
     }
 }

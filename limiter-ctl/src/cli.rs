@@ -37,6 +37,22 @@ pub enum Command {
     /// Sources that are always dropped.
     #[command(subcommand)]
     Deny(ListCommand),
+    /// Admitted and refused packets per policy: per second over the last second, and totals.
+    Stats {
+        /// Redraw in place once a second, like top (Ctrl-C to stop).
+        #[arg(long)]
+        watch: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The most-refused source prefixes right now, from a sample of refusals (root only).
+    Top {
+        /// How many prefixes to show.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// The secret salt that hashes sources into buckets.
     #[command(subcommand)]
     Salt(SaltCommand),
@@ -84,6 +100,30 @@ pub struct DaemonArgs {
     /// Where the program, its link and maps are pinned (bpffs), under a directory per interface.
     #[arg(long, value_name = "PATH", default_value = pins::DEFAULT_ROOT)]
     pub pin_dir: PathBuf,
+    /// Prometheus endpoint address, or `off`.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics)]
+    pub metrics: Metrics,
+    /// Send 1 in N refusals to `limiter-ctl top` (a power of two; 0: none).
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = parse_sample)]
+    pub sample_refusals: u32,
+}
+
+/// Where the metrics endpoint listens, if anywhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metrics(pub Option<std::net::SocketAddr>);
+
+fn parse_metrics(s: &str) -> Result<Metrics, String> {
+    if s == "off" {
+        return Ok(Metrics(None));
+    }
+    s.parse().map(|a| Metrics(Some(a))).map_err(|_| format!("invalid metrics address '{s}': expected IP:PORT such as 127.0.0.1:9464, or off"))
+}
+
+fn parse_sample(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if n == 0 || (n.is_power_of_two() && n <= 1 << 20) => Ok(n),
+        _ => Err(format!("invalid sample rate '{s}': expected 0 (none) or a power of two up to 1048576, such as 256")),
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -9,15 +9,17 @@
 use std::{
     collections::BTreeMap,
     io,
+    sync::{Arc, Mutex},
     os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
-use limiter_common::maps::Counters;
+use aya::maps::{MapData, RingBuf};
+use limiter_common::maps::{Counters, RefusalSample};
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, unix::AsyncFd},
     net::{UnixListener, UnixStream},
     signal::unix::{SignalKind, signal},
 };
@@ -29,11 +31,14 @@ use crate::{
     config::{self, ConfigFile, PolicyDef},
     error::Usage,
     ipc::{MAX_REQUEST, PolicyStatus, Request, Response},
+    metrics,
     pins::PinDir,
     policy::Name,
     salt,
     state::State,
+    stats,
     sync::MapView,
+    top::Top,
 };
 
 /// The policy the daemon's `--rate` installs (matching everything).
@@ -63,6 +68,11 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
         return Err(Usage(format!("interface '{}' does not exist (see `ip link`)", args.iface)).into());
     }
     let listener = bind(socket)?;
+    let shared = stats::Shared::default();
+    if let Some(addr) = args.metrics.0 {
+        metrics::serve(addr, shared.clone()).await?;
+        info!(address = %addr, "serving metrics at /metrics");
+    }
 
     let pins = PinDir::new(&args.pin_dir, &args.iface);
     if let Some(note) = pins.prepare()? {
@@ -80,6 +90,11 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
     };
     let state = desired(&ids)?;
     limiter.apply(&before, &MapView::of(&state)?)?;
+    limiter.set_sampling(args.sample_refusals)?;
+    // SAFETY: the ring owns its descriptor and keeps it open for as long as the AsyncFd lives.
+    let refusals = unsafe { AsyncFd::register(limiter.take_refusals()?) }
+        .map_err(|e| anyhow::anyhow!("watching the refusal ring: {}", e.into_parts().1))?;
+    // From here on a failure must not leave the program attached (only a crash does that).
     let attached = limiter.attach(&args.iface, args.mode)?;
     if let Some(reason) = &attached.fallback {
         warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
@@ -95,12 +110,22 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
         "{}",
         if attached.replaced { "adopted the pinned limiter: program replaced in place, buckets, counters and salt kept" } else { "attached" }
     );
-    let mut daemon = Daemon { limiter, state, config_path: args.config.clone(), iface: args.iface.clone(), mode: args.mode };
-    if daemon.state.to_config() != file {
-        daemon.save().context("writing the config")?;
-    }
-
-    let result = daemon.serve(listener, &args).await;
+    let mut daemon = Daemon {
+        limiter,
+        state,
+        config_path: args.config.clone(),
+        iface: args.iface.clone(),
+        mode: args.mode,
+        attach_mode: attached.mode,
+        shared,
+        sampler: stats::Sampler::default(),
+        occupancy: Arc::default(),
+        top: Top::new(args.sample_refusals.max(1)),
+    };
+    let result = match daemon.start_up(&file) {
+        Ok(()) => daemon.serve(listener, refusals, &args).await,
+        Err(e) => Err(e),
+    };
     if let Err(e) = std::fs::remove_file(socket) {
         warn!(socket = %socket.display(), error = %e, "could not remove the control socket");
     }
@@ -138,20 +163,31 @@ struct Daemon {
     config_path: PathBuf,
     iface: String,
     mode: crate::limiter::ModeRequest,
+    attach_mode: crate::limiter::AttachMode,
+    /// The latest snapshot, read by `stats` and the metrics endpoint.
+    shared: stats::Shared,
+    sampler: stats::Sampler,
+    /// The last bucket occupancy measured (off the loop).
+    occupancy: Arc<Mutex<Option<f64>>>,
+    top: Top,
 }
+
+/// How often the buckets are scanned for the occupancy gauge (it reads them all).
+const OCCUPANCY_EVERY: Duration = Duration::from_secs(15);
 
 /// Beyond the longest burst window, the old buckets are consulted this much longer.
 const GRACE_MARGIN: Duration = Duration::from_millis(50);
 
 impl Daemon {
-    async fn serve(&mut self, listener: UnixListener, args: &DaemonArgs) -> anyhow::Result<()> {
+    async fn serve(&mut self, listener: UnixListener, mut refusals: AsyncFd<RingBuf<MapData>>, args: &DaemonArgs) -> anyhow::Result<()> {
         let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
         let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
         let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
         let mut rotation = args.rotate_every.0.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
-        let mut watch = tokio::time::interval(Duration::from_secs(1));
+        let mut second = tokio::time::interval(Duration::from_secs(1));
+        let mut occupancy = tokio::time::interval(OCCUPANCY_EVERY);
         let mut if_index = crate::limiter::if_index(&self.iface);
         let signal_name = loop {
             tokio::select! {
@@ -166,12 +202,28 @@ impl Daemon {
                     }
                     Err(e) => warn!(error = %e, "accepting a control connection failed"),
                 },
+                ready = refusals.readable_mut() => match ready {
+                    Ok(mut guard) => {
+                        let ring = guard.get_inner_mut();
+                        while let Some(item) = ring.next() {
+                            if let Some(sample) = parse_sample(&item) {
+                                self.top.record(&sample);
+                            }
+                        }
+                        guard.clear_ready();
+                    }
+                    Err(e) => warn!(error = %e, "reading the refusal ring failed"),
+                },
                 _ = async { rotation.as_mut().expect("guarded").tick().await }, if rotation.is_some() => {
                     if let Err(e) = self.rotate() {
                         warn!(error = %e, "scheduled salt rotation skipped");
                     }
                 }
-                _ = watch.tick() => if_index = self.watch_interface(if_index),
+                _ = second.tick() => {
+                    if_index = self.watch_interface(if_index);
+                    self.snapshot()?;
+                }
+                _ = occupancy.tick() => self.measure_occupancy(),
                 _ = async { stats.as_mut().expect("guarded").tick().await }, if stats.is_some() => {
                     let now = (Instant::now(), self.total()?);
                     print_rates(&last, &now);
@@ -181,6 +233,41 @@ impl Daemon {
         };
         info!(signal = signal_name, "stopping");
         Ok(())
+    }
+
+    fn start_up(&mut self, file: &ConfigFile) -> anyhow::Result<()> {
+        self.snapshot()?;
+        if self.state.to_config() != *file {
+            self.save().context("writing the config")?;
+        }
+        Ok(())
+    }
+
+    /// Reads the counters into a new snapshot for `stats` and `/metrics`.
+    fn snapshot(&mut self) -> Result<(), crate::Error> {
+        let counters = self.limiter.counters()?;
+        let occupancy = self.occupancy.lock().ok().and_then(|o| *o);
+        let snapshot = self.sampler.sample(&self.state, counters, self.attach_mode.as_str(), self.limiter.salt_age()?, occupancy);
+        if let Ok(mut shared) = self.shared.write() {
+            *shared = snapshot;
+        }
+        Ok(())
+    }
+
+    /// Scans the buckets on a blocking thread with its own map handle; the loop goes on.
+    fn measure_occupancy(&self) {
+        let (buckets, config) = match (self.limiter.open_buckets(), self.limiter.config()) {
+            (Ok(b), Ok(c)) => (b, c),
+            (Err(e), _) | (_, Err(e)) => return warn!(error = %e, "measuring bucket occupancy failed"),
+        };
+        let policies: Vec<_> = self.state.policies().map(|e| e.kernel).collect();
+        let (count, out) = (self.limiter.buckets(), self.occupancy.clone());
+        tokio::task::spawn_blocking(move || {
+            let ratio = stats::occupancy(&buckets, config.generation & 1, count, &policies, crate::limiter::monotonic_ns());
+            if let Ok(mut o) = out.lock() {
+                *o = ratio;
+            }
+        });
     }
 
     /// Draws a new salt; for the longest burst window (plus a margin) packets are also judged
@@ -262,6 +349,11 @@ impl Daemon {
             Request::ListShow { list } => {
                 Response::Ok { data: serde_json::to_value(self.state.list(list)).unwrap_or_default() }
             }
+            Request::Stats => match self.shared.read() {
+                Ok(snapshot) => Response::Ok { data: serde_json::to_value(&*snapshot).unwrap_or_default() },
+                Err(_) => Response::Failed { error: "the stats snapshot is unavailable".into() },
+            },
+            Request::Top { limit } => Response::Ok { data: serde_json::to_value(self.top.report(&self.state, limit)).unwrap_or_default() },
             Request::SaltRotate => match self.rotate() {
                 Ok(()) => Response::Ok { data: serde_json::Value::Null },
                 Err(e) => Response::Failed { error: e.to_string() },
@@ -339,6 +431,12 @@ impl Daemon {
         self.limiter.counters()?.iter().for_each(|c| sum.add(c));
         Ok(sum)
     }
+}
+
+/// A ring record as a sample; records of another size are not ours.
+fn parse_sample(bytes: &[u8]) -> Option<RefusalSample> {
+    (bytes.len() == std::mem::size_of::<RefusalSample>())
+        .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<RefusalSample>()) })
 }
 
 fn rollback_note(restored: Result<(), crate::Error>) -> String {

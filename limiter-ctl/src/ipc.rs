@@ -29,6 +29,8 @@ pub enum Request {
     ListRm { list: List, cidr: IpNet },
     ListShow { list: List },
     SaltRotate,
+    Stats,
+    Top { limit: usize },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod error;
 pub mod ipc;
 pub mod limiter;
+pub mod metrics;
 pub mod objects;
 pub mod pins;
 pub mod policy;
@@ -16,7 +17,9 @@ pub mod rate;
 pub mod salt;
 pub mod show;
 pub mod state;
+pub mod stats;
 pub mod sync;
+pub mod top;
 
 pub use error::Error;
 pub use limiter::{AttachMode, Limiter, ModeRequest};

@@ -6,7 +6,7 @@ use std::{ffi::CString, fmt, path::PathBuf, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, Map, MapData, PerCpuArray},
+    maps::{Array, Map, MapData, PerCpuArray, RingBuf},
     programs::{
         ProgramError, TestRun, TestRunOptions, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
@@ -17,8 +17,8 @@ use limiter_common::{
     SipInit, SipKey,
     maps::{
         CLASSES, Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG,
-        MAP_COUNTERS, MAP_LAYOUT, MAP_POLICIES, MAX_BUCKETS, MAX_POLICIES, MIN_BUCKETS, PROGRAM,
-        Policy,
+        MAP_COUNTERS, MAP_LAYOUT, MAP_POLICIES, MAP_REFUSALS, MAX_BUCKETS, MAX_POLICIES,
+        MIN_BUCKETS, PROGRAM, Policy,
     },
 };
 
@@ -269,6 +269,39 @@ impl Limiter {
             map.set(index, per_cpu_zeros::<u64>()?, 0).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
         }
         Ok(())
+    }
+
+    /// Samples 1 in `one_in` refusals (a power of two; 0: none) into the `REFUSALS` ring.
+    pub fn set_sampling(&mut self, one_in: u32) -> Result<(), Error> {
+        let mut config = self.config()?;
+        config.flags &= !Config::SAMPLE_REFUSALS;
+        if one_in > 0 {
+            config.flags |= Config::SAMPLE_REFUSALS;
+            config.sample_mask = one_in.next_power_of_two() - 1;
+        }
+        self.write_config(&config)
+    }
+
+    /// The ring of sampled refusals, for the daemon to drain (it can be taken once).
+    pub fn take_refusals(&mut self) -> Result<RingBuf<MapData>, Error> {
+        let map = self.ebpf.take_map(MAP_REFUSALS).ok_or_else(|| Error::Missing { kind: "map", name: MAP_REFUSALS.into() })?;
+        RingBuf::try_from(map).map_err(|source| Error::Map { name: MAP_REFUSALS, source })
+    }
+
+    /// A handle of its own on the buckets, for scanning them off the daemon's loop.
+    pub fn open_buckets(&self) -> Result<PerCpuArray<MapData, u64>, Error> {
+        let id = self.map(MAP_BUCKETS)?;
+        let id = match id {
+            Map::PerCpuArray(data) => data.info().map_err(|source| Error::Map { name: MAP_BUCKETS, source })?.id(),
+            _ => return Err(Error::Internal("BUCKETS is not a per-CPU array".into())),
+        };
+        let data = MapData::from_id(id).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
+        PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|source| Error::Map { name: MAP_BUCKETS, source })
+    }
+
+    /// How long ago the salt was drawn.
+    pub fn salt_age(&self) -> Result<Duration, Error> {
+        Ok(Duration::from_nanos(monotonic_ns().saturating_sub(self.config()?.rotated_at_ns)))
     }
 
     pub fn set_policy(&mut self, policy: &Policy) -> Result<(), Error> {

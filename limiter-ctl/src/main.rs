@@ -6,8 +6,7 @@ use limiter_ctl::{
     daemon,
     error::Usage,
     ipc::{self, PolicyStatus, Request, Response},
-    pins,
-    show,
+    pins, show, stats, top,
     state::List,
 };
 
@@ -39,6 +38,10 @@ fn main() -> ExitCode {
             PolicyCommand::List { json } => render::<Vec<PolicyStatus>>(data, json, |all| show::policies(&all)),
             PolicyCommand::Show { json, .. } => render::<PolicyStatus>(data, json, |one| show::policy(&one)),
             _ => Ok(String::new()),
+        }),
+        Command::Stats { watch, json } => stats_command(&cli.socket, watch, json),
+        Command::Top { limit, json } => client(&cli.socket, Request::Top { limit }, |data| {
+            render::<top::Report>(data, json, |report| show::top(&report))
         }),
         Command::Salt(SaltCommand::Rotate) => client(&cli.socket, Request::SaltRotate, |_| Ok("salt rotated\n".into())),
         Command::Detach { iface, pin_dir } => match pins::detach(&pin_dir, &iface) {
@@ -80,6 +83,25 @@ fn run_daemon(args: limiter_ctl::cli::DaemonArgs, socket: &std::path::Path) -> E
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `stats`, once or (`--watch`) redrawn once a second until interrupted.
+fn stats_command(socket: &std::path::Path, watch: bool, json: bool) -> ExitCode {
+    loop {
+        let code = client(socket, Request::Stats, |data| {
+            let text = if json {
+                serde_json::to_string(&data).map_err(|e| e.to_string())? + "\n"
+            } else {
+                serde_json::from_value::<stats::Snapshot>(data).map(|s| show::stats(&s)).map_err(|e| e.to_string())?
+            };
+            // Like top: home the cursor and clear, then draw.
+            Ok(if watch && !json { format!("\x1b[H\x1b[2J{text}") } else { text })
+        });
+        if !watch || code != ExitCode::SUCCESS {
+            return code;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
     }
 }
 

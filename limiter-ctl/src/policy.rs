@@ -323,7 +323,8 @@ impl PolicySpec {
             v4_mask: prefix_mask_words(self.key.v4_prefix)[0],
             flags,
             id,
-            _pad: 0,
+            v4_prefix: self.key.v4_prefix,
+            v6_prefix: self.key.v6_prefix,
         })
     }
 }

@@ -64,3 +64,49 @@ pub fn policy(p: &PolicyStatus) -> String {
 pub fn nets(nets: &[IpNet]) -> String {
     nets.iter().map(|n| format!("{n}\n")).collect()
 }
+
+pub fn stats(s: &crate::stats::Snapshot) -> String {
+    let mut t = table(&["POLICY", "ADMITTED/S", "REFUSED/S", "DRY-RUN/S", "ADMITTED", "REFUSED", "DRY-RUN", "ALLOWED", "DENIED"]);
+    let per_s = |v: f64| Cell::new(format!("{v:.0}")).set_alignment(CellAlignment::Right);
+    for p in &s.policies {
+        t.add_row(vec![
+            Cell::new(&p.name),
+            per_s(p.rates.admitted_per_s),
+            per_s(p.rates.refused_per_s),
+            per_s(p.rates.dry_run_per_s),
+            right(p.totals.admitted_packets),
+            right(p.totals.refused_packets),
+            right(p.totals.dry_run_packets),
+            right(p.totals.allowed_packets),
+            right(p.totals.denied_packets),
+        ]);
+    }
+    let u = &s.unjudged;
+    let occupancy = s.bucket_occupancy.map_or("not measured yet".to_string(), |o| format!("{:.2}%", o * 100.0));
+    format!(
+        "{}\npassed unjudged: {} not IP, {} malformed, {} unmatched; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n",
+        t.trim_fmt(),
+        u.not_ip,
+        u.malformed,
+        u.unmatched,
+        u.errors,
+        s.attach_mode,
+        s.salt_age_s,
+        occupancy
+    )
+}
+
+pub fn top(r: &crate::top::Report) -> String {
+    let mut t = table(&["PREFIX", "POLICY", "DPORT", "SAMPLES", "EST. REFUSED/S", "MODE"]);
+    for e in &r.entries {
+        t.add_row(vec![
+            Cell::new(e.prefix),
+            Cell::new(&e.policy),
+            Cell::new(e.dport.map_or("-".to_string(), |p| p.to_string())),
+            right(e.samples),
+            Cell::new(format!("{:.0}", e.refused_per_s)).set_alignment(CellAlignment::Right),
+            Cell::new(if e.dry_run { "dry-run" } else { "enforce" }),
+        ]);
+    }
+    format!("{}\n(1 in {} refusals sampled over the last {} s)\n", t.trim_fmt(), r.sample_one_in, r.window_s)
+}

@@ -5,9 +5,9 @@
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
-    helpers::bpf_ktime_get_ns,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
     macros::{map, xdp},
-    maps::{Array, LpmTrie, PerCpuArray, lpm_trie::Key},
+    maps::{Array, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
     programs::XdpContext,
 };
 use limiter_common::{
@@ -17,6 +17,7 @@ use limiter_common::{
     maps::{
         ACL_ALLOW, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS,
         MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy,
+        REFUSALS_BYTES, RefusalSample,
     },
 };
 use limiter_ebpf::{
@@ -45,6 +46,8 @@ static ACL_V6: LpmTrie<[u8; 16], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES
 static POLICY_NAMES: Array<[u8; POLICY_NAME_LEN]> = Array::with_max_entries(MAX_POLICIES, 0);
 #[map]
 static LAYOUT: Array<u64> = Array::with_max_entries(1, 0);
+#[map]
+static REFUSALS: RingBuf = RingBuf::with_byte_size(REFUSALS_BYTES, 0);
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
@@ -107,7 +110,36 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     }
     let verdict = decide(policy, tat, now, frame_len);
     bump(u32::from(id), |c| count(c, verdict, frame_len));
+    if verdict != Verdict::Admit && cfg.flags & Config::SAMPLE_REFUSALS != 0 {
+        sample_refusal(cfg, pkt, policy, &words, verdict);
+    }
     if verdict == Verdict::Refuse { XDP_DROP } else { XDP_PASS }
+}
+
+/// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.
+#[inline(always)]
+fn sample_refusal(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: Verdict) {
+    if unsafe { bpf_get_prandom_u32() } & cfg.sample_mask != 0 {
+        return;
+    }
+    let mut sample = RefusalSample {
+        policy: policy.id,
+        family: pkt.family,
+        dry_run: u8::from(verdict == Verdict::WouldRefuse),
+        ..RefusalSample::default()
+    };
+    if pkt.family == FAMILY_V4 {
+        sample.addr[..4].copy_from_slice(&(words[0] as u32).to_le_bytes());
+        sample.prefix_len = policy.v4_prefix;
+        sample.dport = (words[0] >> 48) as u16;
+    } else {
+        sample.addr[..8].copy_from_slice(&words[0].to_le_bytes());
+        sample.addr[8..].copy_from_slice(&words[1].to_le_bytes());
+        sample.prefix_len = policy.v6_prefix;
+        sample.dport = (words[2] >> 16) as u16;
+    }
+    // A full ring drops the sample, never the packet's verdict.
+    let _ = REFUSALS.output::<RefusalSample>(&sample, 0);
 }
 
 /// The bucket of `words` in `generation`, under that generation's salt.

@@ -74,6 +74,7 @@ fn demo(args: &Args, net: &Net, ctl: &Path, flood_bin: &Path) -> anyhow::Result<
         net.rx.command(ctl).args(["daemon", "--iface", &net.rx.iface, "--rate", &args.rate, "--burst", &burst])
             .arg("--config").arg(scratch.0.join("limiter.toml"))
             .arg("--socket").arg(scratch.0.join("ctl.sock"))
+            .args(["--metrics", "off"])
             .args(["--stats-every", "1s"]),
     )?;
     let stats = daemon.stream();

@@ -1,0 +1,139 @@
+//! The Prometheus endpoint (`--metrics ADDR`, default 127.0.0.1:9464): the latest snapshot in
+//! the OpenMetrics text format. Labels are policies and decisions, never sources.
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use axum::{Router, http::header, response::IntoResponse, routing::get};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _, text::encode},
+    metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
+    registry::Registry,
+};
+
+use crate::stats::Shared;
+
+#[derive(Debug)]
+struct Limiter(Shared);
+
+type Labels = Vec<(&'static str, String)>;
+
+fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, series: Vec<(Labels, u64)>) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in series {
+        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, labels: Labels, value: f64) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    ConstGauge::new(value).encode(family.encode_family(&labels)?)
+}
+
+fn by_decision(policy: &str, decisions: &[(&'static str, u64)]) -> Vec<(Labels, u64)> {
+    decisions.iter().map(|(d, n)| (vec![("policy", policy.to_string()), ("decision", (*d).to_string())], *n)).collect()
+}
+
+impl Collector for Limiter {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.0.read().map_err(|_| std::fmt::Error)?.clone();
+        let (mut packets, mut bytes) = (Vec::new(), Vec::new());
+        for p in &s.policies {
+            let c = &p.totals;
+            packets.extend(by_decision(&p.name, &[
+                ("admitted", c.admitted_packets),
+                ("refused", c.refused_packets),
+                ("dry_run", c.dry_run_packets),
+                ("allowed", c.allowed_packets),
+                ("denied", c.denied_packets),
+            ]));
+            bytes.extend(by_decision(&p.name, &[("admitted", c.admitted_bytes), ("refused", c.refused_bytes), ("dry_run", c.dry_run_bytes)]));
+        }
+        counter(&mut encoder, "limiter_packets", "Packets judged by a policy, by decision (dry_run: passed, would have been refused).", packets)?;
+        counter(&mut encoder, "limiter_bytes", "Bytes judged by a policy, by decision.", bytes)?;
+        let u = &s.unjudged;
+        let reason = |r: &str, n: u64| (vec![("reason", r.to_string())], n);
+        counter(&mut encoder, "limiter_unjudged_packets", "Packets passed without a policy's judgement, by reason.", vec![
+            reason("not_ip", u.not_ip),
+            reason("malformed", u.malformed),
+            reason("unmatched", u.unmatched),
+        ])?;
+        counter(&mut encoder, "limiter_errors", "The limiter's own faults (always passed, never dropped).", vec![(vec![], u.errors)])?;
+        gauge(&mut encoder, "limiter_attach_mode", "1 for the XDP mode the program runs in.", vec![("mode", s.attach_mode.clone())], 1.0)?;
+        gauge(&mut encoder, "limiter_policies", "Policies loaded.", vec![], s.policies.len() as f64)?;
+        gauge(&mut encoder, "limiter_salt_age_seconds", "Seconds since the salt was last rotated.", vec![], s.salt_age_s)?;
+        if let Some(occupancy) = s.bucket_occupancy {
+            gauge(&mut encoder, "limiter_bucket_occupancy_ratio", "Fraction of buckets whose TAT is ahead of now: a newcomer's chance of sharing one.", vec![], occupancy)?;
+        }
+        Ok(())
+    }
+}
+
+/// The exposition text for a snapshot.
+pub fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Limiter(shared.clone())));
+    let mut out = String::new();
+    encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+/// Serves `/metrics` on `addr` until the process ends. Binding happens before this returns,
+/// so a taken port is reported at start.
+pub async fn serve(addr: SocketAddr, shared: Shared) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the metrics endpoint on {addr} (--metrics off to disable)"))?;
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let shared = shared.clone();
+            async move {
+                match render(&shared) {
+                    Ok(body) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response(),
+                    Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "encoding failed").into_response(),
+                }
+            }
+        }),
+    );
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!(error = %e, "the metrics endpoint stopped");
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, RwLock};
+
+    use super::*;
+    use crate::{ipc::PolicyCounters, stats::{PolicyStats, Snapshot}};
+
+    #[test]
+    fn exposes_policy_and_decision_labels_only() {
+        let snapshot = Snapshot {
+            policies: vec![PolicyStats {
+                name: "dns".into(),
+                id: 1,
+                totals: PolicyCounters { admitted_packets: 7, refused_packets: 3, ..Default::default() },
+                rates: Default::default(),
+            }],
+            attach_mode: "native".into(),
+            bucket_occupancy: Some(0.25),
+            ..Default::default()
+        };
+        let text = render(&Arc::new(RwLock::new(snapshot))).unwrap();
+        assert!(text.contains(r#"limiter_packets_total{policy="dns",decision="admitted"} 7"#), "{text}");
+        assert!(text.contains(r#"limiter_packets_total{policy="dns",decision="refused"} 3"#), "{text}");
+        assert!(text.contains(r#"limiter_attach_mode{mode="native"} 1"#), "{text}");
+        assert!(text.contains("limiter_bucket_occupancy_ratio 0.25"), "{text}");
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let labels = line.split_once('{').map_or("", |(_, rest)| rest.split_once('}').map_or("", |(l, _)| l));
+            for label in labels.split(',').filter(|l| !l.is_empty()) {
+                let key = label.split('=').next().unwrap_or("");
+                assert!(["policy", "decision", "reason", "mode"].contains(&key), "unexpected label {key} in {line}");
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! What the daemon reports: a snapshot of the kernel's counters, summed over CPUs, with rates
+//! over the last sampling interval. Taken once a second by the daemon's loop; `limiter-ctl
+//! stats` and the Prometheus endpoint read the latest snapshot, never the maps, so they answer
+//! fast whatever the load.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, RwLock},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use aya::maps::{MapData, PerCpuArray};
+use limiter_common::maps::{Counters, Policy};
+use serde::{Deserialize, Serialize};
+
+use crate::{ipc::PolicyCounters, state::State};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    pub admitted_per_s: f64,
+    pub refused_per_s: f64,
+    pub dry_run_per_s: f64,
+    pub allowed_per_s: f64,
+    pub denied_per_s: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyStats {
+    pub name: String,
+    pub id: u16,
+    /// Since the policy was created (they survive daemon restarts).
+    pub totals: PolicyCounters,
+    /// Over the last sampling interval.
+    pub rates: Rates,
+}
+
+/// Traffic no policy judged, and the limiter's own faults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unjudged {
+    pub not_ip: u64,
+    pub malformed: u64,
+    pub unmatched: u64,
+    pub errors: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Wall-clock time of the snapshot, ms since the Unix epoch.
+    pub taken_at_ms: u64,
+    /// The interval the rates were measured over, in seconds.
+    pub interval_s: f64,
+    pub policies: Vec<PolicyStats>,
+    pub unjudged: Unjudged,
+    pub attach_mode: String,
+    pub salt_age_s: f64,
+    /// Fraction of buckets (over CPUs) whose TAT is ahead of now: the chance that a newcomer
+    /// shares an allowance with a busy source. None until first measured.
+    pub bucket_occupancy: Option<f64>,
+}
+
+pub type Shared = Arc<RwLock<Snapshot>>;
+
+/// Turns successive counter readings into snapshots.
+#[derive(Default)]
+pub struct Sampler {
+    last: Option<(Instant, Vec<Counters>)>,
+}
+
+impl Sampler {
+    pub fn sample(&mut self, state: &State, counters: Vec<Counters>, attach_mode: &str, salt_age: Duration, occupancy: Option<f64>) -> Snapshot {
+        let now = Instant::now();
+        let (interval, prev) = match &self.last {
+            Some((t, prev)) => (now.duration_since(*t).as_secs_f64().max(1e-3), Some(prev)),
+            None => (1.0, None),
+        };
+        let rate = |id: usize, f: fn(&Counters) -> u64| {
+            let before = prev.and_then(|p| p.get(id)).map_or(0, f);
+            counters.get(id).map_or(0, f).saturating_sub(before) as f64 / interval
+        };
+        let policies = state
+            .policies()
+            .map(|e| {
+                let id = usize::from(e.id);
+                PolicyStats {
+                    name: e.def.name.to_string(),
+                    id: e.id,
+                    totals: counters.get(id).map(Into::into).unwrap_or_default(),
+                    rates: Rates {
+                        admitted_per_s: rate(id, |c| c.admitted_packets),
+                        refused_per_s: rate(id, |c| c.refused_packets),
+                        dry_run_per_s: rate(id, |c| c.dry_run_packets),
+                        allowed_per_s: rate(id, |c| c.allowed_packets),
+                        denied_per_s: rate(id, |c| c.denied_packets),
+                    },
+                }
+            })
+            .collect();
+        let global = counters.first().copied().unwrap_or_default();
+        let unjudged = Unjudged {
+            not_ip: global.not_ip,
+            malformed: global.malformed,
+            unmatched: global.unmatched,
+            errors: counters.iter().map(|c| c.errors).sum(),
+        };
+        self.last = Some((now, counters));
+        Snapshot {
+            taken_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+            interval_s: interval,
+            policies,
+            unjudged,
+            attach_mode: attach_mode.to_string(),
+            salt_age_s: salt_age.as_secs_f64(),
+            bucket_occupancy: occupancy,
+        }
+    }
+}
+
+/// Scans the current generation's buckets (on its own thread: it reads every bucket of every
+/// CPU) and returns the fraction whose TAT is ahead of `now` under any policy's clock.
+pub fn occupancy(buckets: &PerCpuArray<MapData, u64>, generation: u32, count: u32, policies: &[Policy], now_ns: u64) -> Option<f64> {
+    let clocks: BTreeMap<u32, u64> = policies.iter().fold(BTreeMap::new(), |mut m, p| {
+        let cap = m.entry(p.gcra.shift).or_insert(0);
+        *cap = (*cap).max(p.gcra.capacity);
+        m
+    });
+    let (mut ahead, mut total) = (0u64, 0u64);
+    for index in generation * count..(generation + 1) * count {
+        let values = buckets.get(&index, 0).ok()?;
+        for tat in values.iter() {
+            total += 1;
+            let busy = *tat != 0
+                && clocks.iter().any(|(shift, cap)| {
+                    let d = tat.wrapping_sub(now_ns.wrapping_shl(*shift));
+                    d != 0 && d <= *cap
+                });
+            ahead += u64::from(busy);
+        }
+    }
+    (total > 0).then(|| ahead as f64 / total as f64)
+}
