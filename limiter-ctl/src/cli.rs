@@ -69,6 +69,9 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Print the man page (roff), generated from these definitions.
+    #[command(hide = true)]
+    Man,
 }
 
 #[derive(Debug, Args)]

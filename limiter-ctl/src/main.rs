@@ -30,6 +30,13 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Daemon(args) => run_daemon(args, &cli.socket),
+        Command::Man => match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: writing the man page: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "limiter-ctl", &mut std::io::stdout());
             ExitCode::SUCCESS
