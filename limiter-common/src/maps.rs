@@ -192,6 +192,20 @@ pub struct RefusalSample {
     pub _pad: u8,
 }
 
+/// The flood generator's settings (test and benchmark program `limiter_gen`): each run writes
+/// `base + i` (i cycling through `count`) as 4 big-endian bytes at `src_offset` and fixes the
+/// checksums at the given offsets (0: none).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GenConfig {
+    pub base: u32,
+    pub count: u32,
+    pub src_offset: u32,
+    pub ip_csum_offset: u32,
+    pub l4_csum_offset: u32,
+    pub _pad: u32,
+}
+
 /// What the parser made of one frame (test-only probe program).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -228,6 +242,7 @@ mod pod {
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::ParseProbe {}
     unsafe impl aya::Pod for super::RefusalSample {}
+    unsafe impl aya::Pod for super::GenConfig {}
 }
 
 #[cfg(test)]
