@@ -1,37 +1,24 @@
 //! End to end on a real veth pair: the XDP program attached natively to the receiver's end, a
 //! real flood from the sender's namespace, a UDP socket counting what gets through.
 //!
-//! Bounds. GCRA state is per bucket per CPU, and veth runs the receiver's XDP in NAPI on the CPU
-//! that sent, so the sender is pinned to one CPU and the per-CPU counters say which CPUs judged
-//! packets; the upper bound is `Gcra::bound(window)` summed over those CPUs, where the window
-//! runs from before the first send to after the last delivery (or the counter read). The lower
-//! bound asks for 90% of one CPU's bound over the flood's own duration: the flood offers far
-//! more than the rate, so the limiter must admit close to its full allowance.
+//! Bounds: see `limiter_tests::bounds` (per-CPU GCRA bounds over the flood's window).
 
 use std::{
     collections::{BTreeMap, HashMap},
-    io::{BufRead as _, BufReader, Read},
     net::{IpAddr, Ipv4Addr, UdpSocket},
-    path::PathBuf,
-    process::{Child, ExitStatus, Stdio},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
-        mpsc,
     },
     thread,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, anyhow, bail};
-use aya::{
-    maps::{Map, MapData, MapInfo, PerCpuArray},
-    programs::loaded_programs,
-};
+use anyhow::{Context as _, anyhow};
 use limiter_common::{
     FlowKey, Gcra, SipKey,
     key::FAMILY_V4,
-    maps::{CLASS_UDP, Counters, MAP_COUNTERS},
+    maps::{CLASS_UDP, Counters},
 };
 use limiter_ctl::{
     Limiter, ModeRequest,
@@ -39,6 +26,9 @@ use limiter_ctl::{
     rate::Rate,
 };
 use limiter_tests::{
+    bounds::{Judged, check_bounds, check_overload, first},
+    cpu::flood_cpu,
+    daemon::{Daemon, Scratch},
     flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, Limits, PacketSocket, Prefix, Report, Sources},
     netns::{End, TestNet},
     privileged,
@@ -50,9 +40,6 @@ const SALT: SipKey = SipKey { k0: 0x6c69_6d69_7465_7221, k1: 0x7665_7468_2d74_65
 const FLOOD_TIME: Duration = Duration::from_secs(2);
 /// Far more than 2 s at any rate this VM reaches; the duration is what normally stops the flood.
 const FLOOD_PACKETS: u64 = 2_000_000;
-/// The flood must offer at least this multiple of the policy's rate per bucket, or the lower
-/// bound would test the sender rather than the limiter.
-const MIN_OVERLOAD: f64 = 10.0;
 
 // ---------------------------------------------------------------------------------------------
 // Tests
@@ -156,26 +143,23 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
     if !privileged::require("daemon_limits_a_flood_and_detaches_on_sigint") {
         return;
     }
-    let bin = limiter_ctl_binary();
     let net = TestNet::new().expect("test network");
+    let scratch = Scratch::new().expect("scratch directory");
     let (rate, burst) = ("1000/s", 100);
     let iface = net.receiver.iface.clone();
-    let mut daemon = Daemon::start(&net.receiver, &bin, &[
-        "daemon", "--iface", &iface, "--rate", rate, "--burst", &burst.to_string(), "--mode", "native",
-    ])
-    .expect("starting limiter-ctl");
-    let attached = daemon.wait_for(|l| l.contains(" attached "), Duration::from_secs(30)).expect("attached line");
+    let mut daemon = Daemon::spawn(&net.receiver, &scratch, &["--rate", rate, "--burst", &burst.to_string()])
+        .expect("starting limiter-ctl");
+    let attached = daemon.wait_attached(&net.receiver).expect("attached line");
     assert!(attached.contains("mode=native"), "the daemon did not attach natively: {attached}");
     assert!(attached.contains(&format!("iface={iface}")), "{attached}");
     let link = net.receiver.link_details().expect("ip link");
     // The same check as after exit, which must see the program while it is there.
     assert!(link.contains("xdp"), "ip -d link shows no XDP program while the daemon runs:\n{link}");
-    let program = xdp_program_id(&net.receiver).expect("ip link").expect("an XDP program id on the interface");
 
     let receiver = Receiver::start(&net.receiver).expect("UDP receiver");
     let report = flood(&net, Sources::One(net.sender.v4.into()), receiver.port).expect("flood");
     let delivered = receiver.finish().expect("receiver");
-    let per_cpu = program_counters(program, POLICY).expect("the daemon's counters");
+    let per_cpu = daemon.counters(POLICY).expect("the daemon's counters");
     let counters_read = Instant::now();
     let drops = udp_drops(&net.receiver).expect("UDP drop counters");
     let judged = Judged::new(&per_cpu);
@@ -192,7 +176,6 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
 
     let status = daemon.interrupt(Duration::from_secs(10)).expect("stopping the daemon");
     assert!(status.success(), "limiter-ctl exited with {status}; output:\n{}", daemon.output());
-    daemon.drain(Duration::from_secs(2));
     let out = daemon.output();
     assert!(out.contains(" stopping ") && out.contains("SIGINT"), "no 'stopping' line:\n{out}");
     assert!(out.contains(&format!(" detached iface={iface}")), "no 'detached' line:\n{out}");
@@ -263,99 +246,12 @@ fn check_touched_buckets(limiter: &Limiter, groups: &BTreeMap<u32, Vec<IpAddr>>,
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Bounds
-
-/// What the per-CPU counters of the policy say.
-struct Judged {
-    per_cpu: Vec<Counters>,
-    /// The CPUs that judged at least one packet.
-    cpus: Vec<usize>,
-    total: Counters,
-}
-
-impl Judged {
-    fn new(per_cpu: &[Counters]) -> Self {
-        let mut total = Counters::default();
-        per_cpu.iter().for_each(|c| total.add(c));
-        let cpus = (0..per_cpu.len()).filter(|&c| per_cpu[c].packets() > 0).collect();
-        Self { per_cpu: per_cpu.to_vec(), cpus, total }
-    }
-
-    /// Someone judged the flood, the pinned CPU among them, never more than was sent, and some of
-    /// it was refused (or the test measured nothing).
-    fn check_against(&self, report: &Report) {
-        let cpu = flood_cpu();
-        assert!(self.cpus.contains(&cpu), "the pinned CPU {cpu} judged nothing: {:?}", self.per_cpu);
-        let judged = self.total.packets();
-        assert!(judged <= report.sent, "judged {judged} > sent {}", report.sent);
-        assert!(self.total.refused_packets > 0, "nothing was refused: {:?}", self.per_cpu);
-        assert_eq!(self.total.errors, 0, "the program reported internal errors");
-    }
-
-    /// Each CPU's state is its own, so each CPU's admissions are held to one bound over
-    /// `window`; all of them together still make at least 90% of one allowance over the flood.
-    fn check_admitted(&self, gcra: &Gcra, window: Duration, flood: Duration) {
-        for &cpu in &self.cpus {
-            check_upper(&format!("admitted on CPU {cpu}"), self.per_cpu[cpu].admitted_packets, gcra, 1, window);
-        }
-        check_bounds("admitted", self.total.admitted_packets, gcra, self.cpus.len(), window, flood);
-    }
-}
-
-impl std::fmt::Display for Judged {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let packets: Vec<u64> = self.per_cpu.iter().map(Counters::packets).collect();
-        write!(
-            f,
-            "judged per CPU {packets:?} (admitted {}, refused {})",
-            self.total.admitted_packets, self.total.refused_packets
-        )
-    }
-}
-
 /// Nothing but the flood reached the program: the fixture keeps both kernels silent, and a
 /// stray packet would also have pulled XDP onto whichever CPU sent it.
 fn assert_quiet(limiter: &Limiter) {
     let unjudged = limiter.counters_per_cpu(0).expect("counters");
     let packets: Vec<u64> = unjudged.iter().map(Counters::packets).collect();
     assert!(packets.iter().all(|&p| p == 0), "packets other than the UDP flood reached XDP, per CPU: {unjudged:?}");
-}
-
-/// `got` within [90% of one CPU's bound over the flood, sum of per-CPU bounds over `window`].
-fn check_bounds(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration, flood: Duration) {
-    check_upper(what, got, gcra, cpus, window);
-    let full = gcra.bound(nanos(flood));
-    assert!(got * 10 >= full * 9, "{what}: {got} is under 90% of the {full} allowed over the flood's {flood:?}");
-}
-
-fn check_upper(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration) {
-    let upper = cpus.max(1) as u64 * gcra.bound(nanos(window));
-    eprintln!("  {what}: {got} <= {upper} (window {window:?}, {cpus} CPU(s))");
-    assert!(got <= upper, "{what}: {got} exceeds the bound {upper} over {window:?} on {cpus} CPU(s)");
-}
-
-/// The flood offered each bucket at least MIN_OVERLOAD times its rate.
-fn check_overload(report: &Report, rate: f64, sources: usize) {
-    let per_source = report.pps() / sources as f64;
-    assert!(
-        per_source >= MIN_OVERLOAD * rate,
-        "the flood offered {per_source:.0} pps per source, under {MIN_OVERLOAD}x the {rate}/s rate: too slow a sender to test the limiter"
-    );
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-fn first(report: &Report) -> Instant {
-    report.first.expect("the flood records its start")
-}
-
-/// The CPU the sender is pinned to: the last one this process may use.
-fn flood_cpu() -> usize {
-    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).expect("sched_getaffinity");
-    (0..nix::sched::CpuSet::count()).rev().find(|&c| set.is_set(c).unwrap_or(false)).unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -399,11 +295,8 @@ impl Delivered {
         v
     }
 
-    /// From before the first send to after the last delivery: every delivered packet was judged
-    /// inside it.
     fn window(&self, report: &Report) -> Duration {
-        let end = self.last.or(report.last).unwrap_or_else(Instant::now);
-        end.duration_since(first(report))
+        limiter_tests::bounds::window(report, self.last)
     }
 }
 
@@ -495,145 +388,4 @@ fn snmp_value(text: &str, proto: &str, field: &str) -> anyhow::Result<u64> {
 fn snmp6_value(text: &str, field: &str) -> anyhow::Result<u64> {
     let line = text.lines().find(|l| l.split_whitespace().next() == Some(field)).with_context(|| format!("no {field}"))?;
     Ok(line.split_whitespace().nth(1).with_context(|| format!("no value for {field}"))?.parse()?)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The daemon, as a separate process
-
-/// `target/<profile>/limiter-ctl`, next to this test's `deps/` directory.
-fn limiter_ctl_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let bin = exe.parent().and_then(|deps| deps.parent()).map(|dir| dir.join("limiter-ctl"));
-    match bin {
-        Some(bin) if bin.is_file() => bin,
-        _ => panic!(
-            "limiter-ctl is not built next to {} (expected ../../limiter-ctl): run `cargo build -p limiter-ctl` \
-             first, or `cargo xtask test`, which builds the workspace",
-            exe.display()
-        ),
-    }
-}
-
-/// limiter-ctl running in a namespace, its stdout and stderr collected line by line. Dropping it
-/// kills the process (by its pid) if it is still running.
-struct Daemon {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Daemon {
-    fn start(end: &End, bin: &std::path::Path, args: &[&str]) -> anyhow::Result<Self> {
-        let mut child = end
-            .command(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("running {} in {}", bin.display(), end.ns))?;
-        let (tx, lines) = mpsc::channel();
-        forward_lines(child.stdout.take(), "", tx.clone());
-        forward_lines(child.stderr.take(), "stderr: ", tx);
-        Ok(Self { child, lines, seen: Vec::new() })
-    }
-
-    /// The first line matching `want`; fails (with the output so far) on timeout or exit.
-    fn wait_for(&mut self, want: impl Fn(&str) -> bool, timeout: Duration) -> anyhow::Result<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if want(&line) {
-                        return Ok(line);
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => bail!("timed out after {timeout:?}; output:\n{}", self.output()),
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    let status = self.child.wait()?;
-                    bail!("limiter-ctl exited ({status}); output:\n{}", self.output())
-                }
-            }
-        }
-    }
-
-    /// SIGINT by pid, then the exit status (SIGKILL and an error if it does not exit in time).
-    fn interrupt(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).context("sending SIGINT")?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                self.child.kill().ok();
-                self.child.wait().ok();
-                bail!("limiter-ctl did not exit within {timeout:?} of SIGINT; output:\n{}", self.output());
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Collects what is left of the output once the process has exited.
-    fn drain(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while let Ok(line) = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            self.seen.push(line);
-        }
-    }
-
-    fn output(&self) -> String {
-        self.seen.join("\n")
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.child.kill().ok();
-            self.child.wait().ok();
-        }
-    }
-}
-
-fn forward_lines(stream: Option<impl Read + Send + 'static>, tag: &'static str, tx: mpsc::Sender<String>) {
-    let Some(stream) = stream else { return };
-    thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if tx.send(format!("{tag}{line}")).is_err() {
-                break;
-            }
-        }
-    });
-}
-
-/// The id of the XDP program on `end`'s interface, from `ip -j -d link show`.
-fn xdp_program_id(end: &End) -> anyhow::Result<Option<u32>> {
-    let json = end.ip(["-j", "-d", "link", "show", "dev", &end.iface])?;
-    let Some(xdp) = json.find("\"xdp\":") else { return Ok(None) };
-    let after = &json[xdp..];
-    let id = after.find("\"id\":").with_context(|| format!("no program id in {after}"))?;
-    let digits: String = after[id + 5..].chars().take_while(char::is_ascii_digit).collect();
-    Ok(Some(digits.parse().with_context(|| format!("program id in {after}"))?))
-}
-
-/// The per-CPU counters of policy `id` of the loaded program `program` (another process's),
-/// found through the program's map ids.
-fn program_counters(program: u32, id: u16) -> anyhow::Result<Vec<Counters>> {
-    let info = loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == program)
-        .with_context(|| format!("no loaded program with id {program}"))?;
-    let map_ids = info.map_ids()?.context("the kernel does not report a program's maps")?;
-    for map_id in map_ids {
-        if MapInfo::from_id(map_id)?.name_as_str() == Some(MAP_COUNTERS) {
-            let map = Map::PerCpuArray(MapData::from_id(map_id)?);
-            let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(map)?;
-            return Ok(counters.get(&u32::from(id), 0)?.iter().copied().collect());
-        }
-    }
-    bail!("program {program} has no {MAP_COUNTERS} map")
 }

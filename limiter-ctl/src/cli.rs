@@ -83,10 +83,10 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "PATH", default_value = config::DEFAULT_PATH)]
     pub config: PathBuf,
     /// Install (or replace) the policy "default", matching all traffic, at this rate per source.
-    #[arg(long, value_name = "RATE")]
+    #[arg(long, value_name = "RATE", allow_hyphen_values = true)]
     pub rate: Option<Rate>,
     /// Burst of the "default" policy [default: one second's worth of the rate].
-    #[arg(long, value_name = "N", value_parser = parse_burst, requires = "rate")]
+    #[arg(long, value_name = "N", value_parser = parse_burst, requires = "rate", allow_negative_numbers = true)]
     pub burst: Option<u64>,
     /// Buckets per CPU (a power of two from 16 to 16777216); memory is buckets x 16 bytes x CPUs.
     #[arg(long, value_name = "N", default_value_t = limiter_common::maps::DEFAULT_BUCKETS, value_parser = parse_buckets)]
@@ -162,10 +162,10 @@ pub struct PolicySetArgs {
     #[arg(long = "match", value_name = "MATCH", default_value = "any")]
     pub matches: Match,
     /// Rate per key: N/s, N/min or N/h.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub rate: Rate,
     /// Burst in the policy's unit [default: one second's worth; in bytes at least 65535].
-    #[arg(long, value_name = "N", value_parser = parse_burst)]
+    #[arg(long, value_name = "N", value_parser = parse_burst, allow_negative_numbers = true)]
     pub burst: Option<u64>,
     /// Sources sharing an allowance: src/V4LEN,/V6LEN, optionally +dport.
     #[arg(long, value_name = "KEY", default_value = "src/32,/64")]

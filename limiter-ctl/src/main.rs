@@ -17,9 +17,7 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
-            // One line: clap's first line names the argument and the accepted form.
-            let rendered = e.render().to_string();
-            eprintln!("{}", rendered.lines().next().unwrap_or("error: invalid arguments"));
+            eprintln!("{}", one_line(&e.render().to_string()));
             return ExitCode::from(BAD_INPUT);
         }
         Err(e) => {
@@ -64,6 +62,13 @@ fn main() -> ExitCode {
         Command::Allow(cmd) => list_command(&cli.socket, List::Allow, cmd),
         Command::Deny(cmd) => list_command(&cli.socket, List::Deny, cmd),
     }
+}
+
+/// Clap's error up to its first blank line, as one line: the message, and for a missing
+/// argument the argument's name, which clap puts on the next line.
+fn one_line(rendered: &str) -> String {
+    let text: Vec<&str> = rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+    if text.is_empty() { "error: invalid arguments".into() } else { text.join(" ") }
 }
 
 fn run_daemon(args: limiter_ctl::cli::DaemonArgs, socket: &std::path::Path) -> ExitCode {

@@ -6,6 +6,7 @@
 //! a PACKET_TX_RING or BPF_PROG_TEST_RUN transmitter plugs in through the same trait.
 
 use std::{
+    collections::BTreeMap,
     fmt, io,
     net::IpAddr,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
@@ -111,7 +112,8 @@ impl Sources {
     }
 }
 
-/// Everything about the frames except their source address.
+/// Everything about the frames except their source address (and, for [`FrameSpec::frame`], the
+/// protocol: UDP).
 #[derive(Clone, Debug)]
 pub struct FrameSpec {
     pub src_mac: [u8; 6],
@@ -122,53 +124,131 @@ pub struct FrameSpec {
     pub payload: usize,
 }
 
+/// What a frame carries above IP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum L4 {
+    /// UDP, `payload` bytes of payload.
+    Udp,
+    /// A bare TCP SYN (no options, no payload).
+    TcpSyn,
+    /// ICMP echo request over IPv4, ICMPv6 echo request over IPv6, `payload` bytes of data.
+    IcmpEcho,
+}
+
+/// What tells frames apart for the limiter: source, protocol and destination port (0 for ICMP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Flow {
+    pub src: IpAddr,
+    pub l4: L4,
+    pub dport: u16,
+}
+
 impl FrameSpec {
     /// One Ethernet/IP/UDP frame from `src`, checksums filled in.
     pub fn frame(&self, src: IpAddr) -> anyhow::Result<Vec<u8>> {
+        self.frame_of(L4::Udp, src)
+    }
+
+    /// One Ethernet/IP frame carrying `l4` from `src`, checksums filled in.
+    pub fn frame_of(&self, l4: L4, src: IpAddr) -> anyhow::Result<Vec<u8>> {
         let eth = PacketBuilder::ethernet2(self.src_mac, self.dst_mac);
         let ip = match (src, self.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => eth.ipv4(s.octets(), d.octets(), 64),
             (IpAddr::V6(s), IpAddr::V6(d)) => eth.ipv6(s.octets(), d.octets(), 64),
             _ => bail!("source {src} and destination {} are of different families", self.dst),
         };
-        let udp = ip.udp(self.sport, self.dport);
-        let mut frame = Vec::with_capacity(udp.size(self.payload));
-        udp.write(&mut frame, &vec![0x6c; self.payload]).context("building a UDP frame")?;
+        let data = vec![0x6c; self.payload];
+        let mut frame = Vec::new();
+        match l4 {
+            L4::Udp => ip.udp(self.sport, self.dport).write(&mut frame, &data).context("building a UDP frame")?,
+            L4::TcpSyn => {
+                ip.tcp(self.sport, self.dport, 1, 64_240).syn().write(&mut frame, &[]).context("building a TCP SYN")?
+            }
+            L4::IcmpEcho if src.is_ipv4() => {
+                ip.icmpv4_echo_request(1, 1).write(&mut frame, &data).context("building an ICMP echo request")?
+            }
+            L4::IcmpEcho => ip.icmpv6_echo_request(1, 1).write(&mut frame, &data).context("building an ICMPv6 echo request")?,
+        }
         Ok(frame)
+    }
+
+    /// The flow of a frame `frame_of(l4, src)` builds.
+    pub fn flow(&self, l4: L4, src: IpAddr) -> Flow {
+        Flow { src, l4, dport: if l4 == L4::IcmpEcho { 0 } else { self.dport } }
     }
 }
 
-/// Pre-built frames, all the same length, stored back to back.
+/// Frames of one protocol and spec, from each of `sources`.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    pub spec: FrameSpec,
+    pub l4: L4,
+    pub sources: Sources,
+}
+
+/// Pre-built frames, stored back to back.
 pub struct Frames {
     bytes: Vec<u8>,
-    len: usize,
-    sources: Vec<IpAddr>,
+    /// Frame `i` is `bytes[offsets[i]..offsets[i + 1]]`.
+    offsets: Vec<usize>,
+    flows: Vec<Flow>,
 }
 
 impl Frames {
+    /// UDP frames from each of `sources`.
     pub fn build(spec: &FrameSpec, sources: &Sources) -> anyhow::Result<Self> {
-        let sources = sources.addresses()?;
-        let mut bytes = Vec::new();
-        let mut len = 0;
-        for &src in &sources {
-            let frame = spec.frame(src)?;
-            len = frame.len();
-            bytes.extend_from_slice(&frame);
+        Self::mix(&[Stream { spec: spec.clone(), l4: L4::Udp, sources: sources.clone() }])
+    }
+
+    /// The streams' frames interleaved (first of each, second of each, ...), so every stream is
+    /// offered its share of the flood all along.
+    pub fn mix(streams: &[Stream]) -> anyhow::Result<Self> {
+        let built = streams
+            .iter()
+            .map(|s| Ok(s.sources.addresses()?.into_iter().map(|src| (s, src)).collect::<Vec<_>>()))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let total: usize = built.iter().map(Vec::len).sum();
+        ensure!(total <= MAX_FRAMES, "{total} frames is more than the {MAX_FRAMES} this generator pre-builds");
+        let longest = built.iter().map(Vec::len).max().unwrap_or(0);
+        let mut frames = Self { bytes: Vec::new(), offsets: vec![0], flows: Vec::new() };
+        for i in 0..longest {
+            for &(stream, src) in built.iter().filter_map(|b| b.get(i)) {
+                frames.bytes.extend_from_slice(&stream.spec.frame_of(stream.l4, src)?);
+                frames.offsets.push(frames.bytes.len());
+                frames.flows.push(stream.spec.flow(stream.l4, src));
+            }
         }
-        Ok(Self { bytes, len, sources })
+        Ok(frames)
     }
 
     pub fn count(&self) -> usize {
-        self.sources.len()
+        self.flows.len()
     }
 
     /// Frame `i` (sending order), and the source address it carries.
     pub fn get(&self, i: usize) -> (&[u8], IpAddr) {
-        (&self.bytes[i * self.len..(i + 1) * self.len], self.sources[i])
+        (&self.bytes[self.offsets[i]..self.offsets[i + 1]], self.flows[i].src)
+    }
+
+    pub fn flow(&self, i: usize) -> Flow {
+        self.flows[i]
+    }
+
+    /// How many frames of each flow a flood of `sent` frames put on the wire: [`Frames::send`]
+    /// goes round robin and retries a refused frame, so this is exact.
+    pub fn sent_per_flow(&self, sent: u64) -> BTreeMap<Flow, u64> {
+        let n = self.count() as u64;
+        let mut per_flow = BTreeMap::new();
+        for (i, flow) in self.flows.iter().enumerate() {
+            let times = sent / n + u64::from((i as u64) < sent % n);
+            *per_flow.entry(*flow).or_default() += times;
+        }
+        per_flow
     }
 
     /// Sends frames round robin until `limits` says stop; pins the calling thread first if
-    /// `limits.cpu` is set. Transient refusals (ENOBUFS, EAGAIN) are counted, not fatal.
+    /// `limits.cpu` is set. Transient refusals (ENOBUFS, EAGAIN) are counted, not fatal, and the
+    /// refused frame is sent again, so what went out is exactly known ([`Frames::sent_per_flow`]).
     pub fn send(&self, tx: &mut impl Transmit, limits: &Limits) -> anyhow::Result<Report> {
         ensure!(self.count() > 0, "no frames to send");
         if let Some(cpu) = limits.cpu {
@@ -186,7 +266,10 @@ impl Frames {
             attempts += 1;
             match tx.transmit(self.get(i).0) {
                 Ok(()) => report.sent += 1,
-                Err(e) if is_transient(&e) => report.refused += 1,
+                Err(e) if is_transient(&e) => {
+                    report.refused += 1;
+                    continue;
+                }
                 Err(e) => return Err(e).context(format!("sending frame {} after {} sent", i, report.sent)),
             }
             i = if i + 1 == self.count() { 0 } else { i + 1 };
@@ -347,7 +430,6 @@ mod tests {
 
     fn source_of(frame: &[u8]) -> IpAddr {
         let sliced = SlicedPacket::from_ethernet(frame).expect("frame parses");
-        assert!(matches!(sliced.transport, Some(TransportSlice::Udp(_))));
         match sliced.net.expect("has IP") {
             NetSlice::Ipv4(ip) => ip.header().source_addr().into(),
             NetSlice::Ipv6(ip) => ip.header().source_addr().into(),
@@ -365,6 +447,7 @@ mod tests {
             let (frame, src) = frames.get(i);
             assert_eq!(frame.len(), 60);
             assert_eq!(source_of(frame), src);
+            assert!(matches!(SlicedPacket::from_ethernet(frame).unwrap().transport, Some(TransportSlice::Udp(_))));
             let expected = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + 1 + i as u32);
             assert_eq!(src, IpAddr::V4(expected));
         }
@@ -394,21 +477,53 @@ mod tests {
     }
 
     #[test]
-    fn send_stops_at_the_packet_limit_and_skips_transient_refusals() {
-        struct Flaky(u64);
+    fn send_stops_at_the_packet_limit_and_retries_transient_refusals() {
+        /// Refuses every third call; remembers the source of every frame that went out.
+        struct Flaky(u64, BTreeMap<IpAddr, u64>);
         impl Transmit for Flaky {
-            fn transmit(&mut self, _: &[u8]) -> io::Result<()> {
+            fn transmit(&mut self, frame: &[u8]) -> io::Result<()> {
                 self.0 += 1;
-                if self.0.is_multiple_of(3) { Err(io::Error::from_raw_os_error(libc::ENOBUFS)) } else { Ok(()) }
+                if self.0.is_multiple_of(3) {
+                    return Err(io::Error::from_raw_os_error(libc::ENOBUFS));
+                }
+                *self.1.entry(source_of(frame)).or_default() += 1;
+                Ok(())
             }
         }
-        let frames = Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::One(Ipv4Addr::new(198, 18, 0, 2).into()))
-            .unwrap();
+        let prefix: Prefix = "198.19.0.0/24".parse().unwrap();
+        let frames = Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
         let limits = Limits { packets: 1000, duration: Duration::from_secs(60), cpu: None };
-        let report = frames.send(&mut Flaky(0), &limits).unwrap();
+        let mut tx = Flaky(0, BTreeMap::new());
+        let report = frames.send(&mut tx, &limits).unwrap();
         assert_eq!(report.sent, 1000);
         assert_eq!(report.refused, 499);
         assert!(report.last >= report.first);
+        let predicted: BTreeMap<IpAddr, u64> = frames.sent_per_flow(report.sent).into_iter().map(|(f, n)| (f.src, n)).collect();
+        assert_eq!(predicted, tx.1, "a refused frame is retried, so the round robin stays exact");
+    }
+
+    #[test]
+    fn mixed_streams_interleave_and_carry_their_protocol() {
+        let mut tcp = spec(Ipv4Addr::new(198, 18, 0, 1).into());
+        tcp.dport = 80;
+        let icmp6 = spec(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1).into());
+        let v4: Prefix = "198.19.0.0/24".parse().unwrap();
+        let streams = [
+            Stream { spec: tcp, l4: L4::TcpSyn, sources: Sources::Spoofed { prefix: v4, count: 2 } },
+            Stream { spec: icmp6, l4: L4::IcmpEcho, sources: Sources::One("2001:db8::2".parse().unwrap()) },
+        ];
+        let frames = Frames::mix(&streams).unwrap();
+        let kinds: Vec<(L4, u16)> = (0..frames.count()).map(|i| (frames.flow(i).l4, frames.flow(i).dport)).collect();
+        assert_eq!(kinds, vec![(L4::TcpSyn, 80), (L4::IcmpEcho, 0), (L4::TcpSyn, 80)]);
+        for i in 0..frames.count() {
+            let sliced = SlicedPacket::from_ethernet(frames.get(i).0).expect("frame parses");
+            match (frames.flow(i).l4, sliced.transport) {
+                (L4::TcpSyn, Some(TransportSlice::Tcp(t))) => assert!(t.syn() && !t.ack() && t.destination_port() == 80),
+                (L4::IcmpEcho, Some(TransportSlice::Icmpv6(_))) => {}
+                (l4, other) => panic!("frame {i}: {l4:?} built as {other:?}"),
+            }
+        }
+        assert_eq!(frames.sent_per_flow(4).values().copied().collect::<Vec<_>>(), vec![2, 1, 1]);
     }
 
     #[test]

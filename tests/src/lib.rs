@@ -1,8 +1,12 @@
 //! Shared harness for the integration tests, the benchmarks and the demo: privilege checks,
 //! CPU pinning, packet fixtures, an independent reference parser, network namespaces with veth
-//! pairs, and the flood generator.
+//! pairs, the flood generator, a capture of what got through, GCRA bounds, and the real daemon
+//! run as a process with its CLI and its kernel maps.
 
+pub mod bounds;
+pub mod capture;
 pub mod cpu;
+pub mod daemon;
 pub mod flood;
 pub mod frames;
 pub mod netns;

@@ -1,0 +1,140 @@
+//! Holding delivered counts to GCRA's published bound.
+//!
+//! GCRA state is per bucket per CPU, and veth runs the receiver's XDP in NAPI on the CPU that
+//! sent, so floods are pinned to one CPU ([`crate::cpu::flood_cpu`]) and a policy's per-CPU
+//! counters say which CPUs judged its packets; the upper bound is `Gcra::bound(window)` summed
+//! over those CPUs, where the window runs from before the first send to after the last delivery
+//! (or the counter read). The lower bound asks for 90% of one CPU's bound over the flood's own
+//! duration: the flood offers far more than the rate ([`MIN_OVERLOAD`]), so the limiter must
+//! admit close to its full allowance.
+
+use std::time::{Duration, Instant};
+
+use limiter_common::{Gcra, maps::Counters};
+
+use crate::flood::Report;
+
+/// A flood must offer a bucket at least this multiple of its rate, or the lower bound would
+/// test the sender rather than the limiter.
+pub const MIN_OVERLOAD: f64 = 10.0;
+
+/// What the per-CPU counters of one policy say.
+#[derive(Clone, Debug)]
+pub struct Judged {
+    pub per_cpu: Vec<Counters>,
+    /// The CPUs that judged at least one packet.
+    pub cpus: Vec<usize>,
+    pub total: Counters,
+}
+
+impl Judged {
+    /// What each CPU counted between two reads of the same policy's per-CPU counters.
+    pub fn between(before: &[Counters], after: &[Counters]) -> Self {
+        let zero = Counters::default();
+        let per_cpu: Vec<Counters> =
+            after.iter().enumerate().map(|(cpu, now)| since(now, before.get(cpu).unwrap_or(&zero))).collect();
+        Self::new(&per_cpu)
+    }
+
+    pub fn new(per_cpu: &[Counters]) -> Self {
+        let mut total = Counters::default();
+        per_cpu.iter().for_each(|c| total.add(c));
+        let cpus = (0..per_cpu.len()).filter(|&c| per_cpu[c].packets() > 0).collect();
+        Self { per_cpu: per_cpu.to_vec(), cpus, total }
+    }
+
+    /// Someone judged the flood, the pinned CPU among them, never more than was sent, and some of
+    /// it was refused (or the test measured nothing).
+    pub fn check_against(&self, report: &Report) {
+        let cpu = crate::cpu::flood_cpu();
+        assert!(self.cpus.contains(&cpu), "the pinned CPU {cpu} judged nothing: {:?}", self.per_cpu);
+        let judged = self.total.packets();
+        assert!(judged <= report.sent, "judged {judged} > sent {}", report.sent);
+        assert!(self.total.refused_packets > 0, "nothing was refused: {:?}", self.per_cpu);
+        assert_eq!(self.total.errors, 0, "the program reported internal errors");
+    }
+
+    /// Each CPU's state is its own, so each CPU's admissions are held to one bound over
+    /// `window`; all of them together still make at least 90% of one allowance over the flood.
+    pub fn check_admitted(&self, gcra: &Gcra, window: Duration, flood: Duration) {
+        for &cpu in &self.cpus {
+            check_upper(&format!("admitted on CPU {cpu}"), self.per_cpu[cpu].admitted_packets, gcra, 1, window);
+        }
+        check_bounds("admitted", self.total.admitted_packets, gcra, self.cpus.len(), window, flood);
+    }
+}
+
+impl std::fmt::Display for Judged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let packets: Vec<u64> = self.per_cpu.iter().map(Counters::packets).collect();
+        write!(
+            f,
+            "judged per CPU {packets:?} (admitted {}, refused {})",
+            self.total.admitted_packets, self.total.refused_packets
+        )
+    }
+}
+
+/// What `now` counted since `before` (counters only grow while a policy lives).
+pub fn since(now: &Counters, before: &Counters) -> Counters {
+    let d = |n: u64, b: u64| n.saturating_sub(b);
+    Counters {
+        admitted_packets: d(now.admitted_packets, before.admitted_packets),
+        admitted_bytes: d(now.admitted_bytes, before.admitted_bytes),
+        refused_packets: d(now.refused_packets, before.refused_packets),
+        refused_bytes: d(now.refused_bytes, before.refused_bytes),
+        dry_run_packets: d(now.dry_run_packets, before.dry_run_packets),
+        dry_run_bytes: d(now.dry_run_bytes, before.dry_run_bytes),
+        allowed_packets: d(now.allowed_packets, before.allowed_packets),
+        denied_packets: d(now.denied_packets, before.denied_packets),
+        not_ip: d(now.not_ip, before.not_ip),
+        malformed: d(now.malformed, before.malformed),
+        unmatched: d(now.unmatched, before.unmatched),
+        errors: d(now.errors, before.errors),
+    }
+}
+
+/// `got` within [90% of one CPU's bound over the flood, sum of per-CPU bounds over `window`].
+pub fn check_bounds(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration, flood: Duration) {
+    check_upper(what, got, gcra, cpus, window);
+    check_lower(what, got, gcra, flood);
+}
+
+/// `got` within the sum of `cpus` per-CPU bounds over `window`.
+pub fn check_upper(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration) {
+    let upper = cpus.max(1) as u64 * gcra.bound(nanos(window));
+    eprintln!("  {what}: {got} <= {upper} (window {window:?}, {cpus} CPU(s))");
+    assert!(got <= upper, "{what}: {got} exceeds the bound {upper} over {window:?} on {cpus} CPU(s)");
+}
+
+/// `got` at least 90% of one CPU's bound over the flood's `duration`.
+pub fn check_lower(what: &str, got: u64, gcra: &Gcra, duration: Duration) {
+    let full = gcra.bound(nanos(duration));
+    assert!(got * 10 >= full * 9, "{what}: {got} is under 90% of the {full} allowed over the flood's {duration:?}");
+}
+
+/// The flood offered each of `buckets` buckets at least [`MIN_OVERLOAD`] times `rate` per second.
+pub fn check_overload(report: &Report, rate: f64, buckets: usize) {
+    let per_bucket = report.pps() / buckets as f64;
+    assert!(
+        per_bucket >= MIN_OVERLOAD * rate,
+        "the flood offered {per_bucket:.0} per second per bucket, under {MIN_OVERLOAD}x the {rate}/s rate: \
+         too slow a sender to test the limiter"
+    );
+}
+
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// When the flood started (taken before its first send).
+pub fn first(report: &Report) -> Instant {
+    report.first.expect("a flood records its start")
+}
+
+/// From before the first send to after `last` (the last delivery; the flood's end if none): every
+/// delivered packet was judged inside it.
+pub fn window(report: &Report, last: Option<Instant>) -> Duration {
+    let end = last.or(report.last).unwrap_or_else(Instant::now);
+    end.duration_since(first(report))
+}

@@ -1,0 +1,492 @@
+//! The real `limiter-ctl daemon` as a separate process in a test namespace, its CLI run against
+//! its control socket, and its kernel maps read back through the program it attached.
+//!
+//! Every daemon gets a [`Scratch`] of its own for the config file, the control socket and its
+//! bpffs pins: tests never touch the defaults (`/etc/limiter/limiter.toml`,
+//! `/run/limiter/ctl.sock`, `/sys/fs/bpf/limiter`), which belong to whatever limiter the machine
+//! runs. Daemons are stopped with SIGINT by pid (on drop too, and when the test process dies).
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Once, mpsc},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use aya::{
+    Pod,
+    maps::{Array, LpmTrie, Map, MapData, MapInfo, PerCpuArray},
+    programs::loaded_programs,
+};
+use limiter_common::maps::{
+    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
+    MAP_PORT_POLICY, Policy,
+};
+use nix::{sys::signal::Signal, unistd::Pid};
+
+use crate::netns::{End, PREFIX, owner_pid};
+
+/// How long a daemon may take to load, attach and say so.
+pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `target/<profile>/limiter-ctl`, next to the running test's `deps/` directory.
+pub fn limiter_ctl_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding the test executable")?;
+    let bin = exe.parent().and_then(|deps| deps.parent()).map(|dir| dir.join("limiter-ctl"));
+    match bin {
+        Some(bin) if bin.is_file() => Ok(bin),
+        _ => bail!(
+            "limiter-ctl is not built next to {} (expected ../../limiter-ctl): run `cargo build -p limiter-ctl` \
+             first, or `cargo xtask test`, which builds the workspace",
+            exe.display()
+        ),
+    }
+}
+
+/// A directory of our own under the system temp dir (`lmt-<pid>-...`) for the config and the
+/// socket, and one of the same name on bpffs for the daemon's pins; both removed on drop. Mode
+/// 0755, so an unprivileged process can reach the socket and meet the socket's own mode.
+pub struct Scratch {
+    dir: tempfile::TempDir,
+    pins: PathBuf,
+}
+
+/// Where bpffs is mounted (the daemon mounts it there if it is not).
+const BPFFS: &str = "/sys/fs/bpf";
+
+impl Scratch {
+    pub fn new() -> anyhow::Result<Self> {
+        static SWEEP: Once = Once::new();
+        SWEEP.call_once(remove_stale);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{PREFIX}{}-", std::process::id()))
+            .tempdir()
+            .context("creating a scratch directory")?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("chmod 0755 {}", dir.path().display()))?;
+        let name = dir.path().file_name().context("a temp dir has a name")?;
+        let pins = Path::new(BPFFS).join(name);
+        Ok(Self { dir, pins })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.path().join("limiter.toml")
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.path().join("ctl.sock")
+    }
+
+    /// The daemon's `--pin-dir` (it pins under `<this>/<iface>/`).
+    pub fn pins(&self) -> &Path {
+        &self.pins
+    }
+
+    /// The config file's contents (None while it does not exist).
+    pub fn config_file(&self) -> anyhow::Result<Option<String>> {
+        match std::fs::read(self.config()) {
+            Ok(bytes) => Ok(Some(String::from_utf8(bytes).context("the config is not UTF-8")?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {}", self.config().display())),
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // A daemon that exits cleanly unpins; one that was killed leaves its pins ("fail static").
+        remove_tree(&self.pins);
+    }
+}
+
+fn remove_tree(path: &Path) {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => eprintln!("scratch: removing {}: {e}", path.display()),
+    }
+}
+
+/// Removes scratch directories and pins of ours whose creating process is gone (a crashed run).
+fn remove_stale() {
+    for root in [std::env::temp_dir(), PathBuf::from(BPFFS)] {
+        let Ok(entries) = std::fs::read_dir(&root) else { continue };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = owner_pid(&name) else { continue };
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                eprintln!("scratch: removing {}, left behind by pid {pid} which is gone", entry.path().display());
+                remove_tree(&entry.path());
+            }
+        }
+    }
+}
+
+/// What one CLI invocation did.
+#[derive(Clone, Debug)]
+pub struct Ctl {
+    /// The exit code; None if a signal ended it.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Ctl {
+    /// Runs `cmd` to completion, collecting its output.
+    pub fn run(cmd: &mut Command) -> anyhow::Result<Self> {
+        let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {cmd:?}"))?;
+        Ok(Self {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    /// `limiter-ctl --socket SOCKET ARGS...`
+    pub fn command(bin: &Path, socket: &Path, args: &[&str]) -> Command {
+        let mut cmd = Command::new(bin);
+        cmd.arg("--socket").arg(socket).args(args);
+        cmd
+    }
+
+    pub fn stderr_lines(&self) -> Vec<&str> {
+        self.stderr.lines().collect()
+    }
+
+    /// Its stdout if it exited 0; otherwise an error with everything it said.
+    pub fn ok(self) -> anyhow::Result<String> {
+        if self.code != Some(0) {
+            bail!("exit {:?}; stderr: {}; stdout: {}", self.code, self.stderr.trim(), self.stdout.trim());
+        }
+        Ok(self.stdout)
+    }
+}
+
+/// limiter-ctl running in a namespace, its stdout and stderr collected line by line (stderr
+/// lines tagged `stderr: `). Dropping it kills the process (by its pid) if it is still running.
+pub struct Daemon {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+    bin: PathBuf,
+    socket: PathBuf,
+    /// The id of the XDP program it attached, once [`Daemon::wait_attached`] saw it.
+    program: Option<u32>,
+}
+
+impl Daemon {
+    /// `limiter-ctl --socket S daemon --iface IFACE --mode native --config C --pin-dir P EXTRA...`
+    /// in `end`'s namespace, with the socket, config and pins in `scratch`. Does not wait for it
+    /// to attach.
+    pub fn spawn(end: &End, scratch: &Scratch, extra: &[&str]) -> anyhow::Result<Self> {
+        let bin = limiter_ctl_binary()?;
+        let mut cmd = end.command(&bin);
+        cmd.arg("--socket").arg(scratch.socket());
+        cmd.args(["daemon", "--iface", &end.iface, "--mode", "native"]);
+        cmd.arg("--config").arg(scratch.config()).arg("--pin-dir").arg(scratch.pins()).args(extra);
+        // Should the test process die without dropping us, the daemon still stops (and unpins).
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| match libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            });
+        }
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {} in {}", bin.display(), end.ns))?;
+        let (tx, lines) = mpsc::channel();
+        forward_lines(child.stdout.take(), "", tx.clone());
+        forward_lines(child.stderr.take(), "stderr: ", tx);
+        Ok(Self { child, lines, seen: Vec::new(), bin, socket: scratch.socket(), program: None })
+    }
+
+    /// [`Daemon::spawn`], then [`Daemon::wait_attached`].
+    pub fn start(end: &End, scratch: &Scratch, extra: &[&str]) -> anyhow::Result<Self> {
+        let mut daemon = Self::spawn(end, scratch, extra)?;
+        daemon.wait_attached(end)?;
+        Ok(daemon)
+    }
+
+    /// Waits for the "attached" line, and finds the program on `end`'s interface. Returns the line.
+    pub fn wait_attached(&mut self, end: &End) -> anyhow::Result<String> {
+        let line = self.wait_for(|l| l.contains(" attached "), ATTACH_TIMEOUT).context("waiting for 'attached'")?;
+        let program = xdp_program_id(end)?.with_context(|| format!("the daemon said '{line}' but {} has no XDP program", end.iface))?;
+        self.program = Some(program);
+        Ok(line)
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    pub fn program(&self) -> anyhow::Result<u32> {
+        self.program.context("the daemon has not attached (call wait_attached first)")
+    }
+
+    /// `limiter-ctl --socket <this daemon's socket> ARGS...`
+    pub fn ctl(&self, args: &[&str]) -> anyhow::Result<Ctl> {
+        Ctl::run(&mut Ctl::command(&self.bin, &self.socket, args))
+    }
+
+    /// Like [`Daemon::ctl`], failing unless it exits 0; returns stdout.
+    pub fn ctl_ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.ctl(args)?.ok().with_context(|| format!("limiter-ctl {}", args.join(" ")))
+    }
+
+    /// Sends `signal` to the daemon's pid.
+    pub fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+        nix::sys::signal::kill(self.pid(), signal).with_context(|| format!("sending {signal} to {}", self.pid()))
+    }
+
+    /// The first line from now on matching `want`; fails (with the output so far) on timeout
+    /// or exit.
+    pub fn wait_for(&mut self, want: impl Fn(&str) -> bool, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if want(&line) {
+                        return Ok(line);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => bail!("timed out after {timeout:?}; output:\n{}", self.output()),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.child.wait()?;
+                    bail!("limiter-ctl exited ({status}); output:\n{}", self.output())
+                }
+            }
+        }
+    }
+
+    /// SIGINT by pid, then the exit status.
+    pub fn interrupt(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        self.signal(Signal::SIGINT)?;
+        self.wait_exit(timeout)
+    }
+
+    /// The exit status once the process exits (SIGKILL and an error if it does not in time);
+    /// the rest of its output is collected.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                self.drain(Duration::from_secs(2));
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                self.child.kill().ok();
+                self.child.wait().ok();
+                bail!("limiter-ctl did not exit within {timeout:?}; output:\n{}", self.output());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Collects output until the streams close (after exit) or `timeout`.
+    fn drain(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while let Ok(line) = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            self.seen.push(line);
+        }
+    }
+
+    /// Everything it printed that a `wait_for` or `wait_exit` has collected.
+    pub fn output(&self) -> String {
+        self.seen.join("\n")
+    }
+
+    /// Its kernel maps, read now.
+    pub fn maps(&self) -> anyhow::Result<Snapshot> {
+        Snapshot::read(self.program()?)
+    }
+
+    /// The per-CPU counters of policy `id` (0: traffic no policy judged).
+    pub fn counters(&self, id: u16) -> anyhow::Result<Vec<Counters>> {
+        program_counters(self.program()?, id)
+    }
+
+    /// Every policy id's per-CPU counters.
+    pub fn all_counters(&self) -> anyhow::Result<Vec<Vec<Counters>>> {
+        read_counters(&program_maps(self.program()?)?)
+    }
+}
+
+/// How long a daemon being dropped gets to stop on SIGINT (detaching and unpinning) before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.is_running() && self.interrupt(STOP_GRACE).is_err() {
+            // interrupt() already killed it if it would not stop.
+            eprintln!("daemon {}: did not stop on SIGINT; killed", self.pid());
+        }
+    }
+}
+
+fn forward_lines(stream: Option<impl Read + Send + 'static>, tag: &'static str, tx: mpsc::Sender<String>) {
+    let Some(stream) = stream else { return };
+    thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if tx.send(format!("{tag}{line}")).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+/// The id of the XDP program on `end`'s interface, from `ip -j -d link show`.
+pub fn xdp_program_id(end: &End) -> anyhow::Result<Option<u32>> {
+    let json = end.ip(["-j", "-d", "link", "show", "dev", &end.iface])?;
+    let Some(xdp) = json.find("\"xdp\":") else { return Ok(None) };
+    let after = &json[xdp..];
+    let id = after.find("\"id\":").with_context(|| format!("no program id in {after}"))?;
+    let digits: String = after[id + 5..].chars().take_while(char::is_ascii_digit).collect();
+    Ok(Some(digits.parse().with_context(|| format!("program id in {after}"))?))
+}
+
+/// The maps of loaded program `program` (another process's), by name.
+fn program_maps(program: u32) -> anyhow::Result<BTreeMap<String, u32>> {
+    let info = loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == program)
+        .with_context(|| format!("no loaded program with id {program}"))?;
+    let ids = info.map_ids()?.context("the kernel does not report a program's maps")?;
+    ids.into_iter()
+        .map(|id| Ok((MapInfo::from_id(id)?.name_as_str().unwrap_or_default().to_string(), id)))
+        .collect()
+}
+
+fn open_map(maps: &BTreeMap<String, u32>, name: &str) -> anyhow::Result<Map> {
+    let id = maps.get(name).with_context(|| format!("the program has no {name} map (it has {:?})", maps.keys()))?;
+    Ok(Map::from_map_data(MapData::from_id(*id)?)?)
+}
+
+/// The per-CPU counters of policy `id` of loaded program `program`.
+pub fn program_counters(program: u32, id: u16) -> anyhow::Result<Vec<Counters>> {
+    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(open_map(&program_maps(program)?, MAP_COUNTERS)?)?;
+    Ok(counters.get(&u32::from(id), 0)?.iter().copied().collect())
+}
+
+/// What the daemon told the kernel: everything a command may change except the counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rules {
+    pub config: Config,
+    /// Every entry that is not all zeros (a removed policy keeps its id, inactive).
+    pub policies: BTreeMap<u16, Policy>,
+    /// `PORT_POLICY` entries that are not 0, by index (`class << 16 | port`).
+    pub ports: BTreeMap<u32, u16>,
+    /// "ADDR/LEN" -> "allow" | "deny", both families.
+    pub acl: BTreeMap<String, &'static str>,
+}
+
+impl Rules {
+    /// The same rules with the salt and when it was drawn cleared: a restarted daemon draws a
+    /// new one.
+    pub fn unsalted(&self) -> Self {
+        let mut rules = self.clone();
+        rules.config.salts = Default::default();
+        rules.config.rotated_at_ns = 0;
+        rules
+    }
+
+    /// The active policy with this id.
+    pub fn policy(&self, id: u16) -> anyhow::Result<&Policy> {
+        self.policies
+            .get(&id)
+            .filter(|p| p.flags & Policy::ACTIVE != 0)
+            .with_context(|| format!("no active policy {id} in the kernel: {:?}", self.policies))
+    }
+}
+
+/// The daemon's kernel maps at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub rules: Rules,
+    /// Per policy id, per CPU.
+    pub counters: Vec<Vec<Counters>>,
+}
+
+impl Snapshot {
+    pub fn read(program: u32) -> anyhow::Result<Self> {
+        let maps = program_maps(program)?;
+        let config: Array<_, Config> = Array::try_from(open_map(&maps, MAP_CONFIG)?)?;
+        let policies: Array<_, Policy> = Array::try_from(open_map(&maps, MAP_POLICIES)?)?;
+        let ports: Array<_, u16> = Array::try_from(open_map(&maps, MAP_PORT_POLICY)?)?;
+        let mut acl = acl_entries::<[u8; 4]>(&maps, MAP_ACL_V4, |d| Ipv4Addr::from(d).into())?;
+        acl.extend(acl_entries::<[u8; 16]>(&maps, MAP_ACL_V6, |d| Ipv6Addr::from(d).into())?);
+        let rules = Rules {
+            config: config.get(&0, 0)?,
+            // MAX_POLICIES (256) ids: the index fits.
+            policies: nonzero(policies.iter(), Policy::default())?.into_iter().map(|(i, p)| (i as u16, p)).collect(),
+            ports: nonzero(ports.iter(), 0)?,
+            acl,
+        };
+        Ok(Self { rules, counters: read_counters(&maps)? })
+    }
+
+    /// The counters of policy `id`, summed over CPUs.
+    pub fn total(&self, id: u16) -> Counters {
+        let mut sum = Counters::default();
+        self.counters.get(usize::from(id)).into_iter().flatten().for_each(|c| sum.add(c));
+        sum
+    }
+}
+
+fn read_counters(maps: &BTreeMap<String, u32>) -> anyhow::Result<Vec<Vec<Counters>>> {
+    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(open_map(maps, MAP_COUNTERS)?)?;
+    counters.iter().map(|c| Ok(c?.iter().copied().collect())).collect()
+}
+
+/// The entries of an array map that differ from `zero`, by index.
+fn nonzero<V: PartialEq, E>(values: impl Iterator<Item = Result<V, E>>, zero: V) -> anyhow::Result<BTreeMap<u32, V>>
+where
+    anyhow::Error: From<E>,
+{
+    let mut out = BTreeMap::new();
+    for (i, v) in (0u32..).zip(values) {
+        let v = v?;
+        if v != zero {
+            out.insert(i, v);
+        }
+    }
+    Ok(out)
+}
+
+fn acl_entries<K: Pod>(
+    maps: &BTreeMap<String, u32>,
+    name: &str,
+    addr: impl Fn(K) -> IpAddr,
+) -> anyhow::Result<BTreeMap<String, &'static str>> {
+    let trie: LpmTrie<_, K, u8> = LpmTrie::try_from(open_map(maps, name)?)?;
+    let mut out = BTreeMap::new();
+    for entry in trie.iter() {
+        let (key, action) = entry?;
+        let action = match action {
+            ACL_ALLOW => "allow",
+            ACL_DENY => "deny",
+            _ => "unknown",
+        };
+        out.insert(format!("{}/{}", addr(key.data()), key.prefix_len()), action);
+    }
+    Ok(out)
+}
