@@ -69,9 +69,13 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff), generated from these definitions.
+    /// Print the man page (roff), generated from these definitions; with --dir, write it and
+    /// one page per subcommand (limiter-ctl-daemon.1, ...) there.
     #[command(hide = true)]
-    Man,
+    Man {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Args)]

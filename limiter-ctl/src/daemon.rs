@@ -89,6 +89,8 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
         (MapView::of(&State::default())?, BTreeMap::new())
     };
     let state = desired(&ids)?;
+    // An adopted limiter's buckets may hold TATs of its policies, which this daemon never saw.
+    let longest_window = if limiter.adopted() { limiter.kernel_max_window()?.max(state.max_window()) } else { state.max_window() };
     limiter.apply(&before, &MapView::of(&state)?)?;
     limiter.set_sampling(args.sample_refusals)?;
     // SAFETY: the ring owns its descriptor and keeps it open for as long as the AsyncFd lives.
@@ -121,18 +123,31 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
         sampler: stats::Sampler::default(),
         occupancy: Arc::default(),
         top: Top::new(args.sample_refusals.max(1)),
+        longest_window,
     };
     let result = match daemon.start_up(&file) {
         Ok(()) => daemon.serve(listener, refusals, &args).await,
         Err(e) => Err(e),
     };
+    let hand_over = matches!(result, Ok(Exit::HandOver));
     if let Err(e) = std::fs::remove_file(socket) {
         warn!(socket = %socket.display(), error = %e, "could not remove the control socket");
     }
-    if let Some(iface) = daemon.limiter.detach()? {
+    if hand_over {
+        // Fail static on purpose: the next daemon adopts the program, its state and its salt.
+        info!(iface = %daemon.iface, pins = %pins.dir().display(), "handing over: left attached and pinned for the next daemon");
+    } else if let Some(iface) = daemon.limiter.detach()? {
         info!(iface = %iface, "detached");
     }
-    result
+    result.map(|_| ())
+}
+
+/// How the daemon leaves.
+enum Exit {
+    /// SIGINT, SIGTERM: detach and remove the pins.
+    Detach,
+    /// SIGUSR2: leave the program attached and pinned, for a new daemon to adopt (upgrades).
+    HandOver,
 }
 
 /// Binds the control socket, refusing to take it from a running daemon.
@@ -170,6 +185,9 @@ struct Daemon {
     /// The last bucket occupancy measured (off the loop).
     occupancy: Arc<Mutex<Option<f64>>>,
     top: Top,
+    /// The longest burst window any policy had since the last rotation: the next rotation's
+    /// grace must cover it (see `Limiter::rotate_salt`).
+    longest_window: Duration,
 }
 
 /// How often the buckets are scanned for the occupancy gauge (it reads them all).
@@ -179,20 +197,22 @@ const OCCUPANCY_EVERY: Duration = Duration::from_secs(15);
 const GRACE_MARGIN: Duration = Duration::from_millis(50);
 
 impl Daemon {
-    async fn serve(&mut self, listener: UnixListener, mut refusals: AsyncFd<RingBuf<MapData>>, args: &DaemonArgs) -> anyhow::Result<()> {
+    async fn serve(&mut self, listener: UnixListener, mut refusals: AsyncFd<RingBuf<MapData>>, args: &DaemonArgs) -> anyhow::Result<Exit> {
         let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
         let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let mut sigusr2 = signal(SignalKind::user_defined2()).context("installing the SIGUSR2 handler")?;
         let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
         let mut rotation = args.rotate_every.0.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
         let mut second = tokio::time::interval(Duration::from_secs(1));
         let mut occupancy = tokio::time::interval(OCCUPANCY_EVERY);
         let mut if_index = crate::limiter::if_index(&self.iface);
-        let signal_name = loop {
+        let (signal_name, exit) = loop {
             tokio::select! {
-                _ = sigint.recv() => break "SIGINT",
-                _ = sigterm.recv() => break "SIGTERM",
+                _ = sigint.recv() => break ("SIGINT", Exit::Detach),
+                _ = sigterm.recv() => break ("SIGTERM", Exit::Detach),
+                _ = sigusr2.recv() => break ("SIGUSR2", Exit::HandOver),
                 _ = sighup.recv() => self.reload(),
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
@@ -232,7 +252,7 @@ impl Daemon {
             }
         };
         info!(signal = signal_name, "stopping");
-        Ok(())
+        Ok(exit)
     }
 
     fn start_up(&mut self, file: &ConfigFile) -> anyhow::Result<()> {
@@ -273,8 +293,10 @@ impl Daemon {
     /// Draws a new salt; for the longest burst window (plus a margin) packets are also judged
     /// against their old buckets, so a rotation hands out no fresh allowance.
     fn rotate(&mut self) -> Result<(), crate::Error> {
-        let grace = self.state.max_window() + GRACE_MARGIN;
+        let grace = self.longest_window.max(self.state.max_window()) + GRACE_MARGIN;
         self.limiter.rotate_salt(salt::draw()?, grace)?;
+        // The new generation has seen only the current policies so far.
+        self.longest_window = self.state.max_window();
         let generation = self.limiter.config()?.generation;
         info!(generation, grace_ms = grace.as_millis() as u64, "salt rotated");
         Ok(())
@@ -397,6 +419,7 @@ impl Daemon {
             return Response::Failed { error: format!("{e}{}", rollback_note(restored)) };
         }
         self.state = next;
+        self.longest_window = self.longest_window.max(self.state.max_window());
         info!("{event} {detail}");
         Response::Ok { data: serde_json::Value::Null }
     }
@@ -416,6 +439,7 @@ impl Daemon {
             Ok(next) => match self.limiter.sync(&self.state, &next) {
                 Ok(()) => {
                     self.state = next;
+                    self.longest_window = self.longest_window.max(self.state.max_window());
                     info!(config = %path, policies = self.state.policies().count(), "reloaded");
                 }
                 Err(e) => {

@@ -6,7 +6,7 @@ use aya::{EbpfError, maps::MapError, programs::ProgramError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("loading the XDP program failed: {0} (run as root, or with CAP_BPF and CAP_NET_ADMIN)")]
+    #[error("loading the XDP program failed: {0} (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)")]
     Load(#[source] EbpfError),
     #[error("the kernel rejected the XDP program: {0}")]
     Verify(#[source] ProgramError),

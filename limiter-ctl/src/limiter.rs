@@ -2,7 +2,7 @@
 //! it, rotate its salt, read its counters. The daemon, the tests and the benchmarks share it.
 //! Keeping the maps in step with a [`crate::state::State`] lives in `sync.rs`.
 
-use std::{ffi::CString, fmt, path::PathBuf, time::Duration};
+use std::{ffi::CString, fmt, os::fd::AsFd as _, path::PathBuf, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -22,7 +22,7 @@ use limiter_common::{
     },
 };
 
-use crate::{Error, objects, pins::PinDir, sync::per_cpu_zeros};
+use crate::{Error, objects, pins::PinDir};
 
 /// The attach mode an operator asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -236,13 +236,18 @@ impl Limiter {
         self.write_config(&config)
     }
 
-    /// Rotates the salt: the other generation of buckets, cleared, takes `salt` and becomes
-    /// current; for `grace` a packet is also judged against its bucket in the old generation and
-    /// carries over a later TAT, so a source over its limit stays over it. `grace` must cover the
-    /// longest burst window of any policy. Refused while a previous rotation's grace runs.
+    /// Rotates the salt: the other generation of buckets takes `salt` and becomes current; for
+    /// `grace` a packet is also judged against its bucket in the old generation and carries over
+    /// a later TAT, so a source over its limit stays over it. Refused while a previous rotation's
+    /// grace runs.
     ///
-    /// Each step is one map write that changes one field, so a packet never sees a torn mix:
-    /// the new salt goes where nothing reads it, the grace period starts, then the switch.
+    /// `grace` must cover the longest burst window any policy had while the old generation was
+    /// current: then every TAT it holds is behind now when the grace ends, and when it becomes
+    /// current again (a rotation later) its buckets read as idle without being cleared. That
+    /// keeps a rotation to three map writes, whatever the bucket count.
+    ///
+    /// Each write changes one field, so a packet never sees a torn mix: the new salt goes where
+    /// nothing reads it, the grace period starts, then the switch.
     pub fn rotate_salt(&mut self, salt: SipKey, grace: Duration) -> Result<(), Error> {
         let mut config = self.config()?;
         let now = monotonic_ns();
@@ -250,7 +255,6 @@ impl Limiter {
             return Err(Error::RotationBusy { seconds_left: (config.grace_until_ns - now).div_ceil(1_000_000_000) });
         }
         let next = (config.generation & 1) ^ 1;
-        self.clear_generation(next)?;
         config.salts[next as usize] = SipInit::new(&salt);
         self.write_config(&config)?;
         config.grace_until_ns = monotonic_ns().saturating_add(grace.as_nanos() as u64);
@@ -260,15 +264,11 @@ impl Limiter {
         self.write_config(&config)
     }
 
-    /// Zeroes one generation's buckets; only ever done to the generation nothing reads.
-    fn clear_generation(&mut self, generation: u32) -> Result<(), Error> {
-        let buckets = self.buckets;
-        let mut map = PerCpuArray::<_, u64>::try_from(self.map_mut(MAP_BUCKETS)?)
-            .map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
-        for index in generation * buckets..(generation + 1) * buckets {
-            map.set(index, per_cpu_zeros::<u64>()?, 0).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
-        }
-        Ok(())
+    /// The longest burst window of the policies the kernel holds now (for adopting a limiter
+    /// whose policy history this daemon did not see).
+    pub fn kernel_max_window(&self) -> Result<Duration, Error> {
+        let view = self.read_view()?;
+        Ok(Duration::from_nanos(view.policies.values().map(|(p, _)| p.gcra.window_ns()).max().unwrap_or(0)))
     }
 
     /// Samples 1 in `one_in` refusals (a power of two; 0: none) into the `REFUSALS` ring.
@@ -290,12 +290,12 @@ impl Limiter {
 
     /// A handle of its own on the buckets, for scanning them off the daemon's loop.
     pub fn open_buckets(&self) -> Result<PerCpuArray<MapData, u64>, Error> {
-        let id = self.map(MAP_BUCKETS)?;
-        let id = match id {
-            Map::PerCpuArray(data) => data.info().map_err(|source| Error::Map { name: MAP_BUCKETS, source })?.id(),
-            _ => return Err(Error::Internal("BUCKETS is not a per-CPU array".into())),
+        let Map::PerCpuArray(data) = self.map(MAP_BUCKETS)? else {
+            return Err(Error::Internal("BUCKETS is not a per-CPU array".into()));
         };
-        let data = MapData::from_id(id).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
+        // A duplicate of our own descriptor: reopening the map by id would need CAP_SYS_ADMIN.
+        let fd = data.fd().as_fd().try_clone_to_owned()?;
+        let data = MapData::from_fd(fd).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
         PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|source| Error::Map { name: MAP_BUCKETS, source })
     }
 

@@ -202,7 +202,7 @@ impl Limiter {
     }
 }
 
-pub(crate) fn per_cpu_zeros<T: aya::Pod + Default>() -> Result<PerCpuValues<T>, Error> {
+fn per_cpu_zeros<T: aya::Pod + Default>() -> Result<PerCpuValues<T>, Error> {
     let cpus = aya::util::nr_cpus().map_err(|(what, e)| Error::Internal(format!("{what}: {e}")))?;
     PerCpuValues::try_from(vec![T::default(); cpus]).map_err(|e| Error::Internal(format!("per-CPU values: {e}")))
 }

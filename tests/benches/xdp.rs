@@ -40,21 +40,24 @@ const HOT_REPEAT: u32 = 200_000;
 struct Args {
     out: Option<String>,
     rounds: usize,
+    scaling: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
     let mut out = None;
     let mut rounds = 5;
+    let mut scaling = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--out" => out = Some(it.next().context("--out needs a file")?),
             "--rounds" => rounds = it.next().context("--rounds needs a number")?.parse()?,
+            "--scaling" => scaling = true,
             "--bench" => {} // passed by `cargo bench`
-            other => bail!("unknown argument {other}; expected --out FILE, --rounds N"),
+            other => bail!("unknown argument {other}; expected --out FILE, --rounds N, --scaling"),
         }
     }
-    Ok(Args { out, rounds })
+    Ok(Args { out, rounds, scaling })
 }
 
 /// One program under test and how to prepare it.
@@ -183,6 +186,59 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// ns/packet of the admit path as bucket count and distinct sources grow: each cell cycles
+/// through its sources (IPv6, one /64 each), one test run per packet, 2^20 packets.
+fn scaling(spec: &FrameSpec) -> anyhow::Result<String> {
+    const PACKETS: usize = 1 << 20;
+    let bucket_counts = [1u32 << 10, 1 << 14, 1 << 18, 1 << 22];
+    let source_counts = [1usize, 100, 10_000, 1_000_000];
+    let mut rng = StdRng::seed_from_u64(0x5ca1e);
+    let v6 = |i: u32| {
+        let mut o = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2).octets();
+        o[4..8].copy_from_slice(&i.to_be_bytes());
+        IpAddr::V6(o.into())
+    };
+    let spec = FrameSpec { dst: IpAddr::V6(netns::RECEIVER_V6), ..spec.clone() };
+    let mut order: Vec<u32> = (0..1_000_000).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.random_range(0..=i));
+    }
+    let mut table = String::new();
+    write!(table, "| buckets \\ distinct sources |")?;
+    for n in source_counts {
+        write!(table, " {n} |")?;
+    }
+    writeln!(table, "\n|---:|{}", "---:|".repeat(source_counts.len()))?;
+    let frames: Vec<Vec<u8>> = order.iter().map(|i| spec.frame(v6(*i))).collect::<anyhow::Result<_>>()?;
+    for buckets in bucket_counts {
+        write!(table, "| 2^{} |", buckets.trailing_zeros())?;
+        for sources in source_counts {
+            let mut limiter = Limiter::load(buckets)?;
+            limiter.set_salt(limiter_ctl::salt::draw()?)?;
+            let def = PolicyDef {
+                name: "p".parse()?,
+                matches: "any".parse()?,
+                rate: "1000000000/s".parse()?,
+                burst: Some(1_000_000_000),
+                key: Default::default(),
+                unit: Default::default(),
+                mode: Default::default(),
+            };
+            let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!(e.0))?;
+            limiter.sync(&State::default(), &state)?;
+            let program = limiter.program()?;
+            let mut total = 0u64;
+            for i in 0..PACKETS {
+                total += u64::from(run_timed(program, &frames[i % sources], 1)?);
+            }
+            write!(table, " {:.0} |", total as f64 / PACKETS as f64)?;
+        }
+        writeln!(table)?;
+    }
+    writeln!(table, "\nns/packet on the admit path (kernel-measured, one test run per packet, harness clock included as in the table above), {PACKETS} packets per cell.")?;
+    Ok(table)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = args()?;
     if !nix::unistd::geteuid().is_root() {
@@ -258,6 +314,10 @@ fn main() -> anyhow::Result<()> {
         HOT_REPEAT,
         elapsed.as_secs_f64()
     )?;
+    if args.scaling {
+        let scaled = scaling(&spec)?;
+        writeln!(table, "\n#### Scaling\n\n{scaled}")?;
+    }
     print!("{table}");
     if let Some(out) = args.out {
         std::fs::write(&out, &table).with_context(|| format!("writing {out}"))?;

@@ -5,6 +5,14 @@
 //! bpffs pins: tests never touch the defaults (`/etc/limiter/limiter.toml`,
 //! `/run/limiter/ctl.sock`, `/sys/fs/bpf/limiter`), which belong to whatever limiter the machine
 //! runs. Daemons are stopped with SIGINT by pid (on drop too, and when the test process dies).
+//!
+//! A daemon enters only the namespace's network namespace ([`Runner::NetOnly`], `nsenter
+//! --net`): it shares the test's mount namespace, so its pins land on the machine's bpffs under
+//! the scratch directory and outlive it when it is killed (fail static), for a restarted daemon
+//! to adopt. [`Runner::PrivateMounts`] (`ip netns exec`) gives it a mount namespace and a /sys of
+//! its own instead, where /sys/fs/bpf is not bpffs: the daemon must mount one, and its pins go
+//! with it. A daemon that was killed leaves pins behind; [`Scratch`] removes them on drop, which
+//! releases the link and so detaches the program (nothing else holds it).
 
 use std::{
     collections::BTreeMap,
@@ -25,15 +33,17 @@ use aya::{
     programs::loaded_programs,
 };
 use limiter_common::maps::{
-    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
-    MAP_PORT_POLICY, Policy,
+    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
+    MAP_POLICIES, MAP_PORT_POLICY, Policy,
 };
 use nix::{sys::signal::Signal, unistd::Pid};
 
-use crate::netns::{End, PREFIX, owner_pid};
+use crate::netns::{End, NETNS_DIR, PREFIX, TestNet, ip, mac_str, owner_pid};
 
 /// How long a daemon may take to load, attach and say so.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+/// The start of the line a daemon logs when it adopted a pinned limiter.
+pub const ADOPTED: &str = "adopted the pinned limiter";
 
 /// `target/<profile>/limiter-ctl`, next to the running test's `deps/` directory.
 pub fn limiter_ctl_binary() -> anyhow::Result<PathBuf> {
@@ -92,6 +102,37 @@ impl Scratch {
         &self.pins
     }
 
+    /// Where a daemon on `iface` pins its link and maps: `<pins>/<iface>/`.
+    pub fn pin_dir(&self, iface: &str) -> PathBuf {
+        self.pins.join(iface)
+    }
+
+    /// The pinned files under [`Scratch::pin_dir`] by name, with their inode numbers (a pin
+    /// replaced by a new object gets a new inode); empty when nothing is pinned.
+    pub fn pinned(&self, iface: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = self.pin_dir(iface);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+            Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+        };
+        entries
+            .map(|e| {
+                let e = e?;
+                Ok((e.file_name().to_string_lossy().into_owned(), e.metadata()?.ino()))
+            })
+            .collect()
+    }
+
+    /// `limiter-ctl detach --iface IFACE --pin-dir <pins>` run in `end`'s network namespace
+    /// (where it can tell whether a program is still attached).
+    pub fn detach(&self, end: &End) -> anyhow::Result<Ctl> {
+        let mut cmd = net_command(end, limiter_ctl_binary()?);
+        cmd.args(["detach", "--iface", &end.iface]).arg("--pin-dir").arg(self.pins());
+        Ctl::run(&mut cmd)
+    }
+
     /// The config file's contents (None while it does not exist).
     pub fn config_file(&self) -> anyhow::Result<Option<String>> {
         match std::fs::read(self.config()) {
@@ -130,6 +171,36 @@ fn remove_stale() {
             }
         }
     }
+}
+
+/// How a daemon enters its namespace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Runner {
+    /// `nsenter --net=/run/netns/NS`: the network namespace only; mounts (and bpffs) are the
+    /// test's own, so pins outlive the process.
+    #[default]
+    NetOnly,
+    /// `ip netns exec NS`: a private mount namespace with the namespace's own /sys, on which
+    /// /sys/fs/bpf is not bpffs; whatever the daemon mounts and pins there goes with it.
+    PrivateMounts,
+}
+
+impl Runner {
+    /// `program` to be run in `end`'s namespace this way (exec'd: the child's pid is the
+    /// program's own, so signals sent to it reach the program).
+    pub fn command(self, end: &End, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        match self {
+            Self::PrivateMounts => end.command(program),
+            Self::NetOnly => net_command(end, program),
+        }
+    }
+}
+
+/// `program` run in `end`'s network namespace only (`nsenter --net`, which execs it).
+pub fn net_command(end: &End, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={}", Path::new(NETNS_DIR).join(&end.ns).display())).arg("--").arg(program);
+    cmd
 }
 
 /// What one CLI invocation did.
@@ -176,8 +247,9 @@ impl Ctl {
 /// lines tagged `stderr: `). Dropping it kills the process (by its pid) if it is still running.
 pub struct Daemon {
     child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
+    lines: mpsc::Receiver<(Instant, String)>,
+    /// Every line collected so far, with when the harness read it.
+    seen: Vec<(Instant, String)>,
     bin: PathBuf,
     socket: PathBuf,
     /// The id of the XDP program it attached, once [`Daemon::wait_attached`] saw it.
@@ -186,11 +258,16 @@ pub struct Daemon {
 
 impl Daemon {
     /// `limiter-ctl --socket S daemon --iface IFACE --mode native --config C --pin-dir P EXTRA...`
-    /// in `end`'s namespace, with the socket, config and pins in `scratch`. Does not wait for it
-    /// to attach.
+    /// in `end`'s network namespace ([`Runner::NetOnly`]), with the socket, config and pins in
+    /// `scratch`. Does not wait for it to attach.
     pub fn spawn(end: &End, scratch: &Scratch, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::spawn_with(Runner::NetOnly, end, scratch, extra)
+    }
+
+    /// [`Daemon::spawn`], entering the namespace the way `runner` says.
+    pub fn spawn_with(runner: Runner, end: &End, scratch: &Scratch, extra: &[&str]) -> anyhow::Result<Self> {
         let bin = limiter_ctl_binary()?;
-        let mut cmd = end.command(&bin);
+        let mut cmd = runner.command(end, &bin);
         cmd.arg("--socket").arg(scratch.socket());
         cmd.args(["daemon", "--iface", &end.iface, "--mode", "native"]);
         cmd.arg("--config").arg(scratch.config()).arg("--pin-dir").arg(scratch.pins()).args(extra);
@@ -224,9 +301,23 @@ impl Daemon {
     /// Waits for the "attached" line, and finds the program on `end`'s interface. Returns the line.
     pub fn wait_attached(&mut self, end: &End) -> anyhow::Result<String> {
         let line = self.wait_for(|l| l.contains(" attached "), ATTACH_TIMEOUT).context("waiting for 'attached'")?;
+        self.find_program(end, &line)?;
+        Ok(line)
+    }
+
+    /// Waits for the line saying it adopted a pinned limiter, and finds the program (its own,
+    /// swapped into the pinned link) on `end`'s interface. Returns the line.
+    pub fn wait_adopted(&mut self, end: &End) -> anyhow::Result<String> {
+        let line = self.wait_for(|l| l.contains(ADOPTED) || l.contains(" attached "), ATTACH_TIMEOUT).context("waiting for 'adopted'")?;
+        anyhow::ensure!(line.contains(ADOPTED), "the daemon attached afresh instead of adopting: {line}");
+        self.find_program(end, &line)?;
+        Ok(line)
+    }
+
+    fn find_program(&mut self, end: &End, line: &str) -> anyhow::Result<()> {
         let program = xdp_program_id(end)?.with_context(|| format!("the daemon said '{line}' but {} has no XDP program", end.iface))?;
         self.program = Some(program);
-        Ok(line)
+        Ok(())
     }
 
     pub fn pid(&self) -> Pid {
@@ -252,17 +343,29 @@ impl Daemon {
         nix::sys::signal::kill(self.pid(), signal).with_context(|| format!("sending {signal} to {}", self.pid()))
     }
 
+    /// SIGKILL by pid (no chance to detach or unpin: what a crash or the OOM killer does), then
+    /// the exit status, once reaped.
+    pub fn kill(&mut self) -> anyhow::Result<ExitStatus> {
+        self.signal(Signal::SIGKILL)?;
+        self.wait_exit(Duration::from_secs(10))
+    }
+
     /// The first line from now on matching `want`; fails (with the output so far) on timeout
     /// or exit.
     pub fn wait_for(&mut self, want: impl Fn(&str) -> bool, timeout: Duration) -> anyhow::Result<String> {
+        self.wait_for_timed(want, timeout).map(|(_, line)| line)
+    }
+
+    /// [`Daemon::wait_for`], with when the line was read.
+    pub fn wait_for_timed(&mut self, want: impl Fn(&str) -> bool, timeout: Duration) -> anyhow::Result<(Instant, String)> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
+                Ok((at, line)) => {
+                    self.seen.push((at, line.clone()));
                     if want(&line) {
-                        return Ok(line);
+                        return Ok((at, line));
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => bail!("timed out after {timeout:?}; output:\n{}", self.output()),
@@ -310,9 +413,22 @@ impl Daemon {
         }
     }
 
-    /// Everything it printed that a `wait_for` or `wait_exit` has collected.
+    /// Collects whatever output has arrived, without waiting.
+    pub fn poll(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+    }
+
+    /// Every line collected so far, with when the harness read it (a little after the daemon
+    /// wrote it).
+    pub fn lines(&self) -> &[(Instant, String)] {
+        &self.seen
+    }
+
+    /// Everything it printed that a `wait_for`, `poll` or `wait_exit` has collected.
     pub fn output(&self) -> String {
-        self.seen.join("\n")
+        self.seen.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
     }
 
     /// Its kernel maps, read now.
@@ -343,11 +459,11 @@ impl Drop for Daemon {
     }
 }
 
-fn forward_lines(stream: Option<impl Read + Send + 'static>, tag: &'static str, tx: mpsc::Sender<String>) {
+fn forward_lines(stream: Option<impl Read + Send + 'static>, tag: &'static str, tx: mpsc::Sender<(Instant, String)>) {
     let Some(stream) = stream else { return };
     thread::spawn(move || {
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
-            if tx.send(format!("{tag}{line}")).is_err() {
+            if tx.send((Instant::now(), format!("{tag}{line}"))).is_err() {
                 break;
             }
         }
@@ -489,4 +605,65 @@ fn acl_entries<K: Pod>(
         out.insert(format!("{}/{}", addr(key.data()), key.prefix_len()), action);
     }
     Ok(out)
+}
+
+/// The TAT of bucket `index` (generation offset included) of loaded program `program`, per CPU.
+pub fn program_bucket(program: u32, index: u32) -> anyhow::Result<Vec<u64>> {
+    let buckets: PerCpuArray<_, u64> = PerCpuArray::try_from(open_map(&program_maps(program)?, MAP_BUCKETS)?)?;
+    Ok(buckets.get(&index, 0)?.iter().copied().collect())
+}
+
+/// Overwrites the CONFIG of loaded program `program` (another process's): for fault injection.
+pub fn write_program_config(program: u32, config: &Config) -> anyhow::Result<()> {
+    let mut array: Array<_, Config> = Array::try_from(open_map(&program_maps(program)?, MAP_CONFIG)?)?;
+    array.set(0, config, 0)?;
+    Ok(())
+}
+
+/// Whether a program with this id is still loaded.
+pub fn program_loaded(program: u32) -> bool {
+    loaded_programs().filter_map(Result::ok).any(|p| p.id() == program)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The interface going away and coming back
+
+/// Deletes the veth pair (from the receiver's side: both ends go).
+pub fn remove_veth(net: &TestNet) -> anyhow::Result<()> {
+    net.receiver.ip(["link", "del", "dev", &net.receiver.iface])?;
+    Ok(())
+}
+
+/// Creates the veth pair again as [`TestNet::new`] made it: same names, MACs and addresses,
+/// permanent neighbours, up. The receiver's end gets a new interface index.
+pub fn create_veth(net: &TestNet) -> anyhow::Result<()> {
+    let (r, s) = (&net.receiver, &net.sender);
+    ip([
+        "-n", &r.ns, "link", "add", &r.iface, "address", &mac_str(&r.mac), "type", "veth",
+        "peer", "name", &s.iface, "address", &mac_str(&s.mac), "netns", &s.ns,
+    ])?;
+    for end in [r, s] {
+        end.ip(["addr", "add", &format!("{}/{}", end.v4, crate::netns::V4_PREFIX_LEN), "dev", &end.iface])?;
+        end.ip(["addr", "add", &format!("{}/{}", end.v6, crate::netns::V6_PREFIX_LEN), "dev", &end.iface, "nodad"])?;
+        end.ip(["link", "set", &end.iface, "up"])?;
+    }
+    for (end, peer) in [(r, s), (s, r)] {
+        for addr in [IpAddr::from(peer.v4), IpAddr::from(peer.v6)] {
+            end.ip(["neigh", "replace", &addr.to_string(), "lladdr", &mac_str(&peer.mac), "dev", &end.iface, "nud", "permanent"])?;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for end in [r, s] {
+        loop {
+            let state = end.ip(["-j", "link", "show", "dev", &end.iface])?;
+            if state.contains("\"operstate\":\"UP\"") {
+                break;
+            }
+            if Instant::now() >= deadline {
+                bail!("{} in {} not up after re-creating it: {state}", end.iface, end.ns);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+    Ok(())
 }

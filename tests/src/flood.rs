@@ -250,32 +250,7 @@ impl Frames {
     /// `limits.cpu` is set. Transient refusals (ENOBUFS, EAGAIN) are counted, not fatal, and the
     /// refused frame is sent again, so what went out is exactly known ([`Frames::sent_per_flow`]).
     pub fn send(&self, tx: &mut impl Transmit, limits: &Limits) -> anyhow::Result<Report> {
-        ensure!(self.count() > 0, "no frames to send");
-        if let Some(cpu) = limits.cpu {
-            crate::cpu::pin_current_thread(cpu).with_context(|| format!("pinning the sender to CPU {cpu}"))?;
-        }
-        let mut report = Report::default();
-        let start = Instant::now();
-        report.first = Some(start);
-        let (mut i, mut attempts) = (0, 0u64);
-        while report.sent < limits.packets {
-            // Reading the clock every 64 frames keeps it out of the per-frame cost.
-            if attempts.is_multiple_of(64) && start.elapsed() >= limits.duration {
-                break;
-            }
-            attempts += 1;
-            match tx.transmit(self.get(i).0) {
-                Ok(()) => report.sent += 1,
-                Err(e) if is_transient(&e) => {
-                    report.refused += 1;
-                    continue;
-                }
-                Err(e) => return Err(e).context(format!("sending frame {} after {} sent", i, report.sent)),
-            }
-            i = if i + 1 == self.count() { 0 } else { i + 1 };
-        }
-        report.last = Some(Instant::now());
-        Ok(report)
+        self.send_steered(tx, limits, &Steer::default())
     }
 }
 
@@ -409,6 +384,60 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     bytes.try_into().map_err(|_| err())
 }
 
+/// What else may stop or slow a flood ([`Frames::send_steered`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Steer<'a> {
+    /// Send at this many frames per second, each at its due time (`first + i / per_sec`; a late
+    /// sender catches up), instead of as fast as the transmitter takes them.
+    pub per_sec: Option<f64>,
+    /// Stop once this is set (checked before every frame when paced, every 64 otherwise).
+    pub stop: Option<&'a std::sync::atomic::AtomicBool>,
+}
+
+impl Frames {
+    /// [`Frames::send`], paced and/or stopped early as `steer` says; `limits` still bound it.
+    pub fn send_steered(&self, tx: &mut impl Transmit, limits: &Limits, steer: &Steer) -> anyhow::Result<Report> {
+        use std::sync::atomic::Ordering;
+        ensure!(self.count() > 0, "no frames to send");
+        if let Some(rate) = steer.per_sec {
+            ensure!(rate > 0.0 && rate.is_finite(), "invalid pace {rate} frames per second");
+        }
+        if let Some(cpu) = limits.cpu {
+            crate::cpu::pin_current_thread(cpu).with_context(|| format!("pinning the sender to CPU {cpu}"))?;
+        }
+        let mut report = Report::default();
+        let start = Instant::now();
+        report.first = Some(start);
+        let (mut i, mut attempts) = (0, 0u64);
+        while report.sent < limits.packets {
+            if steer.per_sec.is_some() || attempts.is_multiple_of(64) {
+                if start.elapsed() >= limits.duration || steer.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                    break;
+                }
+            }
+            if let Some(rate) = steer.per_sec {
+                let due = start + Duration::from_secs_f64(report.sent as f64 / rate);
+                let now = Instant::now();
+                if due > now {
+                    std::thread::sleep(due - now);
+                }
+            }
+            attempts += 1;
+            match tx.transmit(self.get(i).0) {
+                Ok(()) => report.sent += 1,
+                Err(e) if is_transient(&e) => {
+                    report.refused += 1;
+                    continue;
+                }
+                Err(e) => return Err(e).context(format!("sending frame {} after {} sent", i, report.sent)),
+            }
+            i = if i + 1 == self.count() { 0 } else { i + 1 };
+        }
+        report.last = Some(Instant::now());
+        Ok(report)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
@@ -500,6 +529,28 @@ mod tests {
         assert!(report.last >= report.first);
         let predicted: BTreeMap<IpAddr, u64> = frames.sent_per_flow(report.sent).into_iter().map(|(f, n)| (f.src, n)).collect();
         assert_eq!(predicted, tx.1, "a refused frame is retried, so the round robin stays exact");
+    }
+
+    #[test]
+    fn steered_sends_keep_their_pace_and_stop_when_told() {
+        struct Count(u64);
+        impl Transmit for Count {
+            fn transmit(&mut self, _: &[u8]) -> io::Result<()> {
+                self.0 += 1;
+                Ok(())
+            }
+        }
+        let prefix: Prefix = "198.19.0.0/24".parse().unwrap();
+        let frames = Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
+        let limits = Limits { packets: 50, duration: Duration::from_secs(10), cpu: None };
+        let mut tx = Count(0);
+        let report = frames.send_steered(&mut tx, &limits, &Steer { per_sec: Some(1000.0), stop: None }).unwrap();
+        assert_eq!((report.sent, tx.0), (50, 50));
+        // Frame i goes at i ms: the 50th at 49 ms.
+        assert!(report.duration() >= Duration::from_millis(49), "{report}");
+        let stop = std::sync::atomic::AtomicBool::new(true);
+        let report = frames.send_steered(&mut Count(0), &limits, &Steer { per_sec: None, stop: Some(&stop) }).unwrap();
+        assert_eq!(report.sent, 0, "a set stop flag sends nothing");
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! `cargo xtask bench`: runs the XDP microbenchmark and records its table in BENCHMARKS.md,
-//! with the command, the date and the machine, between the `bench:xdp` markers.
+//! `cargo xtask bench`: runs the XDP microbenchmark (with its scaling table) and records it in
+//! BENCHMARKS.md, with the command, the date and the machine, between the `bench:xdp` markers.
+//! `--peers` runs the comparison with iptables hashlimit and nftables instead (minutes), records
+//! it between the `bench:peers` markers and writes its plots to docs/bench/.
 
 use std::{fs, process::Command};
 
@@ -15,25 +17,52 @@ pub struct Args {
     /// Print the table without touching BENCHMARKS.md.
     #[arg(long)]
     no_record: bool,
+    /// Compare with iptables hashlimit and an nftables meter on veth floods instead.
+    #[arg(long)]
+    peers: bool,
+    /// With --peers: one short run of each (a smoke test; not recorded).
+    #[arg(long)]
+    quick: bool,
 }
-
-const BEGIN: &str = "<!-- bench:xdp begin -->";
-const END: &str = "<!-- bench:xdp end -->";
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::setup::run()?;
+    if args.peers {
+        return peers(&args);
+    }
     let table_path = workspace_root().join("target/bench-xdp.md");
     exec(cargo()
         .args(["bench", "--package", "limiter-tests", "--bench", "xdp", "--"])
-        .args(["--rounds", &args.rounds.to_string(), "--out"])
+        .args(["--rounds", &args.rounds.to_string(), "--scaling", "--out"])
         .arg(&table_path))?;
     if args.no_record {
         return Ok(());
     }
-    let table = fs::read_to_string(&table_path).with_context(|| format!("reading {}", table_path.display()))?;
+    record("xdp", &format!("sudo -E cargo xtask bench --rounds {}", args.rounds), &table_path)
+}
+
+fn peers(args: &Args) -> anyhow::Result<()> {
+    crate::setup::apt(&["iptables", "nftables"])?;
+    let out = workspace_root().join(if args.quick { "target/peers" } else { "docs/bench" });
+    let mut cmd = cargo();
+    cmd.args(["bench", "--package", "limiter-tests", "--bench", "peers", "--", "--out"]).arg(&out);
+    if args.quick {
+        cmd.arg("--quick");
+    }
+    exec(&mut cmd)?;
+    if args.no_record || args.quick {
+        return Ok(());
+    }
+    record("peers", "sudo -E cargo xtask bench --peers", &out.join("peers.md"))
+}
+
+/// Puts `table` into BENCHMARKS.md between the `bench:NAME` markers, with the command, the date
+/// and the machine.
+fn record(name: &str, command: &str, table_path: &std::path::Path) -> anyhow::Result<()> {
+    let (begin, end) = (format!("<!-- bench:{name} begin -->"), format!("<!-- bench:{name} end -->"));
+    let table = fs::read_to_string(table_path).with_context(|| format!("reading {}", table_path.display()))?;
     let section = format!(
-        "{BEGIN}\nCommand: `sudo -E cargo xtask bench --rounds {}` on {} ({}; {} CPUs; kernel {}).\n\n{}{END}",
-        args.rounds,
+        "{begin}\nCommand: `{command}` on {} ({}; {} CPUs; kernel {}).\n\n{}{end}",
         output(Command::new("date").args(["-u", "+%Y-%m-%d"])).unwrap_or_default().trim(),
         cpu_model(),
         output(&mut Command::new("nproc")).unwrap_or_default().trim(),
@@ -42,8 +71,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     let path = workspace_root().join("BENCHMARKS.md");
     let doc = fs::read_to_string(&path).unwrap_or_default();
-    let updated = match (doc.find(BEGIN), doc.find(END)) {
-        (Some(b), Some(e)) if e > b => format!("{}{section}{}", &doc[..b], &doc[e + END.len()..]),
+    let updated = match (doc.find(&begin), doc.find(&end)) {
+        (Some(b), Some(e)) if e > b => format!("{}{section}{}", &doc[..b], &doc[e + end.len()..]),
         _ => format!("{doc}\n{section}\n"),
     };
     fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;

@@ -1,7 +1,8 @@
-//! `cargo xtask setup|test|demo|bench`.
+//! `cargo xtask setup|test|demo|bench|package`.
 
 mod bench;
 mod demo;
+mod package;
 mod setup;
 mod sh;
 mod test;
@@ -25,6 +26,8 @@ enum Task {
     Demo(demo::Args),
     /// Microbenchmarks (BPF_PROG_TEST_RUN ns/packet) as ratios to the floor program.
     Bench(bench::Args),
+    /// The Debian package (release binary, man page, completions, systemd unit) via cargo-deb.
+    Package(package::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,5 +36,6 @@ fn main() -> anyhow::Result<()> {
         Task::Test(args) => test::run(args),
         Task::Demo(args) => demo::run(args),
         Task::Bench(args) => bench::run(args),
+        Task::Package(args) => package::run(args),
     }
 }

@@ -1,6 +1,7 @@
 //! Installs what the build and the tests need, checking first so a second run takes seconds:
 //! the nightly toolchain's rust-src (for -Z build-std), LLVM 22 and bpf-linker 0.13 built
-//! against it, iproute2, and a mounted bpffs.
+//! against it, iproute2, and a mounted bpffs; for `cargo xtask package` and its test, cargo-deb
+//! and the Debian tools they call (systemd-analyze, man, strip).
 
 use std::{path::Path, process::Command};
 
@@ -10,12 +11,18 @@ use crate::sh::{exec, output, probe};
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: &str = "22";
-const APT_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
+const CARGO_DEB_VERSION: &str = "3.8.0";
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev", "libpolly-22-dev", "iproute2",
+    // tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils.
+    "systemd", "man-db", "binutils", "dpkg-dev",
+];
 
 pub fn run() -> anyhow::Result<()> {
     rust_src()?;
     apt_packages()?;
     bpf_linker()?;
+    cargo_deb()?;
     bpffs()?;
     eprintln!("setup: ready");
     Ok(())
@@ -36,7 +43,12 @@ fn rust_src() -> anyhow::Result<()> {
 }
 
 fn apt_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+    apt(APT_PACKAGES)
+}
+
+/// Installs the Debian packages that are missing (checking first: quick when all are there).
+pub fn apt(packages: &[&str]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
         .copied()
         .filter(|p| {
@@ -45,7 +57,7 @@ fn apt_packages() -> anyhow::Result<()> {
         })
         .collect();
     if missing.is_empty() {
-        eprintln!("setup: {} present", APT_PACKAGES.join(", "));
+        eprintln!("setup: {} present", packages.join(", "));
         return Ok(());
     }
     if !is_root() {
@@ -79,6 +91,16 @@ fn bpf_linker() -> anyhow::Result<()> {
         .env("LLVM_PREFIX", &prefix)
         .env("PATH", path))
     .context("building bpf-linker against LLVM 22 failed")
+}
+
+/// cargo-deb, for `cargo xtask package`; any installed version will do (a build takes minutes).
+pub fn cargo_deb() -> anyhow::Result<()> {
+    if let Some(version) = output(Command::new("cargo").args(["deb", "--version"])) {
+        eprintln!("setup: {} present", version.trim());
+        return Ok(());
+    }
+    exec(Command::new("cargo").args(["install", "--locked", &format!("cargo-deb@{CARGO_DEB_VERSION}")]))
+        .context("installing cargo-deb failed")
 }
 
 fn bpffs() -> anyhow::Result<()> {

@@ -1,12 +1,14 @@
 //! Benchmark baselines, measured beside the limiter in the same run:
 //! - `bench_pass`: returns XDP_PASS, the cost of running any program at all;
+//! - `bench_drop`: counts and drops every frame: the baseline a flood costs at XDP, which the
+//!   peers benchmark subtracts to show each system's own cost;
 //! - `bench_floor`: parse + one clock read + one read-modify-write of a per-CPU array slot at a
 //!   spread-out index: the least a GCRA limiter can do per packet.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
-    bindings::xdp_action::XDP_PASS,
+    bindings::xdp_action::{XDP_DROP, XDP_PASS},
     helpers::bpf_ktime_get_ns,
     macros::{map, xdp},
     maps::PerCpuArray,
@@ -21,9 +23,21 @@ static FLOOR_STATE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1 << 20, 0)
 #[unsafe(no_mangle)]
 static FLOOR_MASK: u32 = (1 << 20) - 1;
 
+/// Frames `bench_drop` saw, per CPU.
+#[map]
+static DROPPED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
 #[xdp]
 pub fn bench_pass(_ctx: XdpContext) -> u32 {
     XDP_PASS
+}
+
+#[xdp]
+pub fn bench_drop(_ctx: XdpContext) -> u32 {
+    if let Some(n) = DROPPED.get_ptr_mut(0) {
+        unsafe { *n += 1 };
+    }
+    XDP_DROP
 }
 
 #[xdp]

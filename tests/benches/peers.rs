@@ -1,0 +1,364 @@
+//! Side by side: this limiter, iptables hashlimit, an nftables meter and nothing, enforcing the
+//! same per-source policy on the same floods, measured in the same run. Run with
+//! `cargo xtask bench --peers` (as root; records BENCHMARKS.md and the plots in docs/bench/).
+//!
+//! Each run builds fresh namespaces, sets one system up on the receiver, floods it from the
+//! sender with the live-frames generator (pinned to one CPU; on a veth pair the receiver's work
+//! happens on that CPU too) and reads: packets the system saw and let through, busy CPU time of
+//! the whole machine, and the memory of the limiting state (this limiter: its maps as the kernel
+//! charges them; netfilter: the slab and vmalloc memory the run added beyond what the same flood
+//! added with no rules). The bare XDP_DROP
+//! run of the same workload is the cost of the flood itself; subtracting it gives each system's
+//! net cost.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket},
+    os::fd::AsRawFd as _,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, bail};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, setsockopt, sockopt};
+use limiter_common::Gcra;
+use limiter_tests::{
+    cpu::pin_current_thread,
+    flood::{FrameSpec, L4},
+    livegen::{LiveGen, LiveSources},
+    netns::TestNet,
+    peers::{self, PORT, PerSource, System},
+    plot,
+};
+
+const POLICY: PerSource = PerSource { rate_per_s: 5, burst: 5 };
+const SENDER_CPU: usize = 1;
+/// Runs per system and workload, and the flood's length; `--quick` (a smoke run) uses 1 and 1 s.
+const RUNS: usize = 3;
+const FLOOD: Duration = Duration::from_secs(3);
+
+fn quick() -> bool {
+    std::env::args().any(|a| a == "--quick")
+}
+const MAX_FRAMES: u64 = 20_000_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Workload {
+    OneSource,
+    Spoofed,
+    Churn,
+}
+
+impl Workload {
+    const ALL: [Workload; 3] = [Self::OneSource, Self::Spoofed, Self::Churn];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::OneSource => "one source",
+            Self::Spoofed => "65,536 spoofed sources",
+            Self::Churn => "1,000,000 sources (key churn)",
+        }
+    }
+
+    fn sources(self) -> LiveSources {
+        match self {
+            Self::OneSource => LiveSources { first: v4(198, 19, 0, 1), count: 1 },
+            Self::Spoofed => LiveSources { first: v4(198, 19, 0, 0), count: 1 << 16 },
+            Self::Churn => LiveSources { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: 1_000_000 },
+        }
+    }
+}
+
+fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+fn spec(net: &TestNet, v6: bool) -> FrameSpec {
+    FrameSpec {
+        src_mac: net.sender.mac,
+        dst_mac: net.receiver.mac,
+        dst: if v6 { IpAddr::V6(net.receiver.v6) } else { IpAddr::V4(net.receiver.v4) },
+        sport: 40_000,
+        dport: PORT,
+        payload: 18,
+    }
+}
+
+/// One run's measurements.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    sent: u64,
+    offered: u64,
+    admitted: u64,
+    bound: u64,
+    cpu: Duration,
+    seconds: f64,
+    /// Kernel memory (slab + vmalloc) the run added.
+    grew: i64,
+    /// This limiter's maps, as the kernel charges them.
+    maps: Option<i64>,
+    keys: Option<u64>,
+}
+
+impl Run {
+    fn cpu_per_million(&self) -> f64 {
+        self.cpu.as_secs_f64() / (self.offered.max(1) as f64 / 1e6)
+    }
+}
+
+/// The most the policy lets through for this flood: per key, the GCRA bound over the run or
+/// what the key sent, whichever is smaller.
+fn bound(gcra: &Gcra, sources: LiveSources, sent: u64, seconds: f64) -> u64 {
+    let count = u64::from(sources.count);
+    let per_key = |n: u64| n.min(gcra.bound((seconds * 1e9) as u64));
+    let (each, extra) = (sent / count, sent % count);
+    per_key(each + 1) * extra + per_key(each) * (count - extra)
+}
+
+fn flood_time() -> Duration {
+    if quick() { Duration::from_secs(1) } else { FLOOD }
+}
+
+fn flood(system: System, workload: Workload, gcra: &Gcra) -> anyhow::Result<Run> {
+    let net = TestNet::new()?;
+    let sources = workload.sources();
+    let generator = LiveGen::new(&spec(&net, sources.first.is_ipv6()), L4::Udp, sources)?;
+    let memory_before = peers::kernel_memory()?;
+    let receiver = peers::setup(system, &net, POLICY)?;
+    let sender = net.sender.iface.clone();
+    let cpu_before = peers::busy_cpu()?;
+    let sent = net.sender.run(move || -> anyhow::Result<_> {
+        pin_current_thread(SENDER_CPU)?;
+        generator.send(&sender, MAX_FRAMES, flood_time())
+    })??;
+    // Let the receiver's queue drain before reading.
+    std::thread::sleep(Duration::from_millis(100));
+    let cpu = peers::busy_cpu()?.saturating_sub(cpu_before);
+    let counts = receiver.counts(&net.receiver)?;
+    let keys = receiver.keys(&net.receiver)?;
+    let grew = peers::kernel_memory()? as i64 - memory_before as i64;
+    let maps = receiver.maps_memory()?;
+    let seconds = sent.duration().as_secs_f64();
+    drop(receiver);
+    Ok(Run {
+        sent: sent.frames,
+        offered: counts.offered,
+        admitted: counts.admitted,
+        bound: if system.limits() { bound(gcra, sources, sent.frames, seconds) } else { counts.offered },
+        cpu,
+        seconds,
+        grew,
+        maps,
+        keys,
+    })
+}
+
+/// State memory: the limiter's maps; for netfilter what the run added beyond what the same
+/// flood added with no state (`baseline`); nothing for the baselines.
+fn state_memory(system: System, r: &Run, baseline: f64) -> Option<f64> {
+    match system {
+        System::Limiter => r.maps.map(|m| m as f64),
+        System::Hashlimit | System::Nftables => Some(r.grew as f64 - baseline),
+        _ => None,
+    }
+}
+
+/// Two bursts of 4 x burst packets from one source, 10 ms apart across a second boundary.
+/// Returns when what got through arrived (kernel receive timestamps), in seconds since the
+/// sender started its clock.
+fn boundary_burst(system: System) -> anyhow::Result<Vec<f64>> {
+    let net = TestNet::new()?;
+    let sources = LiveSources { first: v4(198, 19, 0, 1), count: 1 };
+    let generator = LiveGen::new(&spec(&net, false), L4::Udp, sources)?;
+    let _receiver = peers::setup(system, &net, POLICY)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let listening = stop.clone();
+    // The receiver reads on the other CPU; the kernel stamps each datagram as it arrives.
+    let arrivals = net.receiver.spawn(move || -> anyhow::Result<Vec<f64>> {
+        pin_current_thread(1 - SENDER_CPU)?;
+        let socket = UdpSocket::bind(("0.0.0.0", PORT)).context("binding the receiver's socket")?;
+        socket.set_read_timeout(Some(Duration::from_millis(50)))?;
+        setsockopt(&socket, sockopt::ReceiveTimestampns, &true)?;
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 2048];
+        while !listening.load(Ordering::Relaxed) {
+            let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            let Ok(msg) = recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty()) else { continue };
+            for c in msg.cmsgs()? {
+                if let ControlMessageOwned::ScmTimestampns(ts) = c {
+                    seen.push(ts.tv_sec() as f64 + ts.tv_nsec() as f64 * 1e-9);
+                }
+            }
+        }
+        Ok(seen)
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let burst = u64::from(POLICY.burst) * 4;
+    let sender = net.sender.iface.clone();
+    let start = net.sender.run(move || -> anyhow::Result<f64> {
+        pin_current_thread(SENDER_CPU)?;
+        let (start, wall) = (Instant::now(), SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64());
+        wait_until(start + Duration::from_millis(990));
+        generator.send(&sender, burst, Duration::from_secs(1))?;
+        wait_until(start + Duration::from_millis(1000));
+        generator.send(&sender, burst, Duration::from_secs(1))?;
+        Ok(wall)
+    })??;
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let seen = arrivals.join().map_err(|_| anyhow::anyhow!("the receiver thread panicked"))???;
+    Ok(seen.into_iter().map(|t| t - start).collect())
+}
+
+/// Sleeps until shortly before `t`, then spins: the bursts go out on time to the microsecond.
+fn wait_until(t: Instant) {
+    let early = t.checked_sub(Duration::from_millis(2)).unwrap_or(t);
+    if let Some(d) = early.checked_duration_since(Instant::now()) {
+        std::thread::sleep(d);
+    }
+    while Instant::now() < t {
+        std::hint::spin_loop();
+    }
+}
+
+/// State memory as distinct sources grow (one run each, IPv6 /64 sources).
+fn memory_sweep(system: System, sources: u32) -> anyhow::Result<Run> {
+    let net = TestNet::new()?;
+    let sources = LiveSources { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: sources };
+    let generator = LiveGen::new(&spec(&net, true), L4::Udp, sources)?;
+    let before = peers::kernel_memory()?;
+    let receiver = peers::setup(system, &net, POLICY)?;
+    let sender = net.sender.iface.clone();
+    // Two passes over the sources: every key gets state.
+    let frames = u64::from(sources.count) * 2;
+    let sent = net.sender.run(move || -> anyhow::Result<_> {
+        pin_current_thread(SENDER_CPU)?;
+        generator.send(&sender, frames, Duration::from_secs(10))
+    })??;
+    std::thread::sleep(Duration::from_millis(100));
+    let counts = receiver.counts(&net.receiver)?;
+    let keys = receiver.keys(&net.receiver)?;
+    let grew = peers::kernel_memory()? as i64 - before as i64;
+    let maps = receiver.maps_memory()?;
+    Ok(Run { sent: sent.frames, offered: counts.offered, admitted: counts.admitted, grew, maps, keys, ..Run::default() })
+}
+
+fn stats(v: &[f64]) -> (f64, f64, f64) {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    (v[0], v[v.len() / 2], v[v.len() - 1])
+}
+
+fn mmm(v: &[f64], digits: usize) -> String {
+    let (lo, med, hi) = stats(v);
+    format!("{med:.digits$} ({lo:.digits$}-{hi:.digits$})")
+}
+
+fn main() -> anyhow::Result<()> {
+    let out_dir = std::env::args().skip_while(|a| a != "--out").nth(1).unwrap_or_else(|| "target/peers".into());
+    if !nix::unistd::geteuid().is_root() {
+        bail!("the peers benchmark creates namespaces and loads XDP: run it as root (sudo -E cargo xtask bench --peers)");
+    }
+    let gcra = Gcra::new(u64::from(POLICY.rate_per_s), 1_000_000_000, u64::from(POLICY.burst), 1).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let started = Instant::now();
+    let mut runs: BTreeMap<(Workload, System), Vec<Run>> = BTreeMap::new();
+    let rounds = if quick() { 1 } else { RUNS };
+    for round in 0..rounds {
+        for workload in Workload::ALL {
+            for system in System::ALL {
+                let run = flood(system, workload, &gcra).with_context(|| format!("{} / {}", system.name(), workload.name()))?;
+                eprintln!("round {round}: {:<20} {:<30} {run:?}", system.name(), workload.name());
+                runs.entry((workload, system)).or_default().push(run);
+            }
+        }
+    }
+    let mut bursts = BTreeMap::new();
+    for system in [System::Limiter, System::Hashlimit, System::Nftables, System::Nothing] {
+        bursts.insert(system, boundary_burst(system)?);
+    }
+    let mut sweep: BTreeMap<System, Vec<(u32, Run)>> = BTreeMap::new();
+    let sizes: &[u32] = if quick() { &[1_000, 100_000] } else { &[1_000, 10_000, 100_000, 1_000_000] };
+    for &sources in sizes {
+        for system in [System::Limiter, System::Hashlimit, System::Nftables, System::Nothing] {
+            let run = memory_sweep(system, sources)?;
+            eprintln!("memory: {:<20} {sources:>8} sources {run:?}", system.name());
+            sweep.entry(system).or_default().push((sources, run));
+        }
+    }
+    let elapsed = started.elapsed();
+
+    // The table.
+    let mut md = String::new();
+    writeln!(md, "Policy for every system: {} packets/s per source, burst {}, on UDP port {PORT} (IPv4 per address, IPv6 per /64). {rounds} runs each, median (min-max). Floods of up to {} s from the live-frames generator on CPU {SENDER_CPU}.\n", POLICY.rate_per_s, POLICY.burst, flood_time().as_secs())?;
+    writeln!(md, "| workload | system | sent | offered (Mpps reached) | admitted | bound | admitted / bound | CPU s per M offered | net of XDP_DROP | state memory (MiB) | keys held |")?;
+    writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    let mut net_cost: BTreeMap<(Workload, System), f64> = BTreeMap::new();
+    for workload in Workload::ALL {
+        let baseline = stats(&runs[&(workload, System::XdpDrop)].iter().map(Run::cpu_per_million).collect::<Vec<_>>()).1;
+        let stateless = stats(&runs[&(workload, System::Nothing)].iter().map(|r| r.grew as f64).collect::<Vec<_>>()).1;
+        for system in System::ALL {
+            let r = &runs[&(workload, system)];
+            let col = |f: fn(&Run) -> f64| r.iter().map(f).collect::<Vec<_>>();
+            let cpu = col(Run::cpu_per_million);
+            let net: Vec<f64> = cpu.iter().map(|c| c - baseline).collect();
+            net_cost.insert((workload, system), stats(&net).1);
+            writeln!(
+                md,
+                "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
+                workload.name(),
+                system.name(),
+                mmm(&col(|r| r.sent as f64), 0),
+                mmm(&col(|r| r.offered as f64), 0),
+                mmm(&col(|r| r.offered as f64 / r.seconds.max(1e-9) / 1e6), 2),
+                mmm(&col(|r| r.admitted as f64), 0),
+                mmm(&col(|r| r.bound as f64), 0),
+                mmm(&col(|r| r.admitted as f64 / r.bound.max(1) as f64), 3),
+                mmm(&cpu, 3),
+                if system == System::XdpDrop { "-".into() } else { mmm(&net, 3) },
+                {
+                    let m: Vec<f64> = r.iter().filter_map(|r| state_memory(system, r, stateless)).map(|b| b / 1048576.0).collect();
+                    if m.is_empty() { "-".into() } else { mmm(&m, 1) }
+                },
+                r[0].keys.map_or("fixed".into(), |_| mmm(&col(|r| r.keys.unwrap_or(0) as f64), 0)),
+            )?;
+        }
+    }
+    writeln!(md, "\nState memory as distinct sources grow (IPv6 /64 sources, each sent twice):\n")?;
+    writeln!(md, "| distinct sources | system | offered | admitted | state memory (MiB) | keys held |")?;
+    writeln!(md, "|---:|---|---:|---:|---:|---:|")?;
+    let stateless: BTreeMap<u32, f64> = sweep.get(&System::Nothing).into_iter().flatten().map(|(n, r)| (*n, r.grew as f64)).collect();
+    let mut memory_points: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
+    for (system, points) in sweep.iter().filter(|(s, _)| s.limits()) {
+        let mut line = Vec::new();
+        for (sources, r) in points {
+            let mib = state_memory(*system, r, stateless.get(sources).copied().unwrap_or(0.0)).unwrap_or(0.0) / 1048576.0;
+            line.push((f64::from(*sources), mib));
+            writeln!(md, "| {sources} | {} | {} | {} | {mib:.1} | {} |", system.name(), r.offered, r.admitted, r.keys.map_or("fixed".into(), |k| k.to_string()))?;
+        }
+        memory_points.push((system.name(), line));
+    }
+    writeln!(md, "\nMeasured in {:.0} s.", elapsed.as_secs_f64())?;
+    print!("{md}");
+
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(format!("{out_dir}/peers.md"), &md)?;
+    let bars: Vec<(&str, &str, f64)> = net_cost
+        .iter()
+        .filter(|((_, s), _)| *s != System::XdpDrop)
+        .map(|((w, s), v)| (w.name(), s.name(), *v))
+        .collect();
+    plot::cpu_per_million(&format!("{out_dir}/cpu-per-million.svg"), &bars)?;
+    let bound_line: Vec<(f64, f64)> = bursts
+        .get(&System::Limiter)
+        .and_then(|a| a.first().copied())
+        .map(|t0| (0..=800).map(|i| t0 + f64::from(i) * 1e-4).map(|t| (t, gcra.bound(((t - t0) * 1e9) as u64) as f64)).collect())
+        .unwrap_or_default();
+    plot::boundary_burst(&format!("{out_dir}/boundary-burst.svg"), &bursts.iter().map(|(s, a)| (s.name(), a.clone())).collect::<Vec<_>>(), &bound_line)?;
+    plot::memory(&format!("{out_dir}/memory.svg"), &memory_points)?;
+    Ok(())
+}

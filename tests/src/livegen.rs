@@ -1,0 +1,146 @@
+//! The fast flood generator: the `limiter_gen` XDP program run through BPF_PROG_TEST_RUN in
+//! live-frames mode, as xdp-trafficgen does. Each run rewrites the template's source to the next
+//! of `count` sources and transmits it (XDP_TX) out of the named interface, all in the kernel: on
+//! this VM about ten times what an AF_PACKET socket reaches, so the receiver is what gets measured.
+//!
+//! The calling thread must be in the sender's network namespace (the interface index is looked
+//! up there) and should be pinned: the frames are sent, and on a veth pair also received, on its
+//! CPU. A veth peer only takes XDP frames while it has an XDP program attached itself.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, PerCpuArray},
+    programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp},
+};
+use limiter_common::maps::GenConfig;
+use limiter_ctl::objects;
+
+use crate::flood::{FrameSpec, L4};
+
+const PROGRAM: &str = "limiter_gen";
+/// Frames per BPF_PROG_TEST_RUN call: the deadline is checked between calls.
+const CHUNK: u32 = 1 << 15;
+/// Frames the kernel builds and flushes at a time.
+const BATCH: u32 = 64;
+
+const ETH: u32 = 14;
+const V4: u32 = 20;
+const V6: u32 = 40;
+
+/// Which sources the frames come from: `count` consecutive values of 4 bytes of the address.
+/// IPv4: the whole address, from `first`. IPv6: bytes 4..8, so each source is its own /64
+/// (the limiter's default IPv6 key) and a million sources are a million keys.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveSources {
+    pub first: IpAddr,
+    pub count: u32,
+}
+
+impl LiveSources {
+    /// The `i`-th source (what the program writes).
+    pub fn nth(&self, i: u32) -> IpAddr {
+        match self.first {
+            IpAddr::V4(a) => IpAddr::V4(u32::from(a).wrapping_add(i).into()),
+            IpAddr::V6(a) => {
+                let mut o = a.octets();
+                let v = u32::from_be_bytes([o[4], o[5], o[6], o[7]]).wrapping_add(i);
+                o[4..8].copy_from_slice(&v.to_be_bytes());
+                IpAddr::V6(o.into())
+            }
+        }
+    }
+}
+
+pub struct LiveGen {
+    ebpf: Ebpf,
+    frame: Vec<u8>,
+}
+
+/// What a send did.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    pub frames: u64,
+    pub first: Instant,
+    pub last: Instant,
+}
+
+impl Sent {
+    pub fn duration(&self) -> Duration {
+        self.last.duration_since(self.first)
+    }
+
+    pub fn pps(&self) -> f64 {
+        self.frames as f64 / self.duration().as_secs_f64().max(1e-9)
+    }
+}
+
+impl LiveGen {
+    /// A generator of `l4` frames like `spec` builds, from `sources`.
+    pub fn new(spec: &FrameSpec, l4: L4, sources: LiveSources) -> anyhow::Result<Self> {
+        ensure!(sources.count > 0, "at least one source");
+        let mut frame = spec.frame_of(l4, sources.first)?;
+        let v4 = sources.first.is_ipv4();
+        let (src_offset, ip_csum, l3) = if v4 { (ETH + 12, ETH + 10, V4) } else { (ETH + 8 + 4, 0, V6) };
+        let base = u32::from_be_bytes(frame[src_offset as usize..src_offset as usize + 4].try_into()?);
+        let l4_csum = match (l4, v4) {
+            // UDP over IPv4 may go without a checksum: cheaper, and nothing to keep right.
+            (L4::Udp, true) => {
+                frame[(ETH + l3 + 6) as usize..(ETH + l3 + 8) as usize].fill(0);
+                0
+            }
+            (L4::Udp, false) => ETH + l3 + 6,
+            (L4::TcpSyn, _) => ETH + l3 + 16,
+            // ICMP's checksum covers no pseudo-header; ICMPv6's does.
+            (L4::IcmpEcho, true) => 0,
+            (L4::IcmpEcho, false) => ETH + l3 + 2,
+        };
+        let config = GenConfig { base, count: sources.count, src_offset, ip_csum_offset: ip_csum, l4_csum_offset: l4_csum, _pad: 0 };
+        let mut ebpf = EbpfLoader::new().load(objects::GEN).context("loading the generator")?;
+        let program: &mut Xdp = ebpf.program_mut(PROGRAM).context("no generator program")?.try_into()?;
+        program.load().context("the kernel refused the generator")?;
+        Array::<_, GenConfig>::try_from(ebpf.map_mut("GEN_CONFIG").context("no GEN_CONFIG")?)?.set(0, config, 0)?;
+        Ok(Self { ebpf, frame })
+    }
+
+    /// Starts the next send from the first source again (on every CPU).
+    pub fn rewind(&mut self) -> anyhow::Result<()> {
+        let mut next = PerCpuArray::<_, u32>::try_from(self.ebpf.map_mut("GEN_NEXT").context("no GEN_NEXT")?)?;
+        let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+        next.set(0, aya::maps::PerCpuValues::try_from(vec![0u32; cpus])?, 0)?;
+        Ok(())
+    }
+
+    /// Sends `frames` out of `iface` (in the calling thread's namespace), stopping early at
+    /// `max_time`. Returns what was handed to the interface.
+    pub fn send(&self, iface: &str, frames: u64, max_time: Duration) -> anyhow::Result<Sent> {
+        let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface} here"))?;
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
+        let ctx: Vec<u8> = [0, self.frame.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
+        let program: &Xdp = self.ebpf.program(PROGRAM).context("no generator program")?.try_into()?;
+        let first = Instant::now();
+        let deadline = first + max_time;
+        let mut sent = 0u64;
+        while sent < frames && Instant::now() < deadline {
+            let chunk = (frames - sent).min(u64::from(CHUNK)) as u32;
+            let opts = TestRunOptions {
+                data_in: Some(&self.frame),
+                ctx_in: Some(&ctx),
+                repeat: chunk,
+                attrs: TestRunAttrs::new().xdp_live_frames(BATCH),
+                ..TestRunOptions::default()
+            };
+            program.test_run(opts).context("BPF_PROG_TEST_RUN (live frames)")?;
+            sent += u64::from(chunk);
+        }
+        if sent == 0 {
+            bail!("sent nothing: max_time {max_time:?} too short");
+        }
+        Ok(Sent { frames: sent, first, last: Instant::now() })
+    }
+}

@@ -1,0 +1,313 @@
+//! The systems the peers benchmark compares, each enforcing the same per-source policy on the
+//! receiver end of a [`TestNet`]: this limiter, iptables `hashlimit`, an nftables meter, nothing
+//! at all, and a bare XDP_DROP (the baseline subtracted to get each system's own cost).
+//!
+//! The veth receiver only takes the generator's XDP frames while it runs an XDP program, so the
+//! netfilter systems and "nothing" get the bare XDP_PASS program: the same for all of them.
+
+use std::{io::Write as _, process::Stdio, time::Duration};
+
+use anyhow::{Context as _, bail, ensure};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray},
+    programs::{Xdp, XdpMode},
+};
+use limiter_ctl::{Limiter, ModeRequest, config::PolicyDef, objects, state::State};
+
+use crate::netns::{End, TestNet};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum System {
+    Limiter,
+    Hashlimit,
+    Nftables,
+    Nothing,
+    XdpDrop,
+}
+
+impl System {
+    pub const ALL: [System; 5] = [Self::Limiter, Self::Hashlimit, Self::Nftables, Self::Nothing, Self::XdpDrop];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Limiter => "limiter (XDP)",
+            Self::Hashlimit => "iptables hashlimit",
+            Self::Nftables => "nftables meter",
+            Self::Nothing => "nothing",
+            Self::XdpDrop => "bare XDP_DROP",
+        }
+    }
+
+    /// Whether the system enforces the policy (the others are baselines).
+    pub fn limits(self) -> bool {
+        matches!(self, Self::Limiter | Self::Hashlimit | Self::Nftables)
+    }
+}
+
+/// The policy every system enforces: per IPv4 address, per IPv6 /64, on UDP port [`PORT`].
+#[derive(Clone, Copy, Debug)]
+pub struct PerSource {
+    pub rate_per_s: u32,
+    pub burst: u32,
+}
+
+pub const PORT: u16 = 9;
+
+/// What a system holds for the run. Dropping it removes the XDP program; the netfilter rules
+/// go with the namespace.
+pub enum Receiver {
+    Limiter(Limiter),
+    Xdp { ebpf: Ebpf, system: System },
+}
+
+/// Packets the system saw (`offered`) and let through (`admitted`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub offered: u64,
+    pub admitted: u64,
+}
+
+pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result<Receiver> {
+    let r = &net.receiver;
+    match system {
+        System::Limiter => {
+            let mut limiter = Limiter::load(limiter_common::maps::DEFAULT_BUCKETS)?;
+            limiter.set_salt(limiter_ctl::salt::draw()?)?;
+            let def = PolicyDef {
+                name: "flood".parse()?,
+                matches: "udp:9".parse()?,
+                rate: format!("{}/s", policy.rate_per_s).parse()?,
+                burst: Some(u64::from(policy.burst)),
+                key: Default::default(),
+                unit: Default::default(),
+                mode: Default::default(),
+            };
+            let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!(e.0))?;
+            limiter.sync(&State::default(), &state)?;
+            let iface = r.iface.clone();
+            let limiter = r.run(move || -> anyhow::Result<Limiter> {
+                limiter.attach(&iface, ModeRequest::Native)?;
+                Ok(limiter)
+            })??;
+            Ok(Receiver::Limiter(limiter))
+        }
+        System::XdpDrop => Ok(Receiver::Xdp { ebpf: attach_bench(r, "bench_drop")?, system }),
+        System::Hashlimit | System::Nftables | System::Nothing => {
+            let ebpf = attach_bench(r, "bench_pass")?;
+            match system {
+                System::Hashlimit => hashlimit(r, policy)?,
+                System::Nftables => nft(r, &nft_rules(Some(policy)))?,
+                _ => nft(r, &nft_rules(None))?,
+            }
+            Ok(Receiver::Xdp { ebpf, system })
+        }
+    }
+}
+
+fn attach_bench(end: &End, program: &'static str) -> anyhow::Result<Ebpf> {
+    let mut ebpf = EbpfLoader::new().load(objects::BENCH)?;
+    let prog: &mut Xdp = ebpf.program_mut(program).context("bench program")?.try_into()?;
+    prog.load()?;
+    let iface = end.iface.clone();
+    end.run(move || -> anyhow::Result<Ebpf> {
+        let prog: &mut Xdp = ebpf.program_mut(program).context("bench program")?.try_into()?;
+        prog.attach(&iface, XdpMode::Driver)?;
+        Ok(ebpf)
+    })?
+}
+
+/// iptables' hashlimit with its defaults for table size and expiry, as an operator gets it.
+fn hashlimit(end: &End, p: PerSource) -> anyhow::Result<()> {
+    let above = format!("{}/sec", p.rate_per_s);
+    let burst = p.burst.to_string();
+    let port = PORT.to_string();
+    for (tool, name, mask) in [("iptables-legacy", "lmt4", "32"), ("ip6tables-legacy", "lmt6", "64")] {
+        run(end, tool, &[
+            "-w", "-A", "INPUT", "-p", "udp", "--dport", &port, "-m", "hashlimit", "--hashlimit-above", &above,
+            "--hashlimit-burst", &burst, "--hashlimit-mode", "srcip", "--hashlimit-srcmask", mask, "--hashlimit-name",
+            name, "-j", "DROP",
+        ])?;
+        run(end, tool, &["-w", "-A", "INPUT", "-p", "udp", "--dport", &port, "-j", "ACCEPT"])?;
+    }
+    Ok(())
+}
+
+/// The nftables ruleset: the meters (when limiting), then a counting accept.
+pub fn nft_rules(policy: Option<PerSource>) -> String {
+    let meters = policy.map_or(String::new(), |p| {
+        let limit = format!("limit rate over {}/second burst {} packets", p.rate_per_s, p.burst);
+        format!(
+            "udp dport {PORT} meter m4 {{ ip saddr {limit} }} counter drop\n\
+             udp dport {PORT} meter m6 {{ ip6 saddr and ffff:ffff:ffff:ffff:: {limit} }} counter drop\n"
+        )
+    });
+    format!(
+        "table inet lmt {{\n chain input {{\n type filter hook input priority 0; policy accept;\n{meters}udp dport {PORT} counter accept\n }}\n}}\n"
+    )
+}
+
+fn nft(end: &End, rules: &str) -> anyhow::Result<()> {
+    let mut child = end.command("nft").args(["-f", "-"]).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().context("running nft")?;
+    child.stdin.take().context("nft stdin")?.write_all(rules.as_bytes())?;
+    let out = child.wait_with_output()?;
+    ensure!(out.status.success(), "nft -f: {}\n{rules}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
+
+fn run(end: &End, tool: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = end.command(tool).args(args).output().with_context(|| format!("running {tool}"))?;
+    ensure!(out.status.success(), "{tool} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Receiver {
+    pub fn counts(&self, end: &End) -> anyhow::Result<Counts> {
+        match self {
+            Self::Limiter(l) => {
+                let c = l.counters()?.into_iter().fold(limiter_common::maps::Counters::default(), |mut acc, c| {
+                    acc.add(&c);
+                    acc
+                });
+                Ok(Counts { offered: c.admitted_packets + c.refused_packets, admitted: c.admitted_packets })
+            }
+            Self::Xdp { ebpf, system: System::XdpDrop } => {
+                let map = PerCpuArray::<&MapData, u64>::try_from(ebpf.map("DROPPED").context("DROPPED")?)?;
+                let dropped: u64 = map.get(&0, 0)?.iter().sum();
+                Ok(Counts { offered: dropped, admitted: 0 })
+            }
+            Self::Xdp { system: System::Hashlimit, .. } => {
+                let mut c = Counts::default();
+                for tool in ["iptables-legacy", "ip6tables-legacy"] {
+                    let rules = rule_packets(&run(end, tool, &["-w", "-L", "INPUT", "-v", "-x", "-n"])?)?;
+                    ensure!(rules.len() == 2, "{tool}: expected 2 rules, got {rules:?}");
+                    c.offered += rules[0] + rules[1];
+                    c.admitted += rules[1];
+                }
+                Ok(c)
+            }
+            Self::Xdp { .. } => {
+                let counters = nft_counters(&run(end, "nft", &["-j", "list", "chain", "inet", "lmt", "input"])?)?;
+                let admitted = *counters.last().context("no nft counters")?;
+                Ok(Counts { offered: counters.iter().sum(), admitted })
+            }
+        }
+    }
+
+    /// Keys the system holds state for right now (None: fixed state, nothing to count).
+    pub fn keys(&self, end: &End) -> anyhow::Result<Option<u64>> {
+        match self {
+            Self::Xdp { system: System::Hashlimit, .. } => {
+                let mut n = 0;
+                for name in ["ipt_hashlimit/lmt4", "ip6t_hashlimit/lmt6"] {
+                    n += run(end, "cat", &[&format!("/proc/net/{name}")])?.lines().count() as u64;
+                }
+                Ok(Some(n))
+            }
+            Self::Xdp { system: System::Nftables, .. } => {
+                let mut n = 0;
+                for set in ["m4", "m6"] {
+                    let json: serde_json::Value = serde_json::from_str(&run(end, "nft", &["-j", "list", "meter", "inet", "lmt", set])?)?;
+                    n += json["nftables"].as_array().into_iter().flatten().filter_map(|o| o["meter"]["elem"].as_array().or(o["set"]["elem"].as_array())).map(|e| e.len() as u64).sum::<u64>();
+                }
+                Ok(Some(n))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// The packet counts of the rules in `iptables -L -v -x -n` output, in order.
+fn rule_packets(listing: &str) -> anyhow::Result<Vec<u64>> {
+    listing
+        .lines()
+        .skip(2)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().next().context("empty rule line")?.parse::<u64>().context("rule packets"))
+        .collect()
+}
+
+/// The packet counts of the `counter` statements in `nft -j list chain` output, in rule order.
+fn nft_counters(json: &str) -> anyhow::Result<Vec<u64>> {
+    let v: serde_json::Value = serde_json::from_str(json).context("nft -j output")?;
+    let mut out = Vec::new();
+    for rule in v["nftables"].as_array().into_iter().flatten().filter_map(|o| o.get("rule")) {
+        for stmt in rule["expr"].as_array().into_iter().flatten() {
+            if let Some(n) = stmt["counter"]["packets"].as_u64() {
+                out.push(n);
+            }
+        }
+    }
+    if out.is_empty() {
+        bail!("no counters in nft output");
+    }
+    Ok(out)
+}
+
+/// Busy CPU time of the whole machine (all CPUs, everything but idle and iowait), from /proc/stat.
+pub fn busy_cpu() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("/proc/stat is empty")?;
+    let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect();
+    ensure!(f.len() >= 8, "unexpected /proc/stat: {line}");
+    let busy: u64 = f[..8].iter().sum::<u64>() - f[3] - f[4];
+    // USER_HZ is 100 on Linux.
+    Ok(Duration::from_millis(busy * 10))
+}
+
+/// Kernel memory netfilter state comes from: every slab cache (objects in use x object size)
+/// plus vmalloc. Netfilter tables allocate there; the difference over a run, against a run of
+/// the same flood with no state, is what a system's state took.
+pub fn kernel_memory() -> anyhow::Result<u64> {
+    let slab = std::fs::read_to_string("/proc/slabinfo").context("reading /proc/slabinfo (needs root)")?;
+    let mut bytes = 0u64;
+    for line in slab.lines().skip(2) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() > 3 {
+            bytes += f[1].parse::<u64>().unwrap_or(0) * f[3].parse::<u64>().unwrap_or(0);
+        }
+    }
+    let info = std::fs::read_to_string("/proc/meminfo")?;
+    let vmalloc = info.lines().find(|l| l.starts_with("VmallocUsed:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    Ok(bytes + vmalloc * 1024)
+}
+
+/// The memory the kernel charges for a program's maps (`memlock` in each map's fdinfo).
+fn maps_memory(program_map_ids: &[u32]) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for id in program_map_ids {
+        let map = MapData::from_id(*id).with_context(|| format!("opening map {id}"))?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(map.fd()));
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))?;
+        let memlock = info.lines().find_map(|l| l.strip_prefix("memlock:")).context("no memlock in fdinfo")?;
+        total += memlock.trim().parse::<u64>()?;
+    }
+    Ok(total)
+}
+
+impl Receiver {
+    /// This limiter's maps, as the kernel charges them (fixed at load); None for the others.
+    pub fn maps_memory(&self) -> anyhow::Result<Option<i64>> {
+        match self {
+            Self::Limiter(l) => {
+                let ids = l.program()?.info()?.map_ids()?.unwrap_or_default();
+                Ok(Some(maps_memory(&ids)? as i64))
+            }
+            Self::Xdp { .. } => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_iptables_and_nft_counters() {
+        let ipt = "Chain INPUT (policy ACCEPT 0 packets, 0 bytes)\n    pkts      bytes target     prot opt in     out     source               destination\n     120     7200 DROP       17   --  *      *       0.0.0.0/0            0.0.0.0/0            udp dpt:9 limit: above 5/sec\n       7      420 ACCEPT     17   --  *      *       0.0.0.0/0            0.0.0.0/0            udp dpt:9\n";
+        assert_eq!(rule_packets(ipt).unwrap(), vec![120, 7]);
+        let nft = r#"{"nftables":[{"metainfo":{}},{"chain":{}},{"rule":{"expr":[{"match":{}},{"counter":{"packets":5,"bytes":300}},{"drop":null}]}},{"rule":{"expr":[{"counter":{"packets":2,"bytes":120}},{"accept":null}]}}]}"#;
+        assert_eq!(nft_counters(nft).unwrap(), vec![5, 2]);
+        assert!(nft_rules(Some(PerSource { rate_per_s: 5, burst: 5 })).contains("meter m6"));
+    }
+}

@@ -1,0 +1,135 @@
+//! The peers benchmark's charts, as SVG (plotters; no fonts needed).
+
+use anyhow::anyhow;
+use plotters::prelude::*;
+
+const SIZE: (u32, u32) = (900, 480);
+const COLORS: [RGBColor; 5] = [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xff, 0x7f, 0x0e), RGBColor(0x2c, 0xa0, 0x2c), RGBColor(0xd6, 0x27, 0x28), RGBColor(0x94, 0x67, 0xbd)];
+
+fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow!("plotting: {e:?}")
+}
+
+fn color(i: usize) -> RGBColor {
+    COLORS[i % COLORS.len()]
+}
+
+/// Grouped bars: net CPU seconds per million packets offered, per workload and system.
+pub fn cpu_per_million(path: &str, bars: &[(&str, &str, f64)]) -> anyhow::Result<()> {
+    let workloads: Vec<&str> = dedup(bars.iter().map(|b| b.0));
+    let systems: Vec<&str> = dedup(bars.iter().map(|b| b.1));
+    let top = bars.iter().map(|b| b.2).fold(0.0f64, f64::max) * 1.15 + 1e-9;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let groups = workloads.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Net CPU seconds per million packets offered (minus a bare XDP_DROP)", ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..groups, 0.0..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(workloads.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 0.01 { workloads.get(i).map_or(String::new(), |w| (*w).to_string()) } else { String::new() }
+        })
+        .y_desc("CPU s / M packets")
+        .draw()
+        .map_err(err)?;
+    let width = 0.8 / systems.len() as f64;
+    for (si, system) in systems.iter().enumerate() {
+        let c = color(si);
+        chart
+            .draw_series(bars.iter().filter(|b| b.1 == *system).map(|b| {
+                let g = workloads.iter().position(|w| *w == b.0).unwrap_or(0) as f64;
+                let x0 = g + 0.1 + width * si as f64;
+                Rectangle::new([(x0, 0.0), (x0 + width * 0.9, b.2.max(0.0))], c.filled())
+            }))
+            .map_err(err)?
+            .label(*system)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], c.filled()));
+    }
+    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// Cumulative packets let through over time for the boundary-burst pattern, with the bound.
+pub fn boundary_burst(path: &str, series: &[(&str, Vec<f64>)], bound: &[(f64, f64)]) -> anyhow::Result<()> {
+    let all: Vec<f64> = series.iter().flat_map(|(_, a)| a.iter().copied()).collect();
+    let t0 = all.iter().copied().fold(f64::INFINITY, f64::min).min(0.985);
+    let t1 = all.iter().copied().fold(0.0f64, f64::max).max(1.02) + 0.005;
+    let top = series.iter().map(|(_, a)| a.len()).max().unwrap_or(1) as f64 * 1.1 + 1.0;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Two bursts across a second boundary: packets let through vs the GCRA bound", ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(t0..t1, 0.0..top)
+        .map_err(err)?;
+    chart.configure_mesh().x_desc("seconds since the flood started (bursts at 0.990 and 1.000)").y_desc("packets let through").draw().map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(bound.iter().copied().filter(|(t, _)| *t <= t1), 6, 4, BLACK.stroke_width(3)))
+        .map_err(err)?
+        .label("GCRA bound floor((t + tau)/T) + 1 from the first packet")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLACK.stroke_width(3)));
+    for (i, (name, arrivals)) in series.iter().enumerate() {
+        let c = color(i);
+        let mut steps = vec![(t0, 0.0)];
+        for (n, t) in arrivals.iter().enumerate() {
+            steps.push((*t, n as f64));
+            steps.push((*t, n as f64 + 1.0));
+        }
+        steps.push((t1, arrivals.len() as f64));
+        chart
+            .draw_series(LineSeries::new(steps, c.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("{name} ({} let through)", arrivals.len()))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
+    }
+    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// State memory against distinct sources (log x).
+pub fn memory(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> anyhow::Result<()> {
+    let xs: Vec<f64> = series.iter().flat_map(|(_, p)| p.iter().map(|p| p.0)).collect();
+    let x0 = xs.iter().copied().fold(f64::INFINITY, f64::min).max(1.0);
+    let x1 = xs.iter().copied().fold(0.0f64, f64::max).max(x0 * 10.0);
+    let top = series.iter().flat_map(|(_, p)| p.iter().map(|p| p.1)).fold(1.0f64, f64::max) * 1.15;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("Kernel memory the limiting state took, by distinct sources", ("sans-serif", 18))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((x0..x1).log_scale(), 0.0..top)
+        .map_err(err)?;
+    chart.configure_mesh().x_desc("distinct sources (IPv6 /64)").y_desc("MiB").x_label_formatter(&|x| format!("{x:.0}")).draw().map_err(err)?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let c = color(i);
+        chart
+            .draw_series(LineSeries::new(points.iter().map(|p| (p.0, p.1.max(0.0))), c.stroke_width(2)).point_size(4))
+            .map_err(err)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
+    }
+    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(err)?;
+    root.present().map_err(err)
+}
+
+fn dedup<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut v: Vec<&str> = Vec::new();
+    for x in it {
+        if !v.contains(&x) {
+            v.push(x);
+        }
+    }
+    v
+}
