@@ -123,6 +123,9 @@ fn hashlimit(end: &End, p: PerSource) -> anyhow::Result<()> {
     let burst = p.burst.to_string();
     let port = PORT.to_string();
     for (tool, name, mask) in [("iptables-legacy", "lmt4", "32"), ("ip6tables-legacy", "lmt6", "64")] {
+        // Counts what arrives, before hashlimit: with its table full it drops packets of new
+        // sources without matching, so its own rule would not count them.
+        run(end, tool, &["-w", "-t", "raw", "-A", "PREROUTING", "-p", "udp", "--dport", &port])?;
         run(end, tool, &[
             "-w", "-A", "INPUT", "-p", "udp", "--dport", &port, "-m", "hashlimit", "--hashlimit-above", &above,
             "--hashlimit-burst", &burst, "--hashlimit-mode", "srcip", "--hashlimit-srcmask", mask, "--hashlimit-name",
@@ -133,7 +136,8 @@ fn hashlimit(end: &End, p: PerSource) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The nftables ruleset: the meters (when limiting), then a counting accept.
+/// The nftables ruleset: a count of what arrives, the meters (when limiting), then a counting
+/// accept.
 pub fn nft_rules(policy: Option<PerSource>) -> String {
     let meters = policy.map_or(String::new(), |p| {
         let limit = format!("limit rate over {}/second burst {} packets", p.rate_per_s, p.burst);
@@ -143,7 +147,7 @@ pub fn nft_rules(policy: Option<PerSource>) -> String {
         )
     });
     format!(
-        "table inet lmt {{\n chain input {{\n type filter hook input priority 0; policy accept;\n{meters}udp dport {PORT} counter accept\n }}\n}}\n"
+        "table inet lmt {{\n chain input {{\n type filter hook input priority 0; policy accept;\nudp dport {PORT} counter\n{meters}udp dport {PORT} counter accept\n }}\n}}\n"
     )
 }
 
@@ -179,17 +183,18 @@ impl Receiver {
             Self::Xdp { system: System::Hashlimit, .. } => {
                 let mut c = Counts::default();
                 for tool in ["iptables-legacy", "ip6tables-legacy"] {
+                    let arrived = rule_packets(&run(end, tool, &["-w", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])?)?;
                     let rules = rule_packets(&run(end, tool, &["-w", "-L", "INPUT", "-v", "-x", "-n"])?)?;
-                    ensure!(rules.len() == 2, "{tool}: expected 2 rules, got {rules:?}");
-                    c.offered += rules[0] + rules[1];
+                    ensure!(arrived.len() == 1 && rules.len() == 2, "{tool}: unexpected rules {arrived:?} {rules:?}");
+                    c.offered += arrived[0];
                     c.admitted += rules[1];
                 }
                 Ok(c)
             }
             Self::Xdp { .. } => {
                 let counters = nft_counters(&run(end, "nft", &["-j", "list", "chain", "inet", "lmt", "input"])?)?;
-                let admitted = *counters.last().context("no nft counters")?;
-                Ok(Counts { offered: counters.iter().sum(), admitted })
+                let (offered, admitted) = (*counters.first().context("no nft counters")?, *counters.last().context("no nft counters")?);
+                Ok(Counts { offered, admitted })
             }
         }
     }

@@ -92,7 +92,7 @@ pub fn boundary_burst(path: &str, series: &[(&str, Vec<f64>)], bound: &[(f64, f6
             .label(format!("{name} ({} let through)", arrivals.len()))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(err)?;
+    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(err)?;
     root.present().map_err(err)
 }
 
@@ -107,6 +107,7 @@ pub fn memory(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> anyhow::Result<
     let mut chart = ChartBuilder::on(&root)
         .caption("Kernel memory the limiting state took, by distinct sources", ("sans-serif", 18))
         .margin(15)
+        .margin_right(45)
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d((x0..x1).log_scale(), 0.0..top)
