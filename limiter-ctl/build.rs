@@ -9,6 +9,7 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: build scripts are single-threaded here.
     unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
     let package = aya_build::Package { name: "limiter-ebpf", root_dir, ..Default::default() };
-    aya_build::build_ebpf([package], aya_build::Toolchain::default())
-        .context("building the XDP programs failed; run `cargo xtask setup` to install bpf-linker and the nightly rust-src")
+    aya_build::build_ebpf([package], aya_build::Toolchain::default()).context(
+        "building the XDP programs failed; run `cargo xtask setup` to install bpf-linker and the nightly rust-src",
+    )
 }

@@ -6,11 +6,7 @@
 //! The generator is a seeded `StdRng`: the seed is printed, and `LIMITER_DIFF_SEED=<n>` replays
 //! (or varies) a run.
 
-use limiter_common::{
-    SipKey,
-    key::FAMILY_V4,
-    maps::ParseProbe,
-};
+use limiter_common::{SipKey, key::FAMILY_V4, maps::ParseProbe};
 use limiter_tests::{
     frames::{self, ETH_LEN, Fixture, TAG_LEN, hex, set_u16},
     privileged::require,
@@ -31,14 +27,12 @@ const SHOWN: usize = 20;
 /// Byte values that steer a parser: versions/IHLs, protocol and next-header numbers, TCP data
 /// offsets, ethertype halves.
 const BYTES: &[u8] = &[
-    0x00, 0x01, 0x06, 0x08, 0x11, 0x2b, 0x2c, 0x33, 0x3a, 0x3b, 0x3c, 0x40, 0x44, 0x45, 0x46, 0x4f,
-    0x50, 0x60, 0x81, 0x86, 0x88, 0xa8, 0xdd, 0xf0, 0xff,
+    0x00, 0x01, 0x06, 0x08, 0x11, 0x2b, 0x2c, 0x33, 0x3a, 0x3b, 0x3c, 0x40, 0x44, 0x45, 0x46, 0x4f, 0x50, 0x60, 0x81,
+    0x86, 0x88, 0xa8, 0xdd, 0xf0, 0xff,
 ];
 /// 16-bit values: ethertypes and TPIDs, fragment fields, extreme lengths.
-const WORDS: &[u16] = &[
-    0x0800, 0x86dd, 0x8100, 0x88a8, 0x0806, 0x9100, 0x0000, 0xffff, 0x0001, 0x0014, 0x0028, 0x2000,
-    0x1fff, 0x3fff,
-];
+const WORDS: &[u16] =
+    &[0x0800, 0x86dd, 0x8100, 0x88a8, 0x0806, 0x9100, 0x0000, 0xffff, 0x0001, 0x0014, 0x0028, 0x2000, 0x1fff, 0x3fff];
 /// IPv4 protocols / IPv6 next headers worth landing on.
 const PROTOS: &[u8] = &[0, 1, 6, 17, 43, 44, 47, 50, 51, 58, 59, 60, 255];
 
@@ -233,7 +227,11 @@ impl Coverage {
 
     fn record_ip(&mut self, parsed: &Parsed) {
         let p = &parsed.probe;
-        if p.family == FAMILY_V4 { self.ip_v4 += 1 } else { self.ip_v6 += 1 }
+        if p.family == FAMILY_V4 {
+            self.ip_v4 += 1
+        } else {
+            self.ip_v6 += 1
+        }
         self.ext_headers[parsed.path.ext_headers] += 1;
         self.non_first_fragment += usize::from(parsed.path.non_first_fragment);
         if p.has_l4 == 0 {

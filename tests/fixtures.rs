@@ -10,11 +10,7 @@ use limiter_common::{
     key::{FAMILY_V4, FAMILY_V6},
     maps::{Counters, GENERATIONS, ParseProbe, Policy},
 };
-use limiter_ctl::{
-    Limiter,
-    policy::PolicySpec,
-    rate::Rate,
-};
+use limiter_ctl::{Limiter, policy::PolicySpec, rate::Rate};
 use limiter_tests::{
     cpu::pin_current_thread,
     frames::{self, ETH_LEN, Expect, Tag, V4, ethernet, hex, ipv6, tcp, udp},
@@ -267,4 +263,3 @@ fn the_program_picks_the_bucket_userspace_predicts() {
         assert_eq!(used, predicted, "round {round}: buckets used vs predicted");
     }
 }
-

@@ -8,7 +8,10 @@ use std::{
     time::Duration,
 };
 
-use aya::{EbpfLoader, programs::{Xdp, XdpMode}};
+use aya::{
+    EbpfLoader,
+    programs::{Xdp, XdpMode},
+};
 use limiter_ctl::objects;
 use limiter_tests::{
     capture::Capture,
@@ -83,7 +86,11 @@ fn check(l4: L4, first: IpAddr) -> anyhow::Result<()> {
     let expected: BTreeMap<IpAddr, u64> = (0..SOURCES).map(|i| (sources.nth(i), PER_SOURCE)).collect();
     assert_eq!(captured.drops, 0, "the capture lost frames");
     assert_eq!(per_source, expected, "{l4:?} from {first}: sources or counts differ");
-    assert_eq!(checksum_errors(&after)? - checksum_errors(&before)?, 0, "{l4:?} from {first}: the stack saw bad checksums");
+    assert_eq!(
+        checksum_errors(&after)? - checksum_errors(&before)?,
+        0,
+        "{l4:?} from {first}: the stack saw bad checksums"
+    );
     let v6 = first.is_ipv6();
     let accepted = received(&after, l4, v6)? - received(&before, l4, v6)?;
     assert_eq!(accepted, frames, "{l4:?} from {first}: the stack accepted {accepted} of {frames}");
@@ -97,7 +104,9 @@ fn live_generator_sends_valid_frames_from_every_source() {
     }
     let v4 = IpAddr::V4(Ipv4Addr::new(198, 19, 3, 1));
     let v6 = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2));
-    for (l4, first) in [(L4::Udp, v4), (L4::TcpSyn, v4), (L4::IcmpEcho, v4), (L4::Udp, v6), (L4::TcpSyn, v6), (L4::IcmpEcho, v6)] {
+    for (l4, first) in
+        [(L4::Udp, v4), (L4::TcpSyn, v4), (L4::IcmpEcho, v4), (L4::Udp, v6), (L4::TcpSyn, v6), (L4::IcmpEcho, v6)]
+    {
         check(l4, first).unwrap_or_else(|e| panic!("{l4:?} from {first}: {e:#}"));
     }
 }

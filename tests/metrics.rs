@@ -108,7 +108,10 @@ fn fresh_stats(rig: &Rig) -> Value {
 
 /// A policy's entry in a stats snapshot.
 fn policy_stats<'a>(s: &'a Value, name: &str) -> &'a Value {
-    s["policies"].as_array().and_then(|a| a.iter().find(|p| p["name"] == name)).unwrap_or_else(|| panic!("no policy {name} in {s}"))
+    s["policies"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no policy {name} in {s}"))
 }
 
 /// GET /metrics (within the time budget), parsed.
@@ -167,7 +170,8 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
         }
         Ok(out)
     });
-    let flooding = rig.start_flood(std::slice::from_ref(&stream), Duration::from_millis(2500), MANY, None).expect("flood");
+    let flooding =
+        rig.start_flood(std::slice::from_ref(&stream), Duration::from_millis(2500), MANY, None).expect("flood");
     std::thread::sleep(Duration::from_millis(2200));
     let during = stats(&rig);
     let run = flooding.finish().expect("flood");
@@ -183,10 +187,16 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     let latencies: Vec<Duration> = scrapes.iter().map(|(l, _)| *l).collect();
     let max = latencies.iter().max().copied().unwrap_or_default();
     let mean = latencies.iter().sum::<Duration>() / latencies.len().max(1) as u32;
-    eprintln!("  {} scrapes during the flood: max {max:?}, mean {mean:?}; after it {:?}", latencies.len(), response.latency);
+    eprintln!(
+        "  {} scrapes during the flood: max {max:?}, mean {mean:?}; after it {:?}",
+        latencies.len(),
+        response.latency
+    );
     assert!(latencies.len() >= 10, "only {} scrapes during the flood", latencies.len());
     assert!(max <= SCRAPE_BUDGET, "a scrape took {max:?} during the flood: {latencies:?}");
-    assert!(scrapes.iter().all(|(_, body)| body.contains("limiter_packets_total{policy=\"flood\",decision=\"refused\"}")));
+    assert!(
+        scrapes.iter().all(|(_, body)| body.contains("limiter_packets_total{policy=\"flood\",decision=\"refused\"}"))
+    );
     let content_type = response.header("content-type").unwrap_or_default();
     assert!(content_type.starts_with("application/openmetrics-text"), "content type {content_type:?}");
     assert!(response.body.trim_end().ends_with("# EOF"), "OpenMetrics text ends with # EOF");
@@ -199,8 +209,15 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     eprintln!("  mid-flood stats over {interval:.3} s: admitted {admitted_per_s:.0}/s, refused {refused_per_s:.0}/s");
     assert!((0.9..=1.1).contains(&interval), "stats interval {interval}");
     let most = limit.bound(nanos(Duration::from_secs_f64(interval))) as f64 / interval;
-    assert!(admitted_per_s >= 0.8 * RATE as f64 && admitted_per_s <= most, "admitted {admitted_per_s}/s: not about {RATE}/s");
-    assert!(refused_per_s >= 10.0 * RATE as f64, "refused {refused_per_s}/s during a flood of {:.0}/s", run.report.pps());
+    assert!(
+        admitted_per_s >= 0.8 * RATE as f64 && admitted_per_s <= most,
+        "admitted {admitted_per_s}/s: not about {RATE}/s"
+    );
+    assert!(
+        refused_per_s >= 10.0 * RATE as f64,
+        "refused {refused_per_s}/s during a flood of {:.0}/s",
+        run.report.pps()
+    );
 
     // After the flood: exact agreement.
     check_overload(&run.report, RATE as f64, 1);
@@ -214,7 +231,11 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     assert_eq!(admitted, delivered, "/metrics admitted vs delivered");
     assert_eq!(admitted + refused, sent, "/metrics admitted + refused vs offered");
     check_upper("/metrics admitted", admitted, &limit, judged.cpus.len(), run.window());
-    assert_eq!(value(&samples, "limiter_bytes_total", &[("policy", "flood"), ("decision", "admitted")]), bytes, "admitted bytes");
+    assert_eq!(
+        value(&samples, "limiter_bytes_total", &[("policy", "flood"), ("decision", "admitted")]),
+        bytes,
+        "admitted bytes"
+    );
     let refused_bytes = value(&samples, "limiter_bytes_total", &[("policy", "flood"), ("decision", "refused")]);
     assert_eq!(refused_bytes, refused * 60, "refused bytes of 60-byte frames");
     for decision in ["dry_run", "allowed", "denied"] {
@@ -224,7 +245,11 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     assert_eq!(totals["admitted_packets"].as_u64(), Some(admitted), "stats --json vs /metrics: {totals}");
     assert_eq!(totals["refused_packets"].as_u64(), Some(refused), "stats --json vs /metrics: {totals}");
     assert_eq!(totals["admitted_bytes"].as_u64(), Some(bytes), "{totals}");
-    assert_eq!((kernel.admitted_packets, kernel.refused_packets), (admitted, refused), "the kernel's counters vs /metrics");
+    assert_eq!(
+        (kernel.admitted_packets, kernel.refused_packets),
+        (admitted, refused),
+        "the kernel's counters vs /metrics"
+    );
     let after_rates = &policy_stats(&after, "flood")["rates"];
     assert!(after_rates["admitted_per_s"].as_f64().is_some(), "{after}");
 
@@ -241,9 +266,14 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     assert_eq!(after["attach_mode"], "native");
     assert_eq!(gauge("limiter_policies", &[]), 1.0);
     let age = scrape::one(&samples, "limiter_salt_age_seconds", &[]).and_then(|s| s.f64()).expect("salt age");
-    assert!(age > 0.0 && age <= started.elapsed().as_secs_f64(), "salt age {age} s, the daemon is {:?} old", started.elapsed());
+    assert!(
+        age > 0.0 && age <= started.elapsed().as_secs_f64(),
+        "salt age {age} s, the daemon is {:?} old",
+        started.elapsed()
+    );
     // Measured at start and every 15 s: present after the first measurement, a fraction.
-    let occupancy = scrape::one(&samples, "limiter_bucket_occupancy_ratio", &[]).and_then(|s| s.f64()).expect("occupancy");
+    let occupancy =
+        scrape::one(&samples, "limiter_bucket_occupancy_ratio", &[]).and_then(|s| s.f64()).expect("occupancy");
     assert!((0.0..=1.0).contains(&occupancy), "occupancy {occupancy}");
     let rotated = rig.ctl_ok(&["salt", "rotate"]);
     assert_eq!(rotated.trim(), "salt rotated");
@@ -343,7 +373,8 @@ fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
     let quiet = [rig.udp(Sources::One(quiet4), 7000), rig.udp(Sources::One(quiet6), 7000)];
 
     // The capture (started with the flood) sees every quiet frame: they start after it.
-    let flooding = rig.start_flood(&[flood4.clone(), flood6.clone()], Duration::from_millis(1500), MANY, None).expect("flood");
+    let flooding =
+        rig.start_flood(&[flood4.clone(), flood6.clone()], Duration::from_millis(1500), MANY, None).expect("flood");
     // The quiet sources: 50 frames a second each, a twentieth of the rate, on their own thread.
     let limits = Limits { packets: 1000, duration: Duration::from_secs(5), cpu: None };
     let quietly = Flooding::start(&rig.net.sender, &quiet, limits, Some(100.0), None);
@@ -371,8 +402,15 @@ fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
     let prefixes: Vec<Net> = entries.iter().map(|e| net(e["prefix"].as_str().expect("prefix"))).collect();
     eprintln!("  top --json: {prefixes:?}\n{out}");
     let (v4, v6) = (net("198.19.5.0/24"), net("2001:db8:5::/48"));
-    assert_eq!(prefixes.iter().take(2).copied().collect::<BTreeSet<_>>(), BTreeSet::from([v4, v6]), "the flooding prefixes first: {out}");
-    assert!(prefixes.iter().all(|p| p.len == if p.addr.is_ipv4() { 24 } else { 48 }), "prefixes finer than the key: {prefixes:?}");
+    assert_eq!(
+        prefixes.iter().take(2).copied().collect::<BTreeSet<_>>(),
+        BTreeSet::from([v4, v6]),
+        "the flooding prefixes first: {out}"
+    );
+    assert!(
+        prefixes.iter().all(|p| p.len == if p.addr.is_ipv4() { 24 } else { 48 }),
+        "prefixes finer than the key: {prefixes:?}"
+    );
     for q in [Net { addr: quiet4, len: 24 }, Net { addr: quiet6, len: 48 }] {
         assert!(!prefixes.iter().any(|p| p.overlaps(&q)), "top names the quiet {q:?}: {out}");
     }
@@ -384,7 +422,10 @@ fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
     let refused = judged.total.refused_packets;
     let estimate = samples as f64 * 256.0;
     eprintln!("  {samples} samples x 256 = {estimate:.0} vs {refused} refused");
-    assert!(estimate >= 0.7 * refused as f64 && estimate <= 1.3 * refused as f64, "{samples} samples for {refused} refusals");
+    assert!(
+        estimate >= 0.7 * refused as f64 && estimate <= 1.3 * refused as f64,
+        "{samples} samples for {refused} refusals"
+    );
     let per_s: f64 = entries.iter().map(|e| e["refused_per_s"].as_f64().expect("rate")).sum();
     assert!((per_s - estimate / 10.0).abs() < 1.0, "refused_per_s {per_s} vs samples x 256 / 10 s");
 
@@ -443,7 +484,9 @@ fn bucket_occupancy_is_measured_every_15_s() {
     let id = rig.policy_id("sweep");
     let occupancy = |rig: &Rig| {
         let (_, samples) = metrics(rig);
-        scrape::one(&samples, "limiter_bucket_occupancy_ratio", &[]).and_then(|s| s.f64()).unwrap_or_else(|e| panic!("{e:#}"))
+        scrape::one(&samples, "limiter_bucket_occupancy_ratio", &[])
+            .and_then(|s| s.f64())
+            .unwrap_or_else(|e| panic!("{e:#}"))
     };
     fresh_stats(&rig);
     assert_eq!(occupancy(&rig), 0.0, "measured at start, before any traffic");
@@ -469,7 +512,11 @@ fn bucket_occupancy_is_measured_every_15_s() {
         std::thread::sleep(Duration::from_millis(200));
     };
     eprintln!("  re-measured {:?} after the start", changed - started);
-    assert!(changed - started >= Duration::from_secs(13), "re-measured after {:?}, before the 15 s tick", changed - started);
+    assert!(
+        changed - started >= Duration::from_secs(13),
+        "re-measured after {:?}, before the 15 s tick",
+        changed - started
+    );
     let measured = occupancy(&rig);
     // What the maps say: every (bucket, CPU) whose TAT is set is ahead (30 s window).
     let (program, config) = (rig.daemon.program().expect("program"), rig.daemon.maps().expect("maps").rules.config);
@@ -482,7 +529,9 @@ fn bucket_occupancy_is_measured_every_15_s() {
         }
     }
     let expected = ahead as f64 / pairs as f64;
-    eprintln!("  limiter_bucket_occupancy_ratio {measured}; the maps: {ahead} of {pairs} (bucket, CPU) pairs ahead = {expected}");
+    eprintln!(
+        "  limiter_bucket_occupancy_ratio {measured}; the maps: {ahead} of {pairs} (bucket, CPU) pairs ahead = {expected}"
+    );
     assert!(ahead >= 1024, "the sweep should have touched every bucket on its CPU");
     assert!((measured - expected).abs() < 0.01, "occupancy {measured}, the maps say {expected}");
 }
@@ -520,7 +569,11 @@ fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
     assert_eq!(carried, (admitted, refused), "counters after adopting");
     let now = stats(&rig);
     let totals = &policy_stats(&now, "p")["totals"];
-    assert_eq!((totals["admitted_packets"].as_u64(), totals["refused_packets"].as_u64()), (Some(admitted), Some(refused)), "{totals}");
+    assert_eq!(
+        (totals["admitted_packets"].as_u64(), totals["refused_packets"].as_u64()),
+        (Some(admitted), Some(refused)),
+        "{totals}"
+    );
     assert_eq!(
         value(&adopted, "limiter_bytes_total", &[("policy", "p"), ("decision", "admitted")]),
         value(&before, "limiter_bytes_total", &[("policy", "p"), ("decision", "admitted")])
@@ -529,7 +582,11 @@ fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
     let run2 = rig.flood(std::slice::from_ref(&stream), Duration::from_millis(400), MANY, None).expect("flood");
     fresh_stats(&rig);
     let (_, more) = metrics(&rig);
-    assert_eq!(packets(&more, "p", "admitted"), admitted + run2.delivered(&flow), "admitted after adopting goes on from the old count");
+    assert_eq!(
+        packets(&more, "p", "admitted"),
+        admitted + run2.delivered(&flow),
+        "admitted after adopting goes on from the old count"
+    );
     assert_eq!(packets(&more, "p", "admitted") + packets(&more, "p", "refused"), run.sent(&flow) + run2.sent(&flow));
 
     let status = rig.daemon.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
@@ -538,8 +595,16 @@ fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
     rig.daemon = Daemon::start(&rig.net.receiver, &rig.scratch, &args).expect("a fresh start");
     assert!(!rig.daemon.output().contains("adopted"), "{}", rig.daemon.output());
     let (_, fresh) = metrics(&rig);
-    eprintln!("after a clean stop and a start: admitted {}, refused {}", packets(&fresh, "p", "admitted"), packets(&fresh, "p", "refused"));
-    assert_eq!((packets(&fresh, "p", "admitted"), packets(&fresh, "p", "refused")), (0, 0), "a clean stop resets the counters (by design)");
+    eprintln!(
+        "after a clean stop and a start: admitted {}, refused {}",
+        packets(&fresh, "p", "admitted"),
+        packets(&fresh, "p", "refused")
+    );
+    assert_eq!(
+        (packets(&fresh, "p", "admitted"), packets(&fresh, "p", "refused")),
+        (0, 0),
+        "a clean stop resets the counters (by design)"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -556,7 +621,19 @@ fn metrics_carry_no_label_per_source() {
     }
     let rig = Rig::start(&["--buckets", "1024", "--rotate-every", "off"]).expect("rig");
     rig.ctl_ok(&["policy", "set", "per-source", "--match", "udp:7000", "--rate", "100/s", "--burst", "10"]);
-    rig.ctl_ok(&["policy", "set", "per-net", "--match", "udp:7001", "--rate", "100/s", "--burst", "10", "--key", "src/24,/48+dport"]);
+    rig.ctl_ok(&[
+        "policy",
+        "set",
+        "per-net",
+        "--match",
+        "udp:7001",
+        "--rate",
+        "100/s",
+        "--burst",
+        "10",
+        "--key",
+        "src/24,/48+dport",
+    ]);
     rig.ctl_ok(&["policy", "set", "watch", "--match", "udp:7002", "--rate", "100/s", "--burst", "10", "--dry-run"]);
     rig.ctl_ok(&["allow", "add", "198.19.200.0/24"]);
     rig.ctl_ok(&["deny", "add", "2001:db8:dd::/48"]);
@@ -650,7 +727,10 @@ fn stats_watch_redraws_until_stopped() {
     assert!(frames.len() >= 2, "fewer than two redraws in 2.5 s: {out:?}");
     assert!(out.starts_with(clear), "the first draw does not clear the screen: {out:?}");
     for f in &frames {
-        assert!(f.contains("POLICY") && f.lines().any(|l| l.trim_start().starts_with("p ")), "a redraw without the table: {f:?}");
+        assert!(
+            f.contains("POLICY") && f.lines().any(|l| l.trim_start().starts_with("p ")),
+            "a redraw without the table: {f:?}"
+        );
     }
     assert!(err.is_empty(), "stderr: {err}");
 }

@@ -79,7 +79,8 @@ fn deb() -> &'static Path {
 /// Stand-ins for the systemd tools the maintainer scripts call: each logs its arguments and
 /// succeeds, except that no unit counts as having been enabled (as on a fresh machine).
 const STUBBED: [&str; 3] = ["systemctl", "deb-systemd-helper", "deb-systemd-invoke"];
-const STUB: &str = "#!/bin/sh\necho \"$(basename \"$0\") $*\" >> \"$STUB_LOG\"\ncase \"$*\" in *was-enabled*) exit 1;; esac\nexit 0\n";
+const STUB: &str =
+    "#!/bin/sh\necho \"$(basename \"$0\") $*\" >> \"$STUB_LOG\"\ncase \"$*\" in *was-enabled*) exit 1;; esac\nexit 0\n";
 
 /// The package installed into a scratch root with the real dpkg.
 struct Installed {
@@ -119,7 +120,10 @@ impl Installed {
 
     /// The stubbed tools first on PATH, the rest of PATH with the sbin directories dpkg wants.
     fn env_path(&self) -> String {
-        format!("{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", self.dir.path().join("stubs").display())
+        format!(
+            "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            self.dir.path().join("stubs").display()
+        )
     }
 
     /// Runs dpkg on the scratch root; returns the stub calls it caused.
@@ -127,11 +131,23 @@ impl Installed {
         let _ = fs::remove_file(self.log());
         let root = format!("--root={}", self.root().display());
         let out = run(Command::new("dpkg")
-            .args([root.as_str(), "--log=/dev/null", "--force-not-root", "--force-depends", "--force-script-chrootless"])
+            .args([
+                root.as_str(),
+                "--log=/dev/null",
+                "--force-not-root",
+                "--force-depends",
+                "--force-script-chrootless",
+            ])
             .args(args)
             .env("PATH", self.env_path())
             .env("STUB_LOG", self.log()));
-        assert!(out.status.success(), "dpkg {args:?} failed ({}):\n{}{}", out.status, text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "dpkg {args:?} failed ({}):\n{}{}",
+            out.status,
+            text(&out.stdout),
+            text(&out.stderr)
+        );
         fs::read_to_string(self.log()).unwrap_or_default()
     }
 
@@ -178,14 +194,19 @@ fn verifiable_copy(unit: &str, binary: &Path) -> (tempfile::TempDir, PathBuf) {
     assert!(unit.contains("/usr/sbin/limiter-ctl "), "ExecStart must run /usr/sbin/limiter-ctl");
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("limiter.service");
-    fs::write(&path, unit.replace("/usr/sbin/limiter-ctl ", &format!("{} ", binary.display()))).expect("writing the unit copy");
+    fs::write(&path, unit.replace("/usr/sbin/limiter-ctl ", &format!("{} ", binary.display())))
+        .expect("writing the unit copy");
     (dir, path)
 }
 
 /// `systemd-analyze verify`, treating any message as a failure: it exits 0 on unknown keys and
 /// unparsable values, which it only warns about.
 fn verify(unit: &Path, manpath: &Path) -> Result<(), String> {
-    let out = run(Command::new("systemd-analyze").arg("verify").arg(unit).env("MANPATH", manpath).env("SYSTEMD_LOG_COLOR", "0"));
+    let out = run(Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(unit)
+        .env("MANPATH", manpath)
+        .env("SYSTEMD_LOG_COLOR", "0"));
     let messages = format!("{}{}", text(&out.stdout), text(&out.stderr));
     if out.status.success() && messages.trim().is_empty() {
         Ok(())
@@ -226,13 +247,20 @@ fn unit_is_hardened_with_the_measured_capabilities() {
     assert_eq!(one(&service, "NoNewPrivileges"), "yes");
     assert_eq!(one(&service, "ProtectSystem"), "strict");
     let writable: BTreeSet<&str> = one(&service, "ReadWritePaths").split_whitespace().collect();
-    assert_eq!(writable, BTreeSet::from(["/etc/limiter", "/sys/fs/bpf"]), "the config the daemon rewrites, and the pins");
+    assert_eq!(
+        writable,
+        BTreeSet::from(["/etc/limiter", "/sys/fs/bpf"]),
+        "the config the daemon rewrites, and the pins"
+    );
     assert_eq!(one(&service, "RuntimeDirectory"), "limiter", "/run/limiter, for the control socket");
     assert!(unit_section(&unit, "Unit").get("RequiresMountsFor").is_some_and(|v| v.iter().any(|p| p == "/sys/fs/bpf")));
 
     let dir = tempfile::tempdir().expect("temp dir");
     let (_copy_dir, copy) = verifiable_copy(&unit, Path::new("/bin/true"));
-    let out = run(Command::new("systemd-analyze").args(["security", "--offline=yes", "--no-pager"]).arg(&copy).current_dir(dir.path()));
+    let out = run(Command::new("systemd-analyze")
+        .args(["security", "--offline=yes", "--no-pager"])
+        .arg(&copy)
+        .current_dir(dir.path()));
     let report = text(&out.stdout);
     let exposure = report
         .lines()
@@ -285,7 +313,8 @@ fn daemonset_has_what_a_kubelet_needs() {
     assert_eq!(str_at(kind(&docs, "Namespace"), "/metadata/name"), namespace);
 
     // The selector must match the template's labels, or the API server refuses the DaemonSet.
-    let selector = ds.pointer("/spec/selector/matchLabels").and_then(Value::as_object).expect("spec.selector.matchLabels");
+    let selector =
+        ds.pointer("/spec/selector/matchLabels").and_then(Value::as_object).expect("spec.selector.matchLabels");
     assert!(!selector.is_empty());
     for (k, v) in selector {
         assert_eq!(ds["spec"]["template"]["metadata"]["labels"].get(k), Some(v), "template label {k}");
@@ -310,18 +339,20 @@ fn daemonset_has_what_a_kubelet_needs() {
     assert_eq!(array_at(sc, "/capabilities/drop").iter().filter_map(Value::as_str).collect::<Vec<_>>(), ["ALL"]);
 
     // Every mount has its volume; the three the daemon needs are there, of the right kind.
-    let volumes: BTreeMap<&str, &Value> =
-        array_at(pod, "/volumes").iter().map(|v| (str_at(v, "/name"), v)).collect();
+    let volumes: BTreeMap<&str, &Value> = array_at(pod, "/volumes").iter().map(|v| (str_at(v, "/name"), v)).collect();
     let mounts: BTreeMap<&str, &Value> =
         array_at(c, "/volumeMounts").iter().map(|m| (str_at(m, "/mountPath"), m)).collect();
     for (path, m) in &mounts {
         let name = str_at(m, "/name");
         assert!(volumes.contains_key(name), "mount {path} names volume {name}, which does not exist");
     }
-    let volume_of = |path: &str| volumes[str_at(mounts.get(path).unwrap_or_else(|| panic!("no mount at {path}")), "/name")];
+    let volume_of =
+        |path: &str| volumes[str_at(mounts.get(path).unwrap_or_else(|| panic!("no mount at {path}")), "/name")];
     let bpf_mount = mounts
         .iter()
-        .find(|(_, m)| volumes[str_at(m, "/name")].pointer("/hostPath/path").and_then(Value::as_str) == Some("/sys/fs/bpf"))
+        .find(|(_, m)| {
+            volumes[str_at(m, "/name")].pointer("/hostPath/path").and_then(Value::as_str) == Some("/sys/fs/bpf")
+        })
         .map(|(path, m)| (*path, *m))
         .expect("a mount of the host's /sys/fs/bpf");
     assert!(
@@ -348,8 +379,15 @@ fn daemonset_has_what_a_kubelet_needs() {
     let port = str_at(annotations, "/prometheus.io~1port");
     let metrics = flag(&args, "metrics");
     assert!(metrics.ends_with(&format!(":{port}")), "--metrics={metrics} is not on port {port}");
-    assert!(!metrics.starts_with("127.") && !metrics.starts_with("[::1]"), "--metrics={metrics} is unreachable from Prometheus");
-    assert!(array_at(c, "/ports").iter().any(|p| p["containerPort"].as_u64().map(|n| n.to_string()).as_deref() == Some(port)));
+    assert!(
+        !metrics.starts_with("127.") && !metrics.starts_with("[::1]"),
+        "--metrics={metrics} is unreachable from Prometheus"
+    );
+    assert!(
+        array_at(c, "/ports")
+            .iter()
+            .any(|p| p["containerPort"].as_u64().map(|n| n.to_string()).as_deref() == Some(port))
+    );
     // Every $(VAR) in the args is defined in env.
     let env: BTreeSet<&str> = array_at(c, "/env").iter().map(|e| str_at(e, "/name")).collect();
     for arg in &args {
@@ -431,7 +469,8 @@ fn deb_installs_with_dpkg_and_runs() {
 fn man_page_renders() {
     let pkg = Installed::new();
     let page = pkg.path("usr/share/man/man1/limiter-ctl.1.gz");
-    let out = run(Command::new("man").arg("--warnings").arg("-l").arg(&page).env("MANPAGER", "cat").env("MANWIDTH", "100"));
+    let out =
+        run(Command::new("man").arg("--warnings").arg("-l").arg(&page).env("MANPAGER", "cat").env("MANWIDTH", "100"));
     assert!(out.status.success(), "man -l failed: {}", text(&out.stderr));
     assert!(out.stderr.is_empty(), "groff warnings: {}", text(&out.stderr));
     let rendered = text(&out.stdout);
@@ -458,7 +497,10 @@ fn upgrade_leaves_the_daemon_alone_and_removal_stops_it() {
     // The real dpkg, upgrading in place.
     let calls = pkg.dpkg(&["-i", &deb().to_string_lossy()]);
     for forbidden in ["stop", "restart", "kill", "start limiter"] {
-        assert!(!calls.lines().any(|l| l.starts_with("deb-systemd-invoke") && l.contains(forbidden)), "upgrade ran {calls}");
+        assert!(
+            !calls.lines().any(|l| l.starts_with("deb-systemd-invoke") && l.contains(forbidden)),
+            "upgrade ran {calls}"
+        );
         assert!(!calls.lines().any(|l| l.starts_with("systemctl") && l.contains(forbidden)), "upgrade ran {calls}");
     }
     // The same scripts as if systemd were running (they test for /run/systemd/system).
@@ -467,19 +509,31 @@ fn upgrade_leaves_the_daemon_alone_and_removal_stops_it() {
     assert!(out.status.success(), "dpkg-deb -e: {}", text(&out.stderr));
     let systemd_dir = tempfile::tempdir().expect("temp dir");
     let script = |name: &str, args: &[&str]| -> String {
-        let body = read(&control.path().join(name)).replace("/run/systemd/system", &systemd_dir.path().to_string_lossy());
+        let body =
+            read(&control.path().join(name)).replace("/run/systemd/system", &systemd_dir.path().to_string_lossy());
         let _ = fs::remove_file(pkg.log());
-        let out = run(Command::new("sh").arg("-e").arg("-c").arg(&body).arg(name).args(args)
+        let out = run(Command::new("sh")
+            .arg("-e")
+            .arg("-c")
+            .arg(&body)
+            .arg(name)
+            .args(args)
             .env("PATH", pkg.env_path())
             .env("STUB_LOG", pkg.log()));
         assert!(out.status.success(), "{name} {args:?}: {}", text(&out.stderr));
         fs::read_to_string(pkg.log()).unwrap_or_default()
     };
     let upgrade = script("prerm", &["upgrade", "0.1.0-1"]) + &script("postinst", &["configure", "0.1.0-1"]);
-    assert!(!upgrade.contains("stop") && !upgrade.contains("restart") && !upgrade.contains("kill"), "upgrade: {upgrade}");
+    assert!(
+        !upgrade.contains("stop") && !upgrade.contains("restart") && !upgrade.contains("kill"),
+        "upgrade: {upgrade}"
+    );
     assert!(upgrade.contains("systemctl --system daemon-reload"), "the next start must use the new unit: {upgrade}");
     let install = script("postinst", &["configure", ""]);
-    assert!(!install.contains(" start") && !install.contains("helper enable"), "a fresh install must not start or enable: {install}");
+    assert!(
+        !install.contains(" start") && !install.contains("helper enable"),
+        "a fresh install must not start or enable: {install}"
+    );
     let remove = script("prerm", &["remove"]);
     assert_eq!(remove.trim(), "deb-systemd-invoke stop limiter.service");
     // And the package comes off cleanly, conffiles staying until purge.

@@ -25,7 +25,9 @@ use limiter_tests::{
     capture::{Capture, Captured},
     cpu::flood_cpu,
     daemon::{Ctl, Daemon, Rules, Scratch, Snapshot, limiter_ctl_binary, xdp_program_id},
-    flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Stream},
+    flood::{
+        DEFAULT_PAYLOAD, DEFAULT_SPORT, Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Stream,
+    },
     netns::TestNet,
     privileged,
 };
@@ -108,16 +110,22 @@ fn key_prefixes_and_dport_share_or_split_allowances() {
     let s = |port, src| rig.stream(L4::Udp, port, src);
     // Each inner list is one expected bucket.
     let plan: [(&str, Vec<Vec<Stream>>); 4] = [
-        ("p24", vec![
-            vec![s(7000, "198.19.1.1"), s(7000, "198.19.1.200")],
-            vec![s(7000, "2001:db8:1:100::1"), s(7000, "2001:db8:1:1ff::2")],
-        ]),
-        ("p32", vec![
-            vec![s(7001, "198.19.2.1")],
-            vec![s(7001, "198.19.2.2")],
-            vec![s(7001, "2001:db8:2::1"), s(7001, "2001:db8:2::1:1")],
-            vec![s(7001, "2001:db8:2:1::1")],
-        ]),
+        (
+            "p24",
+            vec![
+                vec![s(7000, "198.19.1.1"), s(7000, "198.19.1.200")],
+                vec![s(7000, "2001:db8:1:100::1"), s(7000, "2001:db8:1:1ff::2")],
+            ],
+        ),
+        (
+            "p32",
+            vec![
+                vec![s(7001, "198.19.2.1")],
+                vec![s(7001, "198.19.2.2")],
+                vec![s(7001, "2001:db8:2::1"), s(7001, "2001:db8:2::1:1")],
+                vec![s(7001, "2001:db8:2:1::1")],
+            ],
+        ),
         ("dport", vec![vec![s(7100, "198.19.3.1")], vec![s(7101, "198.19.3.1")]]),
         ("nodport", vec![vec![s(7200, "198.19.4.1"), s(7201, "198.19.4.1")]]),
     ];
@@ -127,8 +135,7 @@ fn key_prefixes_and_dport_share_or_split_allowances() {
     check_overload(&run.report, 300.0, streams.len());
     for (pol, (name, groups)) in pols.iter().zip(&plan) {
         assert_eq!(pol.name, *name);
-        let groups: Vec<Vec<Flow>> =
-            groups.iter().map(|g| g.iter().map(flow_of).collect()).collect();
+        let groups: Vec<Vec<Flow>> = groups.iter().map(|g| g.iter().map(flow_of).collect()).collect();
         rig.check_policy(pol, &run, &groups);
     }
     rig.check_unjudged(0, &run);
@@ -153,7 +160,8 @@ fn rate_burst_and_byte_unit_hold_to_their_bounds() {
     let small = rig.stream(L4::Udp, 7002, "198.19.3.1");
     let mut big = small.clone();
     big.spec.payload = 500;
-    let streams = [rig.stream(L4::Udp, 7000, "198.19.1.1"), rig.stream(L4::Udp, 7001, "198.19.2.1"), small.clone(), big];
+    let streams =
+        [rig.stream(L4::Udp, 7000, "198.19.1.1"), rig.stream(L4::Udp, 7001, "198.19.2.1"), small.clone(), big];
     let run = rig.flood(&streams, Duration::from_secs(1), MANY);
     eprintln!("rate/burst/bytes: {}", run.report);
     check_overload(&run.report, 200.0, streams.len());
@@ -203,7 +211,14 @@ fn dry_run_passes_everything_and_counts_what_it_would_refuse() {
     assert_eq!(t.refused_packets, 0, "a dry-run policy refused packets");
     assert_eq!(t.admitted_packets + t.dry_run_packets, run.sent(&flow), "judged vs sent");
     assert_eq!(t.dry_run_bytes, t.dry_run_packets * 60, "dry-run bytes of 60-byte frames");
-    check_bounds("would have admitted", t.admitted_packets, &pol.gcra(), judged.cpus.len(), run.window(), run.report.duration());
+    check_bounds(
+        "would have admitted",
+        t.admitted_packets,
+        &pol.gcra(),
+        judged.cpus.len(),
+        run.window(),
+        run.report.duration(),
+    );
     rig.check_unjudged(0, &run);
 }
 
@@ -297,7 +312,10 @@ fn a_rate_changed_mid_flood_applies_within_a_second() {
     check_overload(&run.report, 2000.0, 2);
     let start = first(&run.report);
     let end = run.report.last.expect("a flood records its end");
-    assert!(issued + Duration::from_secs(1) + Duration::from_millis(300) < end, "the flood ended too soon after the change");
+    assert!(
+        issued + Duration::from_secs(1) + Duration::from_millis(300) < end,
+        "the flood ended too soon after the change"
+    );
 
     let id = rig.id("changing");
     rig.check_installed(&new, id);
@@ -315,11 +333,18 @@ fn a_rate_changed_mid_flood_applies_within_a_second() {
     check_upper("new rate, from 1 s after the change", after, &new.gcra(), cpus, after_window);
     // The bucket is spent when the window opens: no burst on top of the rate there.
     let least = new.per_sec as f64 * (end - settled).as_secs_f64() * 0.9;
-    assert!(after as f64 >= least, "new rate: {after} admitted from 1 s after the change, under 90% of the rate ({least:.0})");
+    assert!(
+        after as f64 >= least,
+        "new rate: {after} admitted from 1 s after the change, under 90% of the rate ({least:.0})"
+    );
     let soon = run.captured.between(is_a, answered, settled);
     eprintln!("  (for information: {soon} admitted between the answer and 1 s after the command)");
     // Replacing keeps the counters: they cover the whole run.
-    assert_eq!(judged.total.admitted_packets + judged.total.refused_packets, run.sent(&flow_a), "'changing' judged vs sent");
+    assert_eq!(
+        judged.total.admitted_packets + judged.total.refused_packets,
+        run.sent(&flow_a),
+        "'changing' judged vs sent"
+    );
     assert_eq!(judged.total.admitted_packets, run.delivered(&flow_a), "'changing' admitted vs delivered");
 
     rig.check_policy(&other, &run, &[vec![flow_b]]);
@@ -368,13 +393,8 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
     let limited = [s(L4::Udp, "198.18.200.5"), s(L4::Udp, "2001:db8:e::5")];
     let unmatched_allowed = s(L4::IcmpEcho, "198.19.10.6");
     let unmatched_denied = s(L4::IcmpEcho, "2001:db8:d:c::6");
-    let streams: Vec<Stream> = allowed
-        .iter()
-        .chain(&denied)
-        .chain(&limited)
-        .chain([&unmatched_allowed, &unmatched_denied])
-        .cloned()
-        .collect();
+    let streams: Vec<Stream> =
+        allowed.iter().chain(&denied).chain(&limited).chain([&unmatched_allowed, &unmatched_denied]).cloned().collect();
     // Bounded in packets: every allowed frame reaches the capture.
     let run = rig.flood(&streams, Duration::from_secs(1), 40_000);
     eprintln!("lists: {}", run.report);
@@ -393,7 +413,14 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
     let judged = rig.judged(&run, id);
     for group in &groups {
         let got = run.delivered(&group[0]);
-        check_bounds(&format!("{:?}", group[0]), got, &pol.gcra(), judged.cpus.len(), run.window(), run.report.duration());
+        check_bounds(
+            &format!("{:?}", group[0]),
+            got,
+            &pol.gcra(),
+            judged.cpus.len(),
+            run.window(),
+            run.report.duration(),
+        );
     }
     let sum = |streams: &[Stream]| streams.iter().map(|s| run.sent(&f(s))).sum::<u64>();
     let t = judged.total;
@@ -496,7 +523,8 @@ fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
     std::fs::write(rig.scratch.config(), edited).expect("editing the config");
     rig.hup("reloaded");
     let (dns, web) = (Pol::new("dns", "udp:53", 400, 40), Pol::new("web", "tcp:80", 150, 15));
-    let names: Vec<String> = policies_json(&rig).iter().map(|d| d["name"].as_str().unwrap_or_default().to_string()).collect();
+    let names: Vec<String> =
+        policies_json(&rig).iter().map(|d| d["name"].as_str().unwrap_or_default().to_string()).collect();
     assert_eq!(names, vec!["dns", "web"]);
     let (dns_id, web_id) = (rig.id("dns"), rig.id("web"));
     rig.check_installed(&dns, dns_id);
@@ -514,7 +542,10 @@ fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
         ("a syntax error", "[[policy]\nname = \"dns\"\n"),
         ("an unknown key", "[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nspeed = 3\n"),
         ("a wrong type", "[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nburst = \"ten\"\n"),
-        ("a clash", "[[policy]]\nname = \"x\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"y\"\nmatch = \"udp\"\nrate = \"2/s\"\n"),
+        (
+            "a clash",
+            "[[policy]]\nname = \"x\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"y\"\nmatch = \"udp\"\nrate = \"2/s\"\n",
+        ),
         ("host bits", "deny = [\"198.19.0.1/16\"]\n"),
     ];
     for (what, text) in bad_edits {
@@ -622,13 +653,23 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         if let Some(problem) = bad_input_problem(&out, field) {
             failures.push(format!("limiter-ctl {}: {problem}", args.join(" ")));
         }
-        assert_eq!(rig.scratch.config_file().expect("config").as_ref(), Some(&file), "{args:?} changed the config file");
+        assert_eq!(
+            rig.scratch.config_file().expect("config").as_ref(),
+            Some(&file),
+            "{args:?} changed the config file"
+        );
         let now = rig.snapshot();
         assert_eq!(now.rules, maps.rules, "{args:?} changed the kernel's rules");
         assert_eq!(now.counters[1..], maps.counters[1..], "{args:?} changed policy counters");
     }
     assert!(!Path::new(&*other_config).exists(), "a refused daemon wrote its config");
-    assert!(failures.is_empty(), "{} of {} bad inputs were not reported as required:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} bad inputs were not reported as required:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 /// Positive controls for the bad-input table: the same commands, well formed, succeed, and the
@@ -691,7 +732,9 @@ fn a_bad_config_at_start_aborts_with_its_position() {
         assert_eq!(errors.len(), 1, "{what}: expected one line on stderr:\n{out}");
         let position = format!("{}:{line}:", path.display());
         let after = errors[0].split_once(&position).map(|(_, rest)| rest);
-        let column_ok = after.and_then(|r| r.split_once(':')).is_some_and(|(col, _)| !col.is_empty() && col.chars().all(|c| c.is_ascii_digit()));
+        let column_ok = after
+            .and_then(|r| r.split_once(':'))
+            .is_some_and(|(col, _)| !col.is_empty() && col.chars().all(|c| c.is_ascii_digit()));
         assert!(column_ok, "{what}: no {position}COL: in {:?}", errors[0]);
         assert!(!out.contains(" attached "), "{what}: the daemon attached:\n{out}");
         assert_eq!(xdp_program_id(&net.receiver).expect("ip link"), None, "{what}: an XDP program is attached");
@@ -724,7 +767,11 @@ fn the_socket_is_root_only_and_a_missing_daemon_is_named() {
     let before = rig.scratch.config_file().expect("config");
     for args in [&["policy", "list"][..], &["policy", "set", "p", "--rate", "1/s"], &["deny", "add", "198.19.0.0/16"]] {
         let mut cmd = std::process::Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(&bin).arg("--socket").arg(&socket).args(args);
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&bin)
+            .arg("--socket")
+            .arg(&socket)
+            .args(args);
         let out = Ctl::run(&mut cmd).expect("setpriv (util-linux) runs limiter-ctl as nobody");
         assert_ne!(out.code, Some(0), "{args:?} as nobody succeeded: {out:?}");
         let lines = out.stderr_lines();
@@ -918,7 +965,12 @@ impl Rig {
             check_bounds(&format!("'{}' {group:?}", pol.name), got, &pol.gcra(), judged.cpus.len(), window, flood);
         }
         let t = judged.total;
-        assert_eq!(t.admitted_packets + t.refused_packets + t.dry_run_packets, sent, "'{}': judged vs sent to it", pol.name);
+        assert_eq!(
+            t.admitted_packets + t.refused_packets + t.dry_run_packets,
+            sent,
+            "'{}': judged vs sent to it",
+            pol.name
+        );
         let delivered: u64 = groups.iter().flatten().map(|f| run.delivered(f)).sum();
         assert_eq!(t.admitted_packets, delivered, "'{}': admitted vs delivered", pol.name);
         assert!(t.refused_packets > 0, "'{}' refused nothing: the flood did not test it", pol.name);

@@ -25,10 +25,10 @@ use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper, nanos, since},
     cpu::{flood_cpu, pin_current_thread},
     daemon::{
-        ADOPTED, Daemon, Runner, Snapshot, create_veth, program_counters, program_loaded, remove_veth, write_program_config,
-        xdp_program_id,
+        ADOPTED, Daemon, Runner, Snapshot, create_veth, program_counters, program_loaded, remove_veth,
+        write_program_config, xdp_program_id,
     },
-    flood::{FrameSpec, DEFAULT_PAYLOAD, DEFAULT_SPORT, Sources},
+    flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Sources},
     privileged,
     rig::{METRICS, Rig, SEC, flow, total},
 };
@@ -71,7 +71,16 @@ fn twenty_rotations_grant_no_fresh_allowance() {
     let window = Duration::from_nanos(limit.window_ns());
     let grace = window + GRACE_MARGIN;
     let mut rig = Rig::start(&[
-        "--rate", "1000/s", "--burst", "50", "--rotate-every", "150ms", "--buckets", "1024", "--metrics", "off",
+        "--rate",
+        "1000/s",
+        "--burst",
+        "50",
+        "--rotate-every",
+        "150ms",
+        "--buckets",
+        "1024",
+        "--metrics",
+        "off",
     ])
     .expect("rig");
     let id = rig.policy_id("default");
@@ -79,7 +88,9 @@ fn twenty_rotations_grant_no_fresh_allowance() {
     let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
     let flow = flow(&stream, src("198.19.1.1"));
 
-    let flooding = rig.start_flood(std::slice::from_ref(&stream), Duration::from_secs(10), 40_000, Some(3.0 * RATE as f64)).expect("flood");
+    let flooding = rig
+        .start_flood(std::slice::from_ref(&stream), Duration::from_secs(10), 40_000, Some(3.0 * RATE as f64))
+        .expect("flood");
     // One more than needed: the first may fall between taking `started` and the first send.
     let mut seen = 0;
     while seen < ROTATIONS + 1 {
@@ -100,7 +111,8 @@ fn twenty_rotations_grant_no_fresh_allowance() {
     let first = run.report.first.expect("start");
     let end = first + t;
     let in_run = |l: &&(Instant, String)| l.0 >= first && l.0 <= end + Duration::from_millis(20);
-    let rotations: Vec<&(Instant, String)> = rig.daemon.lines().iter().filter(in_run).filter(|l| l.1.contains("salt rotated")).collect();
+    let rotations: Vec<&(Instant, String)> =
+        rig.daemon.lines().iter().filter(in_run).filter(|l| l.1.contains("salt rotated")).collect();
     let rotated: Vec<&String> = rotations.iter().map(|l| &l.1).collect();
     let skipped = rig.daemon.lines().iter().filter(in_run).filter(|l| l.1.contains("rotation skipped")).count();
     let delivered = run.delivered(&flow);
@@ -110,11 +122,20 @@ fn twenty_rotations_grant_no_fresh_allowance() {
     let pps = run.report.pps();
     assert!(pps >= 2.5 * RATE as f64 && pps <= 3.5 * RATE as f64, "the sender did not hold 3x the rate: {pps:.0}/s");
     assert_eq!(judged.cpus, vec![flood_cpu()], "the flood was judged on other CPUs: {judged}");
-    assert!(rotated.len() >= ROTATIONS, "only {} rotations happened during the run:\n{}", rotated.len(), rig.daemon.output());
+    assert!(
+        rotated.len() >= ROTATIONS,
+        "only {} rotations happened during the run:\n{}",
+        rotated.len(),
+        rig.daemon.output()
+    );
     assert_eq!(skipped, 0, "scheduled rotations were skipped (grace {grace:?} < 150 ms):\n{}", rig.daemon.output());
     // Each rotation switches generation and opens a grace of the burst window + 50 ms.
-    let generations: Vec<u64> = rotated.iter().map(|l| field(l, "generation").unwrap_or_else(|| panic!("no generation in {l}"))).collect();
-    assert!(generations.windows(2).all(|w| w[0] != w[1] && w[0] < 2 && w[1] < 2), "generations do not alternate: {generations:?}");
+    let generations: Vec<u64> =
+        rotated.iter().map(|l| field(l, "generation").unwrap_or_else(|| panic!("no generation in {l}"))).collect();
+    assert!(
+        generations.windows(2).all(|w| w[0] != w[1] && w[0] < 2 && w[1] < 2),
+        "generations do not alternate: {generations:?}"
+    );
     for l in &rotated {
         assert_eq!(field(l, "grace_ms"), Some(grace.as_millis() as u64), "grace in {l}");
     }
@@ -195,7 +216,10 @@ fn a_rotation_during_the_grace_period_is_refused() {
     let c1 = config(&rig);
     assert_ne!(c1.generation, c0.generation, "the generation did not switch");
     assert_ne!(c1.salts[c1.generation as usize], c0.salts[c0.generation as usize], "the salt did not change");
-    assert_eq!(c1.salts[c0.generation as usize], c0.salts[c0.generation as usize], "the old salt must stay for the grace");
+    assert_eq!(
+        c1.salts[c0.generation as usize], c0.salts[c0.generation as usize],
+        "the old salt must stay for the grace"
+    );
     let opened = c1.grace_until_ns.saturating_sub(c1.rotated_at_ns);
     assert!(
         opened <= nanos(grace) && opened + 20_000_000 >= nanos(grace),
@@ -248,7 +272,10 @@ fn sigkill_fails_static_and_a_restart_adopts_the_pinned_limiter() {
     let id = rig.policy_id("default");
     let p1 = rig.daemon.program().expect("program");
     let pins = rig.scratch.pinned(&iface).expect("pins");
-    assert!(pins.contains_key("link") && pins.contains_key("BUCKETS") && pins.contains_key("COUNTERS"), "pins: {pins:?}");
+    assert!(
+        pins.contains_key("link") && pins.contains_key("BUCKETS") && pins.contains_key("COUNTERS"),
+        "pins: {pins:?}"
+    );
     let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
     let flow = flow(&stream, src("198.19.1.1"));
 
@@ -281,10 +308,17 @@ fn sigkill_fails_static_and_a_restart_adopts_the_pinned_limiter() {
     assert!(line.contains(ADOPTED) && line.contains("mode=native"), "{line}");
     let p2 = rig.daemon.program().expect("program");
     assert_ne!(p2, p1, "the restarted daemon's program is not in the link");
-    assert_eq!(rig.scratch.pinned(&iface).expect("pins"), pins, "adopting replaced pinned objects (a new link or new maps)");
+    assert_eq!(
+        rig.scratch.pinned(&iface).expect("pins"),
+        pins,
+        "adopting replaced pinned objects (a new link or new maps)"
+    );
     let c2 = program_counters(p2, id).expect("counters");
     let (was, is) = (total(&c1), total(&c2));
-    assert!(is.admitted_packets >= was.admitted_packets && is.refused_packets >= was.refused_packets, "the counters were reset: {was:?} then {is:?}");
+    assert!(
+        is.admitted_packets >= was.admitted_packets && is.refused_packets >= was.refused_packets,
+        "the counters were reset: {was:?} then {is:?}"
+    );
     let deadline = Instant::now() + Duration::from_secs(2);
     while program_loaded(p1) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -305,15 +339,31 @@ fn sigkill_fails_static_and_a_restart_adopts_the_pinned_limiter() {
     let carried = Judged::between(&c0, &c3);
     let most = spent(t3 - t0);
     let admitted = carried.total.admitted_packets;
-    eprintln!("  from the kill on ({:?}): admitted {admitted} <= {most} (a fresh burst would add up to {BURST})", t3 - t0);
-    assert!(admitted <= most, "admitted {admitted} from the kill to the end, more than a spent bucket allows ({most}): a fresh burst");
+    eprintln!(
+        "  from the kill on ({:?}): admitted {admitted} <= {most} (a fresh burst would add up to {BURST})",
+        t3 - t0
+    );
+    assert!(
+        admitted <= most,
+        "admitted {admitted} from the kill to the end, more than a spent bucket allows ({most}): a fresh burst"
+    );
     // The whole run: counters from zero (the first daemon started afresh), every frame judged by
     // one program or the other (no moment without one), every admitted frame delivered.
     let whole = total(&c4);
-    assert_eq!(whole.admitted_packets + whole.refused_packets, run.sent(&flow), "judged vs sent over the whole run: {whole:?}");
+    assert_eq!(
+        whole.admitted_packets + whole.refused_packets,
+        run.sent(&flow),
+        "judged vs sent over the whole run: {whole:?}"
+    );
     assert_eq!(whole.admitted_packets, run.delivered(&flow), "admitted vs delivered");
     assert_eq!(total(&program_counters(p2, 0).expect("counters")), Counters::default(), "traffic other than the flood");
-    check_upper("delivered over the whole run", run.delivered(&flow), &limit, Judged::new(&c4).cpus.len(), run.window());
+    check_upper(
+        "delivered over the whole run",
+        run.delivered(&flow),
+        &limit,
+        Judged::new(&c4).cpus.len(),
+        run.window(),
+    );
     let listed = rig.ctl_ok(&["policy", "show", "default", "--json"]);
     let listed: serde_json::Value = serde_json::from_str(&listed).expect("json");
     assert_eq!(listed["counters"]["admitted_packets"].as_u64(), Some(whole.admitted_packets), "{listed}");
@@ -409,11 +459,17 @@ fn collect_outputs(rig: &Rig, round: &str, hay: &mut Vec<(String, Vec<u8>)>) {
     for args in commands {
         let out = rig.daemon.ctl(args).expect("limiter-ctl");
         assert_eq!(out.code, Some(0), "{args:?}: {out:?}");
-        hay.push((format!("{round}: limiter-ctl {}", args.join(" ")), format!("{}{}", out.stdout, out.stderr).into_bytes()));
+        hay.push((
+            format!("{round}: limiter-ctl {}", args.join(" ")),
+            format!("{}{}", out.stdout, out.stderr).into_bytes(),
+        ));
     }
     for (name, text) in hay.iter().filter(|(n, _)| n.starts_with(&format!("{round}: limiter-ctl top"))) {
         let text = String::from_utf8_lossy(text);
-        assert!(text.contains("198.19.5.0/24"), "{name} does not show the flood (so it showed nothing worth searching):\n{text}");
+        assert!(
+            text.contains("198.19.5.0/24"),
+            "{name} does not show the flood (so it showed nothing worth searching):\n{text}"
+        );
     }
     let metrics = rig.scrape(METRICS).expect("GET /metrics");
     assert_eq!(metrics.status, 200);
@@ -500,7 +556,8 @@ fn a_broken_config_at_start_leaves_the_pinned_limiter_untouched() {
         ("a bad rate", "[[policy]]\nname = \"p\"\nmatch = \"udp\"\nrate = \"10/d\"\n", 4),
     ] {
         std::fs::write(&path, text).expect("writing the config");
-        let mut daemon = Daemon::spawn(&rig.net.receiver, &rig.scratch, &["--metrics", "off", "--buckets", "1024"]).expect("spawn");
+        let mut daemon =
+            Daemon::spawn(&rig.net.receiver, &rig.scratch, &["--metrics", "off", "--buckets", "1024"]).expect("spawn");
         let status = daemon.wait_exit(Duration::from_secs(30)).expect("the daemon should exit");
         let out = daemon.output();
         assert_eq!(status.code(), Some(2), "{what}: {status}; output:\n{out}");
@@ -534,12 +591,16 @@ fn a_missing_bpffs_is_mounted_and_said() {
     if !privileged::require("a_missing_bpffs_is_mounted_and_said") {
         return;
     }
-    let mut rig = Rig::start_with(Runner::PrivateMounts, &["--rate", "1000/s", "--burst", "100", "--metrics", "off"]).expect("rig");
+    let mut rig = Rig::start_with(Runner::PrivateMounts, &["--rate", "1000/s", "--burst", "100", "--metrics", "off"])
+        .expect("rig");
     let iface = rig.net.receiver.iface.clone();
     let out = rig.daemon.output();
     let said: Vec<&str> = out.lines().filter(|l| l.contains("mounted bpffs at /sys/fs/bpf")).collect();
     assert_eq!(said.len(), 1, "no 'mounted bpffs' line:\n{out}");
-    assert!(!rig.scratch.pin_dir(&iface).exists(), "the daemon's pins should be in its private bpffs, not the machine's");
+    assert!(
+        !rig.scratch.pin_dir(&iface).exists(),
+        "the daemon's pins should be in its private bpffs, not the machine's"
+    );
 
     let limit = gcra(1000, 100);
     let id = rig.policy_id("default");
@@ -563,7 +624,8 @@ fn a_recreated_interface_is_reattached_and_enforced() {
     if !privileged::require("a_recreated_interface_is_reattached_and_enforced") {
         return;
     }
-    let mut rig = Rig::start(&["--rate", "1000/s", "--burst", "100", "--metrics", "off", "--buckets", "1024"]).expect("rig");
+    let mut rig =
+        Rig::start(&["--rate", "1000/s", "--burst", "100", "--metrics", "off", "--buckets", "1024"]).expect("rig");
     let iface = rig.net.receiver.iface.clone();
     let id = rig.policy_id("default");
     let limit = gcra(1000, 100);
@@ -580,7 +642,8 @@ fn a_recreated_interface_is_reattached_and_enforced() {
     eprintln!("reattached {:?} after re-creation: {line}", at - created);
     assert!(at - created <= Duration::from_millis(1500), "reattaching took {:?}", at - created);
     assert!(line.contains("mode=native"), "{line}");
-    let program = xdp_program_id(&rig.net.receiver).expect("ip link").expect("no XDP program on the re-created interface");
+    let program =
+        xdp_program_id(&rig.net.receiver).expect("ip link").expect("no XDP program on the re-created interface");
     let pins = rig.scratch.pinned(&iface).expect("pins");
     assert!(pins.get("link").is_some_and(|&ino| ino != old_link), "the new link is not pinned afresh: {pins:?}");
 
@@ -614,7 +677,8 @@ fn a_hot_path_fault_in_a_running_daemon_passes_and_is_reported() {
     if !privileged::require("a_hot_path_fault_in_a_running_daemon_passes_and_is_reported") {
         return;
     }
-    let rig = Rig::start(&["--rate", "1000/s", "--burst", "100", "--buckets", "1024", "--rotate-every", "off"]).expect("rig");
+    let rig =
+        Rig::start(&["--rate", "1000/s", "--burst", "100", "--buckets", "1024", "--rotate-every", "off"]).expect("rig");
     let id = rig.policy_id("default");
     let program = rig.daemon.program().expect("program");
     let config = rig.daemon.maps().expect("maps").rules.config;

@@ -25,10 +25,7 @@ use limiter_tests::{
     bounds::{Judged, check_bounds, check_overload, first},
     cpu::flood_cpu,
     daemon::{Daemon, Scratch},
-    flood::{
-        DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, Limits, PacketSocket, Prefix, Report,
-        Sources,
-    },
+    flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, Limits, PacketSocket, Prefix, Report, Sources},
     netns::{End, TestNet},
     privileged,
     snmp::Snmp,
@@ -36,10 +33,7 @@ use limiter_tests::{
 
 const POLICY: u16 = 1;
 /// A fixed salt, so the test can predict every source's bucket.
-const SALT: SipKey = SipKey {
-    k0: 0x6c69_6d69_7465_7221,
-    k1: 0x7665_7468_2d74_6573,
-};
+const SALT: SipKey = SipKey { k0: 0x6c69_6d69_7465_7221, k1: 0x7665_7468_2d74_6573 };
 const FLOOD_TIME: Duration = Duration::from_secs(2);
 /// Far more than 2 s at any rate this VM reaches; the duration is what normally stops the flood.
 const FLOOD_PACKETS: u64 = 2_000_000;
@@ -66,28 +60,14 @@ fn single_source_flood_is_held_to_the_bound() {
     let counters_read = Instant::now();
     let drops = udp_drops(&net.receiver).expect("UDP drop counters");
     let judged = Judged::new(&per_cpu);
-    eprintln!(
-        "single source: {report}; {judged}; delivered {} (socket drops {drops})",
-        delivered.total()
-    );
+    eprintln!("single source: {report}; {judged}; delivered {} (socket drops {drops})", delivered.total());
 
     check_overload(&report, per_sec(rate), 1);
     assert_quiet(&limiter);
-    assert_eq!(
-        delivered.sources(),
-        vec![IpAddr::from(net.sender.v4)],
-        "datagrams from unexpected sources"
-    );
+    assert_eq!(delivered.sources(), vec![IpAddr::from(net.sender.v4)], "datagrams from unexpected sources");
     judged.check_against(&report);
     let window = delivered.window(&report);
-    check_bounds(
-        "delivered",
-        delivered.total(),
-        &gcra,
-        judged.cpus.len(),
-        window,
-        report.duration(),
-    );
+    check_bounds("delivered", delivered.total(), &gcra, judged.cpus.len(), window, report.duration());
     judged.check_admitted(&gcra, counters_read - first(&report), report.duration());
     let admitted = judged.total.admitted_packets;
     assert_eq!(
@@ -114,10 +94,7 @@ fn spoofed_sources_share_allowances_by_predicted_bucket() {
     let (mut limiter, gcra) = load_limiter(BUCKETS, rate, burst).expect("loading the limiter");
     attach_native(&net, &mut limiter);
     let prefix: Prefix = "198.19.0.0/16".parse().expect("prefix");
-    let sources = Sources::Spoofed {
-        prefix,
-        count: SOURCES,
-    };
+    let sources = Sources::Spoofed { prefix, count: SOURCES };
     let groups = predicted_groups(&sources.addresses().expect("sources"), BUCKETS);
     let largest = groups.values().map(Vec::len).max().unwrap_or(0);
     assert!(
@@ -147,29 +124,12 @@ fn spoofed_sources_share_allowances_by_predicted_bucket() {
     for (bucket, members) in &groups {
         let got: u64 = members.iter().map(|a| delivered.from(a)).sum();
         let what = format!("bucket {bucket} ({} sources)", members.len());
-        check_bounds(
-            &what,
-            got,
-            &gcra,
-            judged.cpus.len(),
-            window,
-            report.duration(),
-        );
+        check_bounds(&what, got, &gcra, judged.cpus.len(), window, report.duration());
     }
-    let strays: Vec<IpAddr> = delivered
-        .sources()
-        .into_iter()
-        .filter(|a| !groups.values().any(|m| m.contains(a)))
-        .collect();
-    assert!(
-        strays.is_empty(),
-        "datagrams from sources that were not sent: {strays:?}"
-    );
-    assert_eq!(
-        judged.total.admitted_packets,
-        delivered.total() + drops,
-        "admitted vs delivered + socket drops"
-    );
+    let strays: Vec<IpAddr> =
+        delivered.sources().into_iter().filter(|a| !groups.values().any(|m| m.contains(a))).collect();
+    assert!(strays.is_empty(), "datagrams from sources that were not sent: {strays:?}");
+    assert_eq!(judged.total.admitted_packets, delivered.total() + drops, "admitted vs delivered + socket drops");
     limiter.detach().expect("detach");
 }
 
@@ -184,24 +144,14 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
     let scratch = Scratch::new().expect("scratch directory");
     let (rate, burst) = ("1000/s", 100);
     let iface = net.receiver.iface.clone();
-    let mut daemon = Daemon::spawn(
-        &net.receiver,
-        &scratch,
-        &["--rate", rate, "--burst", &burst.to_string()],
-    )
-    .expect("starting limiter-ctl");
+    let mut daemon = Daemon::spawn(&net.receiver, &scratch, &["--rate", rate, "--burst", &burst.to_string()])
+        .expect("starting limiter-ctl");
     let attached = daemon.wait_attached(&net.receiver).expect("attached line");
-    assert!(
-        attached.contains("mode=native"),
-        "the daemon did not attach natively: {attached}"
-    );
+    assert!(attached.contains("mode=native"), "the daemon did not attach natively: {attached}");
     assert!(attached.contains(&format!("iface={iface}")), "{attached}");
     let link = net.receiver.link_details().expect("ip link");
     // The same check as after exit, which must see the program while it is there.
-    assert!(
-        link.contains("xdp"),
-        "ip -d link shows no XDP program while the daemon runs:\n{link}"
-    );
+    assert!(link.contains("xdp"), "ip -d link shows no XDP program while the daemon runs:\n{link}");
 
     let receiver = Receiver::start(&net.receiver).expect("UDP receiver");
     let report = flood(&net, Sources::One(net.sender.v4.into()), receiver.port).expect("flood");
@@ -210,10 +160,7 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
     let counters_read = Instant::now();
     let drops = udp_drops(&net.receiver).expect("UDP drop counters");
     let judged = Judged::new(&per_cpu);
-    eprintln!(
-        "daemon: {report}; {judged}; delivered {} (socket drops {drops})",
-        delivered.total()
-    );
+    eprintln!("daemon: {report}; {judged}; delivered {} (socket drops {drops})", delivered.total());
 
     let gcra = policy(rate, burst).expect("policy").gcra;
     check_overload(&report, per_sec(rate), 1);
@@ -229,34 +176,15 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
     judged.check_admitted(&gcra, counters_read - first(&report), report.duration());
     let admitted = judged.total.admitted_packets;
     // The daemon judges every protocol; the fixture keeps the link free of anything but the flood.
-    assert_eq!(
-        admitted,
-        delivered.total() + drops,
-        "admitted vs delivered + socket drops"
-    );
+    assert_eq!(admitted, delivered.total() + drops, "admitted vs delivered + socket drops");
 
-    let status = daemon
-        .interrupt(Duration::from_secs(10))
-        .expect("stopping the daemon");
-    assert!(
-        status.success(),
-        "limiter-ctl exited with {status}; output:\n{}",
-        daemon.output()
-    );
+    let status = daemon.interrupt(Duration::from_secs(10)).expect("stopping the daemon");
+    assert!(status.success(), "limiter-ctl exited with {status}; output:\n{}", daemon.output());
     let out = daemon.output();
-    assert!(
-        out.contains(" stopping ") && out.contains("SIGINT"),
-        "no 'stopping' line:\n{out}"
-    );
-    assert!(
-        out.contains(&format!(" detached iface={iface}")),
-        "no 'detached' line:\n{out}"
-    );
+    assert!(out.contains(" stopping ") && out.contains("SIGINT"), "no 'stopping' line:\n{out}");
+    assert!(out.contains(&format!(" detached iface={iface}")), "no 'detached' line:\n{out}");
     let link = net.receiver.link_details().expect("ip link");
-    assert!(
-        !link.contains("xdp"),
-        "an XDP program is still attached after the daemon exited:\n{link}"
-    );
+    assert!(!link.contains("xdp"), "an XDP program is still attached after the daemon exited:\n{link}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -265,15 +193,12 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
 fn policy(rate: &str, burst: u64) -> anyhow::Result<limiter_common::maps::Policy> {
     let rate: Rate = rate.parse()?;
     let spec = PolicySpec::any(rate, burst);
-    spec.compile(POLICY)
-        .map_err(|e| anyhow!("{rate} burst {burst}: {e}"))
+    spec.compile(POLICY).map_err(|e| anyhow!("{rate} burst {burst}: {e}"))
 }
 
 /// Packets per second of a rate written in this file.
 fn per_sec(rate: &str) -> f64 {
-    rate.parse::<Rate>()
-        .expect("the test's rates parse")
-        .per_sec()
+    rate.parse::<Rate>().expect("the test's rates parse").per_sec()
 }
 
 /// The limiter with the known salt and one policy for UDP only: anything else on the link (there
@@ -292,10 +217,7 @@ fn load_limiter(buckets: u32, rate: &str, burst: u64) -> anyhow::Result<(Limiter
 /// Attaches from inside the receiver's namespace: interface names and indexes are per namespace.
 fn attach_native(net: &TestNet, limiter: &mut Limiter) {
     let iface = &net.receiver.iface;
-    let attached = net
-        .receiver
-        .run(|| limiter.attach(iface, ModeRequest::Native))
-        .expect("entering the namespace");
+    let attached = net.receiver.run(|| limiter.attach(iface, ModeRequest::Native)).expect("entering the namespace");
     let attached = attached.unwrap_or_else(|e| panic!("native XDP on veth {iface} failed: {e}"));
     assert_eq!(attached.mode, limiter_ctl::AttachMode::Native);
 }
@@ -304,52 +226,27 @@ fn attach_native(net: &TestNet, limiter: &mut Limiter) {
 fn predicted_groups(sources: &[IpAddr], buckets: u32) -> BTreeMap<u32, Vec<IpAddr>> {
     let mut groups: BTreeMap<u32, Vec<IpAddr>> = BTreeMap::new();
     for &src in sources {
-        let IpAddr::V4(v4) = src else {
-            panic!("this test floods IPv4 only")
-        };
+        let IpAddr::V4(v4) = src else { panic!("this test floods IPv4 only") };
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&v4.octets());
-        let key = FlowKey {
-            addr,
-            policy: POLICY,
-            dport: 0,
-            family: FAMILY_V4,
-        };
-        groups
-            .entry(key.bucket(&SALT, buckets - 1))
-            .or_default()
-            .push(src);
+        let key = FlowKey { addr, policy: POLICY, dport: 0, family: FAMILY_V4 };
+        groups.entry(key.bucket(&SALT, buckets - 1)).or_default().push(src);
     }
     groups
 }
 
 /// The buckets holding a TAT are exactly the predicted ones: the test's key and hash agree with
 /// the kernel's (generation 0 is the only one in use).
-fn check_touched_buckets(
-    limiter: &Limiter,
-    groups: &BTreeMap<u32, Vec<IpAddr>>,
-    judged: &Judged,
-    buckets: u32,
-) {
+fn check_touched_buckets(limiter: &Limiter, groups: &BTreeMap<u32, Vec<IpAddr>>, judged: &Judged, buckets: u32) {
     for bucket in 0..buckets {
         let tats = limiter.bucket(bucket).expect("reading a bucket");
         let touched: Vec<usize> = (0..tats.len()).filter(|&cpu| tats[cpu] != 0).collect();
         if groups.contains_key(&bucket) {
-            assert!(
-                !touched.is_empty(),
-                "bucket {bucket} was predicted for {:?} but holds no TAT",
-                groups[&bucket]
-            );
+            assert!(!touched.is_empty(), "bucket {bucket} was predicted for {:?} but holds no TAT", groups[&bucket]);
         } else {
-            assert!(
-                touched.is_empty(),
-                "bucket {bucket} was predicted for no source but CPUs {touched:?} used it"
-            );
+            assert!(touched.is_empty(), "bucket {bucket} was predicted for no source but CPUs {touched:?} used it");
         }
-        assert!(
-            touched.iter().all(|c| judged.cpus.contains(c)),
-            "bucket {bucket} used on CPUs {touched:?}"
-        );
+        assert!(touched.iter().all(|c| judged.cpus.contains(c)), "bucket {bucket} used on CPUs {touched:?}");
     }
 }
 
@@ -358,10 +255,7 @@ fn check_touched_buckets(
 fn assert_quiet(limiter: &Limiter) {
     let unjudged = limiter.counters_per_cpu(0).expect("counters");
     let packets: Vec<u64> = unjudged.iter().map(Counters::packets).collect();
-    assert!(
-        packets.iter().all(|&p| p == 0),
-        "packets other than the UDP flood reached XDP, per CPU: {unjudged:?}"
-    );
+    assert!(packets.iter().all(|&p| p == 0), "packets other than the UDP flood reached XDP, per CPU: {unjudged:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,14 +272,9 @@ fn flood(net: &TestNet, sources: Sources, port: u16) -> anyhow::Result<Report> {
         payload: DEFAULT_PAYLOAD,
     };
     let frames = Frames::build(&spec, &sources)?;
-    let limits = Limits {
-        packets: FLOOD_PACKETS,
-        duration: FLOOD_TIME,
-        cpu: Some(flood_cpu()),
-    };
+    let limits = Limits { packets: FLOOD_PACKETS, duration: FLOOD_TIME, cpu: Some(flood_cpu()) };
     let iface = &net.sender.iface;
-    net.sender
-        .run(|| frames.send(&mut PacketSocket::open(iface)?, &limits))?
+    net.sender.run(|| frames.send(&mut PacketSocket::open(iface)?, &limits))?
 }
 
 /// Datagrams received, per source, and when the last one arrived.
@@ -430,9 +319,7 @@ const MAX_DRAIN: Duration = Duration::from_secs(5);
 impl Receiver {
     fn start(end: &End) -> anyhow::Result<Self> {
         // A socket belongs to the namespace it was created in, wherever it is used later.
-        let socket = end
-            .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))?
-            .context("binding the UDP socket")?;
+        let socket = end.run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))?.context("binding the UDP socket")?;
         // Room for a whole run's admissions, so the socket never drops while the test counts.
         nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBufForce, &(8 << 20))
             .context("SO_RCVBUFFORCE")?;
@@ -441,24 +328,15 @@ impl Receiver {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let handle = thread::spawn(move || receive(&socket, &flag));
-        Ok(Self {
-            port,
-            stop,
-            handle: Some(handle),
-        })
+        Ok(Self { port, stop, handle: Some(handle) })
     }
 
     /// Waits until the link has been quiet for [`QUIET`] (at most [`MAX_DRAIN`]) and returns
     /// the counts.
     fn finish(mut self) -> anyhow::Result<Delivered> {
         self.stop.store(true, Ordering::Relaxed);
-        let handle = self
-            .handle
-            .take()
-            .context("the receiver was already finished")?;
-        handle
-            .join()
-            .map_err(|_| anyhow!("the receiver thread panicked"))?
+        let handle = self.handle.take().context("the receiver was already finished")?;
+        handle.join().map_err(|_| anyhow!("the receiver thread panicked"))?
     }
 }
 
@@ -479,18 +357,12 @@ fn receive(socket: &UdpSocket, stop: &AtomicBool) -> anyhow::Result<Delivered> {
                 *delivered.per_source.entry(from.ip()).or_default() += 1;
                 delivered.last = Some(now);
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Err(e) => return Err(e).context("receiving"),
         }
         if stop.load(Ordering::Relaxed) {
             let since = *stop_seen.get_or_insert_with(Instant::now);
-            let idle = delivered
-                .last
-                .map_or(since.elapsed(), |l| l.max(since).elapsed());
+            let idle = delivered.last.map_or(since.elapsed(), |l| l.max(since).elapsed());
             if idle >= QUIET || since.elapsed() >= MAX_DRAIN {
                 return Ok(delivered);
             }

@@ -228,9 +228,16 @@ mod tests {
 
     #[test]
     fn rate_is_exact_within_a_thousandth() {
-        for (count, period) in [(1, 3600 * SEC), (3, SEC), (100, 60 * SEC), (333_333_333, SEC),
-            (999_999_937, SEC), (1_000_000_000, SEC), (700_000_000, SEC), (123_456, 3600 * SEC)]
-        {
+        for (count, period) in [
+            (1, 3600 * SEC),
+            (3, SEC),
+            (100, 60 * SEC),
+            (333_333_333, SEC),
+            (999_999_937, SEC),
+            (1_000_000_000, SEC),
+            (700_000_000, SEC),
+            (123_456, 3600 * SEC),
+        ] {
             let gcra = Gcra::new(count, period, 1, 1).unwrap();
             let exact = period as f64 * f64::from(1u32 << gcra.shift) / count as f64;
             let err = (gcra.emission as f64 - exact) / exact;

@@ -146,7 +146,12 @@ mod tests {
 
     #[test]
     fn families_and_policies_are_kept_apart() {
-        let v4 = FlowKey { addr: [198, 18, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], policy: 1, dport: 0, family: FAMILY_V4 };
+        let v4 = FlowKey {
+            addr: [198, 18, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            policy: 1,
+            dport: 0,
+            family: FAMILY_V4,
+        };
         let v6 = FlowKey { family: FAMILY_V6, ..v4 };
         assert_ne!(v4.bytes(), v6.bytes());
         assert_ne!(v4.bytes(), FlowKey { policy: 2, ..v4 }.bytes());

@@ -123,7 +123,9 @@ fn parse_metrics(s: &str) -> Result<Metrics, String> {
     if s == "off" {
         return Ok(Metrics(None));
     }
-    s.parse().map(|a| Metrics(Some(a))).map_err(|_| format!("invalid metrics address '{s}': expected IP:PORT such as 127.0.0.1:9464, or off"))
+    s.parse()
+        .map(|a| Metrics(Some(a)))
+        .map_err(|_| format!("invalid metrics address '{s}': expected IP:PORT such as 127.0.0.1:9464, or off"))
 }
 
 fn parse_sample(s: &str) -> Result<u32, String> {
@@ -241,7 +243,9 @@ fn parse_rotation(s: &str) -> Result<Rotation, String> {
     }
     match humantime::parse_duration(s) {
         Ok(d) if d >= Duration::from_millis(10) => Ok(Rotation(Some(d))),
-        _ => Err(format!("invalid rotation interval '{s}': expected a duration of at least 10ms such as 1h, 30min or 90s, or off")),
+        _ => Err(format!(
+            "invalid rotation interval '{s}': expected a duration of at least 10ms such as 1h, 30min or 90s, or off"
+        )),
     }
 }
 

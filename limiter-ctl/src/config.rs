@@ -95,12 +95,7 @@ pub enum ConfigError {
 pub fn parse(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
     toml::from_str(text).map_err(|e| {
         let (line, column) = e.span().map_or((1, 1), |span| line_column(text, span.start));
-        ConfigError::Parse {
-            path: path.to_path_buf(),
-            line,
-            column,
-            message: e.message().trim().replace('\n', " "),
-        }
+        ConfigError::Parse { path: path.to_path_buf(), line, column, message: e.message().trim().replace('\n', " ") }
     })
 }
 

@@ -9,9 +9,9 @@
 use std::{
     collections::BTreeMap,
     io,
-    sync::{Arc, Mutex},
     os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -90,7 +90,8 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
     };
     let state = desired(&ids)?;
     // An adopted limiter's buckets may hold TATs of its policies, which this daemon never saw.
-    let longest_window = if limiter.adopted() { limiter.kernel_max_window()?.max(state.max_window()) } else { state.max_window() };
+    let longest_window =
+        if limiter.adopted() { limiter.kernel_max_window()?.max(state.max_window()) } else { state.max_window() };
     limiter.apply(&before, &MapView::of(&state)?)?;
     limiter.set_sampling(args.sample_refusals)?;
     // SAFETY: the ring owns its descriptor and keeps it open for as long as the AsyncFd lives.
@@ -160,7 +161,9 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     }
     match std::fs::symlink_metadata(path) {
         // Left by a daemon that died: nothing answers on it.
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?,
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?
+        }
         Ok(_) => anyhow::bail!("{} exists and is not a socket; remove it or pass --socket", path.display()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("checking {}", path.display())),
@@ -197,14 +200,20 @@ const OCCUPANCY_EVERY: Duration = Duration::from_secs(15);
 const GRACE_MARGIN: Duration = Duration::from_millis(50);
 
 impl Daemon {
-    async fn serve(&mut self, listener: UnixListener, mut refusals: AsyncFd<RingBuf<MapData>>, args: &DaemonArgs) -> anyhow::Result<Exit> {
+    async fn serve(
+        &mut self,
+        listener: UnixListener,
+        mut refusals: AsyncFd<RingBuf<MapData>>,
+        args: &DaemonArgs,
+    ) -> anyhow::Result<Exit> {
         let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
         let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
         let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
         let mut sigusr2 = signal(SignalKind::user_defined2()).context("installing the SIGUSR2 handler")?;
         let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
-        let mut rotation = args.rotate_every.0.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
+        let mut rotation =
+            args.rotate_every.0.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
         let mut second = tokio::time::interval(Duration::from_secs(1));
         let mut occupancy = tokio::time::interval(OCCUPANCY_EVERY);
         let mut if_index = crate::limiter::if_index(&self.iface);
@@ -267,7 +276,8 @@ impl Daemon {
     fn snapshot(&mut self) -> Result<(), crate::Error> {
         let counters = self.limiter.counters()?;
         let occupancy = self.occupancy.lock().ok().and_then(|o| *o);
-        let snapshot = self.sampler.sample(&self.state, counters, self.attach_mode.as_str(), self.limiter.salt_age()?, occupancy);
+        let snapshot =
+            self.sampler.sample(&self.state, counters, self.attach_mode.as_str(), self.limiter.salt_age()?, occupancy);
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
         }
@@ -283,7 +293,8 @@ impl Daemon {
         let policies: Vec<_> = self.state.policies().map(|e| e.kernel).collect();
         let (count, out) = (self.limiter.buckets(), self.occupancy.clone());
         tokio::task::spawn_blocking(move || {
-            let ratio = stats::occupancy(&buckets, config.generation & 1, count, &policies, crate::limiter::monotonic_ns());
+            let ratio =
+                stats::occupancy(&buckets, config.generation & 1, count, &policies, crate::limiter::monotonic_ns());
             if let Ok(mut o) = out.lock() {
                 *o = ratio;
             }
@@ -307,7 +318,9 @@ impl Daemon {
     fn watch_interface(&mut self, known: Option<u32>) -> Option<u32> {
         let now = crate::limiter::if_index(&self.iface);
         match (known, now) {
-            (Some(_), None) => warn!(iface = %self.iface, "interface gone: the program went with it; waiting for it to come back"),
+            (Some(_), None) => {
+                warn!(iface = %self.iface, "interface gone: the program went with it; waiting for it to come back")
+            }
             (_, Some(index)) if known != Some(index) => match self.limiter.reattach(self.mode) {
                 Ok(attached) => info!(iface = %self.iface, mode = %attached.mode, "interface re-created: reattached"),
                 Err(e) => {
@@ -340,8 +353,16 @@ impl Daemon {
     fn handle(&mut self, request: Request) -> Response {
         match request {
             Request::PolicySet { policy } => {
-                let what = format!("name={} match={} rate={} burst={} key={} unit={} mode={}", policy.name, policy.matches,
-                    policy.rate, policy.burst_or_default(), policy.key, policy.unit.as_str(), policy.mode.as_str());
+                let what = format!(
+                    "name={} match={} rate={} burst={} key={} unit={} mode={}",
+                    policy.name,
+                    policy.matches,
+                    policy.rate,
+                    policy.burst_or_default(),
+                    policy.key,
+                    policy.unit.as_str(),
+                    policy.mode.as_str()
+                );
                 let next = self.state.with_policy(policy);
                 self.change(next, "policy set", what)
             }
@@ -375,7 +396,9 @@ impl Daemon {
                 Ok(snapshot) => Response::Ok { data: serde_json::to_value(&*snapshot).unwrap_or_default() },
                 Err(_) => Response::Failed { error: "the stats snapshot is unavailable".into() },
             },
-            Request::Top { limit } => Response::Ok { data: serde_json::to_value(self.top.report(&self.state, limit)).unwrap_or_default() },
+            Request::Top { limit } => {
+                Response::Ok { data: serde_json::to_value(self.top.report(&self.state, limit)).unwrap_or_default() }
+            }
             Request::SaltRotate => match self.rotate() {
                 Ok(()) => Response::Ok { data: serde_json::Value::Null },
                 Err(e) => Response::Failed { error: e.to_string() },
@@ -412,7 +435,9 @@ impl Daemon {
         };
         if let Err(e) = self.limiter.sync(&self.state, &next) {
             let restored = self.limiter.sync(&next, &self.state);
-            return Response::Failed { error: format!("updating the kernel maps failed: {e}{}", rollback_note(restored)) };
+            return Response::Failed {
+                error: format!("updating the kernel maps failed: {e}{}", rollback_note(restored)),
+            };
         }
         if let Err(e) = config::save(&self.config_path, &next.to_config()) {
             let restored = self.limiter.sync(&next, &self.state);
@@ -431,9 +456,9 @@ impl Daemon {
     /// SIGHUP: re-read the file. A file that does not parse or validate changes nothing.
     fn reload(&mut self) {
         let path = self.config_path.display().to_string();
-        let next = config::load(&self.config_path)
-            .map_err(|e| e.to_string())
-            .and_then(|file: ConfigFile| State::build(&file, &self.state.ids()).map_err(|e| format!("{path}: {}", e.0)));
+        let next = config::load(&self.config_path).map_err(|e| e.to_string()).and_then(|file: ConfigFile| {
+            State::build(&file, &self.state.ids()).map_err(|e| format!("{path}: {}", e.0))
+        });
         match next {
             Err(error) => warn!(%error, "reload failed; keeping the running config"),
             Ok(next) => match self.limiter.sync(&self.state, &next) {

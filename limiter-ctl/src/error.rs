@@ -13,20 +13,35 @@ pub enum Error {
     #[error("the BPF object has no {kind} named '{name}': the build is inconsistent, rebuild limiter-ctl")]
     Missing { kind: &'static str, name: String },
     #[error("map {name}: {source}")]
-    Map { name: &'static str, #[source] source: MapError },
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
     #[error("interface '{0}' does not exist (see `ip link`)")]
     NoSuchInterface(String),
     #[error("attaching to {iface} in {mode} mode failed: {source}")]
-    Attach { iface: String, mode: &'static str, #[source] source: ProgramError },
+    Attach {
+        iface: String,
+        mode: &'static str,
+        #[source]
+        source: ProgramError,
+    },
     #[error("detaching from {iface} failed: {source}")]
-    Detach { iface: String, #[source] source: ProgramError },
+    Detach {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
     #[error("the OS random number generator failed: {0}")]
     Salt(String),
     #[error("bucket count {0} is not a power of two between {min} and {max}", min = limiter_common::maps::MIN_BUCKETS, max = limiter_common::maps::MAX_BUCKETS)]
     Buckets(u32),
     #[error("test run failed: {0}")]
     TestRun(#[source] ProgramError),
-    #[error("cannot adopt the limiter pinned at {dir}: {why}; `limiter-ctl detach` removes it (and its state) so a new one can start")]
+    #[error(
+        "cannot adopt the limiter pinned at {dir}: {why}; `limiter-ctl detach` removes it (and its state) so a new one can start"
+    )]
     Adopt { dir: std::path::PathBuf, why: String },
     #[error("{0}")]
     Pins(String),

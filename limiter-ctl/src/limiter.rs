@@ -16,9 +16,8 @@ use aya::{
 use limiter_common::{
     SipInit, SipKey,
     maps::{
-        CLASSES, Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG,
-        MAP_COUNTERS, MAP_LAYOUT, MAP_POLICIES, MAP_REFUSALS, MAX_BUCKETS, MAX_POLICIES,
-        MIN_BUCKETS, PROGRAM, Policy,
+        CLASSES, Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, MAP_LAYOUT,
+        MAP_POLICIES, MAP_REFUSALS, MAX_BUCKETS, MAX_POLICIES, MIN_BUCKETS, PROGRAM, Policy,
     },
 };
 
@@ -138,7 +137,8 @@ impl Limiter {
             Some(p) => {
                 if p.has_link() {
                     p.check_compatible(buckets)?;
-                    let data = MapData::from_pin(p.map(MAP_LAYOUT)).map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+                    let data = MapData::from_pin(p.map(MAP_LAYOUT))
+                        .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
                     let layout = Array::<_, u64>::try_from(Map::Array(data))
                         .and_then(|a| a.get(&0, 0))
                         .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
@@ -284,7 +284,10 @@ impl Limiter {
 
     /// The ring of sampled refusals, for the daemon to drain (it can be taken once).
     pub fn take_refusals(&mut self) -> Result<RingBuf<MapData>, Error> {
-        let map = self.ebpf.take_map(MAP_REFUSALS).ok_or_else(|| Error::Missing { kind: "map", name: MAP_REFUSALS.into() })?;
+        let map = self
+            .ebpf
+            .take_map(MAP_REFUSALS)
+            .ok_or_else(|| Error::Missing { kind: "map", name: MAP_REFUSALS.into() })?;
         RingBuf::try_from(map).map_err(|source| Error::Map { name: MAP_REFUSALS, source })
     }
 
@@ -326,12 +329,17 @@ impl Limiter {
         if let Some(path) = self.pins.as_ref().map(PinDir::link).filter(|p| p.exists()) {
             match self.replace_in_pinned_link(&path) {
                 Ok(id) => {
-                    let mode = if self.config()?.flags & Config::ATTACHED_SKB != 0 { AttachMode::Skb } else { AttachMode::Native };
+                    let mode = if self.config()?.flags & Config::ATTACHED_SKB != 0 {
+                        AttachMode::Skb
+                    } else {
+                        AttachMode::Native
+                    };
                     self.link = Some(Link { iface: iface.into(), held: Held::Program(id) });
                     return Ok(Attached { mode, fallback: None, replaced: true });
                 }
                 // Defunct: its interface went away (re-created since?). Start a new link.
-                Err(_) => std::fs::remove_file(&path).map_err(|e| Error::Pins(format!("removing the stale {}: {e}", path.display())))?,
+                Err(_) => std::fs::remove_file(&path)
+                    .map_err(|e| Error::Pins(format!("removing the stale {}: {e}", path.display())))?,
             }
         }
         let (id, attached) = self.attach_new(iface, mode)?;
@@ -339,13 +347,20 @@ impl Limiter {
             None => Held::Program(id),
             Some(pins) => {
                 let path = pins.link();
-                let link = self.program_mut()?.take_link(id).map_err(|source| Error::Attach { iface: iface.into(), mode: attached.mode.as_str(), source })?;
-                let fd = FdLink::try_from(link).map_err(|e| Error::Pins(format!("the XDP link is not a bpf_link ({e}); this kernel cannot pin it")))?;
+                let link = self.program_mut()?.take_link(id).map_err(|source| Error::Attach {
+                    iface: iface.into(),
+                    mode: attached.mode.as_str(),
+                    source,
+                })?;
+                let fd = FdLink::try_from(link).map_err(|e| {
+                    Error::Pins(format!("the XDP link is not a bpf_link ({e}); this kernel cannot pin it"))
+                })?;
                 Held::Pinned(fd.pin(&path).map_err(|e| Error::Pins(format!("pinning {}: {e}", path.display())))?)
             }
         };
         let mut config = self.config()?;
-        config.flags = (config.flags & !Config::ATTACHED_SKB) | if attached.mode == AttachMode::Skb { Config::ATTACHED_SKB } else { 0 };
+        config.flags = (config.flags & !Config::ATTACHED_SKB)
+            | if attached.mode == AttachMode::Skb { Config::ATTACHED_SKB } else { 0 };
         self.write_config(&config)?;
         self.link = Some(Link { iface: iface.into(), held });
         Ok(attached)
@@ -353,8 +368,13 @@ impl Limiter {
 
     fn replace_in_pinned_link(&mut self, path: &std::path::Path) -> Result<XdpLinkId, Error> {
         let pinned = PinnedLink::from_pin(path).map_err(|e| Error::Pins(format!("opening {}: {e}", path.display())))?;
-        let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| Error::Pins(format!("{}: {e}", path.display())))?;
-        self.program_mut()?.attach_to_link(link).map_err(|source| Error::Attach { iface: "(pinned link)".into(), mode: "replace", source })
+        let link =
+            XdpLink::try_from(FdLink::from(pinned)).map_err(|e| Error::Pins(format!("{}: {e}", path.display())))?;
+        self.program_mut()?.attach_to_link(link).map_err(|source| Error::Attach {
+            iface: "(pinned link)".into(),
+            mode: "replace",
+            source,
+        })
     }
 
     fn attach_new(&mut self, iface: &str, mode: ModeRequest) -> Result<(XdpLinkId, Attached), Error> {
@@ -367,9 +387,11 @@ impl Limiter {
             Ok(id) => Ok((id, Attached { mode: first, fallback: None, replaced: false })),
             Err(native_err) if mode == ModeRequest::Auto => {
                 let reason = error_chain(&native_err);
-                let id = program
-                    .attach(iface, XdpMode::Skb)
-                    .map_err(|source| Error::Attach { iface: iface.into(), mode: "skb", source })?;
+                let id = program.attach(iface, XdpMode::Skb).map_err(|source| Error::Attach {
+                    iface: iface.into(),
+                    mode: "skb",
+                    source,
+                })?;
                 Ok((id, Attached { mode: AttachMode::Skb, fallback: Some(reason), replaced: false }))
             }
             Err(source) => Err(Error::Attach { iface: iface.into(), mode: first.as_str(), source }),

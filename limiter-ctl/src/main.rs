@@ -6,8 +6,9 @@ use limiter_ctl::{
     daemon,
     error::Usage,
     ipc::{self, PolicyStatus, Request, Response},
-    pins, show, stats, top,
+    pins, show,
     state::List,
+    stats, top,
 };
 
 /// Exit codes: 0 done, 1 failed, 2 bad input (nothing changed).

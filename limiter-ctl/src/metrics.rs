@@ -19,7 +19,12 @@ struct Limiter(Shared);
 
 type Labels = Vec<(&'static str, String)>;
 
-fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, series: Vec<(Labels, u64)>) -> Result<(), std::fmt::Error> {
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: Vec<(Labels, u64)>,
+) -> Result<(), std::fmt::Error> {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
     for (labels, value) in series {
         ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
@@ -27,7 +32,13 @@ fn counter(encoder: &mut DescriptorEncoder, name: &str, help: &str, series: Vec<
     Ok(())
 }
 
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, labels: Labels, value: f64) -> Result<(), std::fmt::Error> {
+fn gauge(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    labels: Labels,
+    value: f64,
+) -> Result<(), std::fmt::Error> {
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
     ConstGauge::new(value).encode(family.encode_family(&labels)?)
 }
@@ -42,30 +53,65 @@ impl Collector for Limiter {
         let (mut packets, mut bytes) = (Vec::new(), Vec::new());
         for p in &s.policies {
             let c = &p.totals;
-            packets.extend(by_decision(&p.name, &[
-                ("admitted", c.admitted_packets),
-                ("refused", c.refused_packets),
-                ("dry_run", c.dry_run_packets),
-                ("allowed", c.allowed_packets),
-                ("denied", c.denied_packets),
-            ]));
-            bytes.extend(by_decision(&p.name, &[("admitted", c.admitted_bytes), ("refused", c.refused_bytes), ("dry_run", c.dry_run_bytes)]));
+            packets.extend(by_decision(
+                &p.name,
+                &[
+                    ("admitted", c.admitted_packets),
+                    ("refused", c.refused_packets),
+                    ("dry_run", c.dry_run_packets),
+                    ("allowed", c.allowed_packets),
+                    ("denied", c.denied_packets),
+                ],
+            ));
+            bytes.extend(by_decision(
+                &p.name,
+                &[("admitted", c.admitted_bytes), ("refused", c.refused_bytes), ("dry_run", c.dry_run_bytes)],
+            ));
         }
-        counter(&mut encoder, "limiter_packets", "Packets judged by a policy, by decision (dry_run: passed, would have been refused).", packets)?;
+        counter(
+            &mut encoder,
+            "limiter_packets",
+            "Packets judged by a policy, by decision (dry_run: passed, would have been refused).",
+            packets,
+        )?;
         counter(&mut encoder, "limiter_bytes", "Bytes judged by a policy, by decision.", bytes)?;
         let u = &s.unjudged;
         let reason = |r: &str, n: u64| (vec![("reason", r.to_string())], n);
-        counter(&mut encoder, "limiter_unjudged_packets", "Packets passed without a policy's judgement, by reason.", vec![
-            reason("not_ip", u.not_ip),
-            reason("malformed", u.malformed),
-            reason("unmatched", u.unmatched),
-        ])?;
-        counter(&mut encoder, "limiter_errors", "The limiter's own faults (always passed, never dropped).", vec![(vec![], u.errors)])?;
-        gauge(&mut encoder, "limiter_attach_mode", "1 for the XDP mode the program runs in.", vec![("mode", s.attach_mode.clone())], 1.0)?;
+        counter(
+            &mut encoder,
+            "limiter_unjudged_packets",
+            "Packets passed without a policy's judgement, by reason.",
+            vec![reason("not_ip", u.not_ip), reason("malformed", u.malformed), reason("unmatched", u.unmatched)],
+        )?;
+        counter(
+            &mut encoder,
+            "limiter_errors",
+            "The limiter's own faults (always passed, never dropped).",
+            vec![(vec![], u.errors)],
+        )?;
+        gauge(
+            &mut encoder,
+            "limiter_attach_mode",
+            "1 for the XDP mode the program runs in.",
+            vec![("mode", s.attach_mode.clone())],
+            1.0,
+        )?;
         gauge(&mut encoder, "limiter_policies", "Policies loaded.", vec![], s.policies.len() as f64)?;
-        gauge(&mut encoder, "limiter_salt_age_seconds", "Seconds since the salt was last rotated.", vec![], s.salt_age_s)?;
+        gauge(
+            &mut encoder,
+            "limiter_salt_age_seconds",
+            "Seconds since the salt was last rotated.",
+            vec![],
+            s.salt_age_s,
+        )?;
         if let Some(occupancy) = s.bucket_occupancy {
-            gauge(&mut encoder, "limiter_bucket_occupancy_ratio", "Fraction of buckets whose TAT is ahead of now: a newcomer's chance of sharing one.", vec![], occupancy)?;
+            gauge(
+                &mut encoder,
+                "limiter_bucket_occupancy_ratio",
+                "Fraction of buckets whose TAT is ahead of now: a newcomer's chance of sharing one.",
+                vec![],
+                occupancy,
+            )?;
         }
         Ok(())
     }
@@ -83,14 +129,19 @@ pub fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
 /// Serves `/metrics` on `addr` until the process ends. Binding happens before this returns,
 /// so a taken port is reported at start.
 pub async fn serve(addr: SocketAddr, shared: Shared) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding the metrics endpoint on {addr} (--metrics off to disable)"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics endpoint on {addr} (--metrics off to disable)"))?;
     let app = Router::new().route(
         "/metrics",
         get(move || {
             let shared = shared.clone();
             async move {
                 match render(&shared) {
-                    Ok(body) => ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body).into_response(),
+                    Ok(body) => {
+                        ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+                            .into_response()
+                    }
                     Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "encoding failed").into_response(),
                 }
             }
@@ -108,7 +159,10 @@ mod tests {
     use std::sync::{Arc, RwLock};
 
     use super::*;
-    use crate::{ipc::PolicyCounters, stats::{PolicyStats, Snapshot}};
+    use crate::{
+        ipc::PolicyCounters,
+        stats::{PolicyStats, Snapshot},
+    };
 
     #[test]
     fn exposes_policy_and_decision_labels_only() {

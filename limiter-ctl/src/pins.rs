@@ -9,9 +9,9 @@ use std::{
 
 use aya::maps::{MapInfo, MapType};
 use limiter_common::maps::{
-    Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS,
-    MAP_CONFIG, MAP_COUNTERS, MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY,
-    MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy,
+    Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
+    MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN,
+    PORT_POLICY_ENTRIES, Policy,
 };
 
 use crate::Error;
@@ -23,8 +23,15 @@ const LINK: &str = "link";
 
 /// Every map of the limiter object, all pinned.
 pub const MAPS: [&str; 9] = [
-    MAP_CONFIG, MAP_POLICIES, MAP_PORT_POLICY, MAP_BUCKETS, MAP_COUNTERS, MAP_ACL_V4, MAP_ACL_V6,
-    MAP_POLICY_NAMES, MAP_LAYOUT,
+    MAP_CONFIG,
+    MAP_POLICIES,
+    MAP_PORT_POLICY,
+    MAP_BUCKETS,
+    MAP_COUNTERS,
+    MAP_ACL_V4,
+    MAP_ACL_V6,
+    MAP_POLICY_NAMES,
+    MAP_LAYOUT,
 ];
 
 #[derive(Clone, Debug)]
@@ -61,7 +68,8 @@ impl PinDir {
             mount_bpffs()?;
             note = Some(format!("mounted bpffs at {BPFFS}"));
         }
-        std::fs::create_dir_all(&self.dir).map_err(|e| self.pin_error(format!("creating {}: {e}", self.dir.display())))?;
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| self.pin_error(format!("creating {}: {e}", self.dir.display())))?;
         if !is_bpffs(&self.dir) {
             return Err(self.pin_error(format!(
                 "{} is not on a BPF filesystem; mount one (mount -t bpf bpf {BPFFS}) or choose --pin-dir under it",
@@ -79,7 +87,10 @@ impl PinDir {
             let found = (info.map_type().ok(), info.key_size(), info.value_size(), info.max_entries());
             if found != (Some(kind), key, value, entries) {
                 let hint = if name == MAP_BUCKETS && found.3 != entries {
-                    format!(" (it was pinned with --buckets {}; start with that, or detach first)", found.3 / GENERATIONS)
+                    format!(
+                        " (it was pinned with --buckets {}; start with that, or detach first)",
+                        found.3 / GENERATIONS
+                    )
                 } else {
                     " (pinned by another version of limiter)".into()
                 };
@@ -114,7 +125,11 @@ impl PinDir {
         match std::fs::remove_dir(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(self.pin_error(format!("removing {}: {e} (is something else pinned there?)", self.dir.display()))),
+            Err(e) => {
+                return Err(
+                    self.pin_error(format!("removing {}: {e} (is something else pinned there?)", self.dir.display()))
+                );
+            }
         }
         Ok(removed)
     }
@@ -150,7 +165,9 @@ fn is_bpffs(path: &Path) -> bool {
 fn mount_bpffs() -> Result<(), Error> {
     std::fs::create_dir_all(BPFFS).ok();
     nix::mount::mount(Some("bpf"), BPFFS, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>).map_err(|e| {
-        Error::Pins(format!("bpffs is not mounted at {BPFFS} and mounting it failed ({e}); mount it with `mount -t bpf bpf {BPFFS}`"))
+        Error::Pins(format!(
+            "bpffs is not mounted at {BPFFS} and mounting it failed ({e}); mount it with `mount -t bpf bpf {BPFFS}`"
+        ))
     })
 }
 

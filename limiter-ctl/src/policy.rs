@@ -267,10 +267,7 @@ serde_via_string!(Name, Match, KeySpec);
 
 /// Parses a burst: a whole number from 1.
 pub fn parse_burst(s: &str) -> Result<u64, FieldError> {
-    s.parse::<u64>()
-        .ok()
-        .filter(|&n| n >= 1)
-        .ok_or_else(|| field_err("burst", s, "expected a whole number from 1"))
+    s.parse::<u64>().ok().filter(|&n| n >= 1).ok_or_else(|| field_err("burst", s, "expected a whole number from 1"))
 }
 
 /// One policy, validated: everything the kernel needs except its id.
@@ -287,7 +284,14 @@ pub struct PolicySpec {
 impl PolicySpec {
     /// A policy matching everything, with the default key, packets, enforcing.
     pub fn any(rate: Rate, burst: u64) -> Self {
-        Self { rate, burst, key: KeySpec::default(), unit: Unit::Packets, mode: Mode::Enforce, matches: Match::default() }
+        Self {
+            rate,
+            burst,
+            key: KeySpec::default(),
+            unit: Unit::Packets,
+            mode: Mode::Enforce,
+            matches: Match::default(),
+        }
     }
 
     /// The burst used when none is given: one second's worth of the rate, and in byte mode at
@@ -338,7 +342,9 @@ mod tests {
         for s in ["any", "tcp", "udp", "icmp", "tcp:80", "udp:53", "tcp:8000-8999", "udp:1-65535"] {
             assert_eq!(s.parse::<Match>().map(|m| m.to_string()), Ok(s.to_string()));
         }
-        for bad in ["", "TCP", "tcp:", "tcp:0", "tcp:65536", "udp:9-8", "icmp:1", "any:53", "tcp:1-", "sctp", "tcp:80,81"] {
+        for bad in
+            ["", "TCP", "tcp:", "tcp:0", "tcp:65536", "udp:9-8", "icmp:1", "any:53", "tcp:1-", "sctp", "tcp:80,81"]
+        {
             let err = bad.parse::<Match>().unwrap_err();
             assert_eq!(err.field, "match", "{bad}");
         }

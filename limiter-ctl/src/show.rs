@@ -66,7 +66,17 @@ pub fn nets(nets: &[IpNet]) -> String {
 }
 
 pub fn stats(s: &crate::stats::Snapshot) -> String {
-    let mut t = table(&["POLICY", "ADMITTED/S", "REFUSED/S", "DRY-RUN/S", "ADMITTED", "REFUSED", "DRY-RUN", "ALLOWED", "DENIED"]);
+    let mut t = table(&[
+        "POLICY",
+        "ADMITTED/S",
+        "REFUSED/S",
+        "DRY-RUN/S",
+        "ADMITTED",
+        "REFUSED",
+        "DRY-RUN",
+        "ALLOWED",
+        "DENIED",
+    ]);
     let per_s = |v: f64| Cell::new(format!("{v:.0}")).set_alignment(CellAlignment::Right);
     for p in &s.policies {
         t.add_row(vec![

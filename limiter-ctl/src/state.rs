@@ -6,8 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::IpNet;
 use limiter_common::maps::{
-    CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, MAX_ACL_ENTRIES, MAX_POLICIES,
-    PORT_POLICY_ENTRIES, Policy,
+    CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, MAX_ACL_ENTRIES, MAX_POLICIES, PORT_POLICY_ENTRIES, Policy,
 };
 
 use crate::{
@@ -132,7 +131,9 @@ impl State {
 
     pub fn without_policy(&self, name: &Name) -> Result<State, Usage> {
         let mut next = self.clone();
-        next.policies.remove(name).ok_or_else(|| Usage(format!("no policy named '{name}' (see `limiter-ctl policy list`)")))?;
+        next.policies
+            .remove(name)
+            .ok_or_else(|| Usage(format!("no policy named '{name}' (see `limiter-ctl policy list`)")))?;
         Ok(next)
     }
 
@@ -271,7 +272,8 @@ mod tests {
 
     #[test]
     fn precedence_is_port_then_range_then_protocol_then_any() {
-        let s = with(&[("any", "any"), ("udp", "udp"), ("range", "udp:50-60"), ("dns", "udp:53"), ("web", "tcp:80")]).unwrap();
+        let s = with(&[("any", "any"), ("udp", "udp"), ("range", "udp:50-60"), ("dns", "udp:53"), ("web", "tcp:80")])
+            .unwrap();
         let r = s.routes().unwrap();
         let udp = |p: usize| r.ports[(CLASS_UDP << 16) | p];
         assert_eq!(udp(53), id(&s, "dns"));
@@ -287,7 +289,9 @@ mod tests {
 
     #[test]
     fn clashes_name_the_other_policy() {
-        for (first, second) in [("udp:53", "udp:53"), ("udp:50-60", "udp:60-70"), ("tcp", "tcp"), ("any", "any"), ("tcp:1-100", "tcp:5-6")] {
+        for (first, second) in
+            [("udp:53", "udp:53"), ("udp:50-60", "udp:60-70"), ("tcp", "tcp"), ("any", "any"), ("tcp:1-100", "tcp:5-6")]
+        {
             let err = with(&[("a", first), ("b", second)]).unwrap_err();
             assert!(err.0.contains("'a'") && err.0.contains("'b'"), "{first} vs {second}: {}", err.0);
         }

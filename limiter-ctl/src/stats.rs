@@ -67,7 +67,14 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    pub fn sample(&mut self, state: &State, counters: Vec<Counters>, attach_mode: &str, salt_age: Duration, occupancy: Option<f64>) -> Snapshot {
+    pub fn sample(
+        &mut self,
+        state: &State,
+        counters: Vec<Counters>,
+        attach_mode: &str,
+        salt_age: Duration,
+        occupancy: Option<f64>,
+    ) -> Snapshot {
         let now = Instant::now();
         let (interval, prev) = match &self.last {
             Some((t, prev)) => (now.duration_since(*t).as_secs_f64().max(1e-3), Some(prev)),
@@ -117,7 +124,13 @@ impl Sampler {
 
 /// Scans the current generation's buckets (on its own thread: it reads every bucket of every
 /// CPU) and returns the fraction whose TAT is ahead of `now` under any policy's clock.
-pub fn occupancy(buckets: &PerCpuArray<MapData, u64>, generation: u32, count: u32, policies: &[Policy], now_ns: u64) -> Option<f64> {
+pub fn occupancy(
+    buckets: &PerCpuArray<MapData, u64>,
+    generation: u32,
+    count: u32,
+    policies: &[Policy],
+    now_ns: u64,
+) -> Option<f64> {
     let clocks: BTreeMap<u32, u64> = policies.iter().fold(BTreeMap::new(), |mut m, p| {
         let cap = m.entry(p.gcra.shift).or_insert(0);
         *cap = (*cap).max(p.gcra.capacity);

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use aya::maps::{LpmTrie, MapData, PerCpuArray, PerCpuValues, lpm_trie::Key};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use limiter_common::maps::{
-    ACL_ALLOW, ACL_DENY, CLASSES, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_COUNTERS,
-    MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
+    ACL_ALLOW, ACL_DENY, CLASSES, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_COUNTERS, MAP_POLICIES,
+    MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
 };
 
 use crate::{
@@ -145,13 +145,15 @@ impl Limiter {
         let v4 = self.acl_trie::<[u8; 4]>(MAP_ACL_V4)?;
         for item in v4.iter() {
             let (key, action) = item.map_err(|source| Error::Map { name: MAP_ACL_V4, source })?;
-            let net = Ipv4Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
+            let net =
+                Ipv4Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
             acl.insert(IpNet::V4(net), action);
         }
         let v6 = self.acl_trie::<[u8; 16]>(MAP_ACL_V6)?;
         for item in v6.iter() {
             let (key, action) = item.map_err(|source| Error::Map { name: MAP_ACL_V6, source })?;
-            let net = Ipv6Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
+            let net =
+                Ipv6Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
             acl.insert(IpNet::V6(net), action);
         }
         Ok(MapView { policies, ports, class_policy: self.config()?.class_policy, acl })
@@ -171,8 +173,12 @@ impl Limiter {
     fn acl_insert(&mut self, net: IpNet, action: u8) -> Result<(), Error> {
         let prefix = u32::from(net.prefix_len());
         match net {
-            IpNet::V4(n) => self.acl_trie_mut::<[u8; 4]>(MAP_ACL_V4)?.insert(&Key::new(prefix, n.network().octets()), action, 0),
-            IpNet::V6(n) => self.acl_trie_mut::<[u8; 16]>(MAP_ACL_V6)?.insert(&Key::new(prefix, n.network().octets()), action, 0),
+            IpNet::V4(n) => {
+                self.acl_trie_mut::<[u8; 4]>(MAP_ACL_V4)?.insert(&Key::new(prefix, n.network().octets()), action, 0)
+            }
+            IpNet::V6(n) => {
+                self.acl_trie_mut::<[u8; 16]>(MAP_ACL_V6)?.insert(&Key::new(prefix, n.network().octets()), action, 0)
+            }
         }
         .map_err(|source| Error::Map { name: acl_map_name(net), source })
     }

@@ -86,7 +86,8 @@ impl Top {
         let mut entries: Vec<Entry> = totals
             .into_iter()
             .map(|(k, samples)| {
-                let (policy, keyed_on_port) = names.get(&k.policy).cloned().unwrap_or_else(|| (format!("#{}", k.policy), false));
+                let (policy, keyed_on_port) =
+                    names.get(&k.policy).cloned().unwrap_or_else(|| (format!("#{}", k.policy), false));
                 Entry {
                     prefix: k.net,
                     policy,

@@ -12,12 +12,11 @@ use aya_ebpf::{
 };
 use limiter_common::{
     Gcra,
-    key::bucket_of,
     key::FAMILY_V4,
+    key::bucket_of,
     maps::{
-        ACL_ALLOW, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS,
-        MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy,
-        REFUSALS_BYTES, RefusalSample,
+        ACL_ALLOW, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES, MAX_POLICIES,
+        POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES, RefusalSample,
     },
 };
 use limiter_ebpf::{

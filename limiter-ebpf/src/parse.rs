@@ -12,7 +12,11 @@ use limiter_common::{
     key::{FAMILY_V4, FAMILY_V6},
     maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP},
 };
-use network_types::{eth::EthHdr, ip::{Ipv4Hdr, Ipv6Hdr}, vlan::VlanHdr};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+    vlan::VlanHdr,
+};
 
 /// IPv6 extension headers skipped before giving up on a chain (one of each kind and a spare).
 pub const MAX_EXT_HEADERS: usize = 6;

@@ -24,7 +24,6 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, setsockopt, sockopt};
 use limiter_common::Gcra;
 use limiter_tests::{
     cpu::pin_current_thread,
@@ -34,6 +33,7 @@ use limiter_tests::{
     peers::{self, PORT, PerSource, System},
     plot,
 };
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, setsockopt, sockopt};
 
 const POLICY: PerSource = PerSource { rate_per_s: 5, burst: 5 };
 const SENDER_CPU: usize = 1;
@@ -68,7 +68,9 @@ impl Workload {
         match self {
             Self::OneSource => LiveSources { first: v4(198, 19, 0, 1), count: 1 },
             Self::Spoofed => LiveSources { first: v4(198, 19, 0, 0), count: 1 << 16 },
-            Self::Churn => LiveSources { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: 1_000_000 },
+            Self::Churn => {
+                LiveSources { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: 1_000_000 }
+            }
         }
     }
 }
@@ -189,7 +191,9 @@ fn boundary_burst(system: System) -> anyhow::Result<Vec<f64>> {
         while !listening.load(Ordering::Relaxed) {
             let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
             let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-            let Ok(msg) = recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty()) else { continue };
+            let Ok(msg) = recvmsg::<()>(socket.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty()) else {
+                continue;
+            };
             for c in msg.cmsgs()? {
                 if let ControlMessageOwned::ScmTimestampns(ts) = c {
                     seen.push(ts.tv_sec() as f64 + ts.tv_nsec() as f64 * 1e-9);
@@ -248,7 +252,15 @@ fn memory_sweep(system: System, sources: u32) -> anyhow::Result<Run> {
     let keys = receiver.keys(&net.receiver)?;
     let grew = peers::kernel_memory()? as i64 - before as i64;
     let maps = receiver.maps_memory()?;
-    Ok(Run { sent: sent.frames, offered: counts.offered, admitted: counts.admitted, grew, maps, keys, ..Run::default() })
+    Ok(Run {
+        sent: sent.frames,
+        offered: counts.offered,
+        admitted: counts.admitted,
+        grew,
+        maps,
+        keys,
+        ..Run::default()
+    })
 }
 
 fn stats(v: &[f64]) -> (f64, f64, f64) {
@@ -265,16 +277,20 @@ fn mmm(v: &[f64], digits: usize) -> String {
 fn main() -> anyhow::Result<()> {
     let out_dir = std::env::args().skip_while(|a| a != "--out").nth(1).unwrap_or_else(|| "target/peers".into());
     if !nix::unistd::geteuid().is_root() {
-        bail!("the peers benchmark creates namespaces and loads XDP: run it as root (sudo -E cargo xtask bench --peers)");
+        bail!(
+            "the peers benchmark creates namespaces and loads XDP: run it as root (sudo -E cargo xtask bench --peers)"
+        );
     }
-    let gcra = Gcra::new(u64::from(POLICY.rate_per_s), 1_000_000_000, u64::from(POLICY.burst), 1).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let gcra = Gcra::new(u64::from(POLICY.rate_per_s), 1_000_000_000, u64::from(POLICY.burst), 1)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let started = Instant::now();
     let mut runs: BTreeMap<(Workload, System), Vec<Run>> = BTreeMap::new();
     let rounds = if quick() { 1 } else { RUNS };
     for round in 0..rounds {
         for workload in Workload::ALL {
             for system in System::ALL {
-                let run = flood(system, workload, &gcra).with_context(|| format!("{} / {}", system.name(), workload.name()))?;
+                let run = flood(system, workload, &gcra)
+                    .with_context(|| format!("{} / {}", system.name(), workload.name()))?;
                 eprintln!("round {round}: {:<20} {:<30} {run:?}", system.name(), workload.name());
                 runs.entry((workload, system)).or_default().push(run);
             }
@@ -297,15 +313,28 @@ fn main() -> anyhow::Result<()> {
 
     // The table.
     let mut md = String::new();
-    writeln!(md, "Policy for every system: {} packets/s per source, burst {}, on UDP port {PORT} (IPv4 per address, IPv6 per /64). {rounds} runs each, median (min-max). Floods of up to {} s from the live-frames generator on CPU {SENDER_CPU}.\n", POLICY.rate_per_s, POLICY.burst, flood_time().as_secs())?;
-    writeln!(md, "| workload | system | sent | offered (Mpps reached) | admitted | bound | admitted / bound | CPU s per M offered | net of XDP_DROP | net s per M dropped | state memory (MiB) | keys held |")?;
+    writeln!(
+        md,
+        "Policy for every system: {} packets/s per source, burst {}, on UDP port {PORT} (IPv4 per address, IPv6 per /64). {rounds} runs each, median (min-max). Floods of up to {} s from the live-frames generator on CPU {SENDER_CPU}.\n",
+        POLICY.rate_per_s,
+        POLICY.burst,
+        flood_time().as_secs()
+    )?;
+    writeln!(
+        md,
+        "| workload | system | sent | offered (Mpps reached) | admitted | bound | admitted / bound | CPU s per M offered | net of XDP_DROP | net s per M dropped | state memory (MiB) | keys held |"
+    )?;
     writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     let mut net_cost: BTreeMap<(Workload, System), f64> = BTreeMap::new();
     for workload in Workload::ALL {
-        let baseline = stats(&runs[&(workload, System::XdpDrop)].iter().map(Run::cpu_per_million).collect::<Vec<_>>()).1;
+        let baseline =
+            stats(&runs[&(workload, System::XdpDrop)].iter().map(Run::cpu_per_million).collect::<Vec<_>>()).1;
         let stateless = stats(&runs[&(workload, System::Nothing)].iter().map(|r| r.grew as f64).collect::<Vec<_>>()).1;
         // What passing a packet up the stack costs, net: "nothing" passes them all.
-        let pass_cost = stats(&runs[&(workload, System::Nothing)].iter().map(|r| r.cpu_per_million() - baseline).collect::<Vec<_>>()).1 / 1e6;
+        let pass_cost = stats(
+            &runs[&(workload, System::Nothing)].iter().map(|r| r.cpu_per_million() - baseline).collect::<Vec<_>>(),
+        )
+        .1 / 1e6;
         for system in System::ALL {
             let r = &runs[&(workload, system)];
             let col = |f: fn(&Run) -> f64| r.iter().map(f).collect::<Vec<_>>();
@@ -338,7 +367,8 @@ fn main() -> anyhow::Result<()> {
                 if system == System::XdpDrop { "-".into() } else { mmm(&net, 3) },
                 if per_dropped.is_empty() { "-".into() } else { mmm(&per_dropped, 3) },
                 {
-                    let m: Vec<f64> = r.iter().filter_map(|r| state_memory(system, r, stateless)).map(|b| b / 1048576.0).collect();
+                    let m: Vec<f64> =
+                        r.iter().filter_map(|r| state_memory(system, r, stateless)).map(|b| b / 1048576.0).collect();
                     if m.is_empty() { "-".into() } else { mmm(&m, 1) }
                 },
                 r[0].keys.map_or("fixed".into(), |_| mmm(&col(|r| r.keys.unwrap_or(0) as f64), 0)),
@@ -348,14 +378,23 @@ fn main() -> anyhow::Result<()> {
     writeln!(md, "\nState memory as distinct sources grow (IPv6 /64 sources, each sent twice):\n")?;
     writeln!(md, "| distinct sources | system | offered | admitted | state memory (MiB) | keys held |")?;
     writeln!(md, "|---:|---|---:|---:|---:|---:|")?;
-    let stateless: BTreeMap<u32, f64> = sweep.get(&System::Nothing).into_iter().flatten().map(|(n, r)| (*n, r.grew as f64)).collect();
+    let stateless: BTreeMap<u32, f64> =
+        sweep.get(&System::Nothing).into_iter().flatten().map(|(n, r)| (*n, r.grew as f64)).collect();
     let mut memory_points: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
     for (system, points) in sweep.iter().filter(|(s, _)| s.limits()) {
         let mut line = Vec::new();
         for (sources, r) in points {
-            let mib = state_memory(*system, r, stateless.get(sources).copied().unwrap_or(0.0)).unwrap_or(0.0) / 1048576.0;
+            let mib =
+                state_memory(*system, r, stateless.get(sources).copied().unwrap_or(0.0)).unwrap_or(0.0) / 1048576.0;
             line.push((f64::from(*sources), mib));
-            writeln!(md, "| {sources} | {} | {} | {} | {mib:.1} | {} |", system.name(), r.offered, r.admitted, r.keys.map_or("fixed".into(), |k| k.to_string()))?;
+            writeln!(
+                md,
+                "| {sources} | {} | {} | {} | {mib:.1} | {} |",
+                system.name(),
+                r.offered,
+                r.admitted,
+                r.keys.map_or("fixed".into(), |k| k.to_string())
+            )?;
         }
         memory_points.push((system.name(), line));
     }
@@ -373,9 +412,18 @@ fn main() -> anyhow::Result<()> {
     let bound_line: Vec<(f64, f64)> = bursts
         .get(&System::Limiter)
         .and_then(|a| a.first().copied())
-        .map(|t0| (0..=800).map(|i| t0 + f64::from(i) * 1e-4).map(|t| (t, gcra.bound(((t - t0) * 1e9) as u64) as f64)).collect())
+        .map(|t0| {
+            (0..=800)
+                .map(|i| t0 + f64::from(i) * 1e-4)
+                .map(|t| (t, gcra.bound(((t - t0) * 1e9) as u64) as f64))
+                .collect()
+        })
         .unwrap_or_default();
-    plot::boundary_burst(&format!("{out_dir}/boundary-burst.svg"), &bursts.iter().map(|(s, a)| (s.name(), a.clone())).collect::<Vec<_>>(), &bound_line)?;
+    plot::boundary_burst(
+        &format!("{out_dir}/boundary-burst.svg"),
+        &bursts.iter().map(|(s, a)| (s.name(), a.clone())).collect::<Vec<_>>(),
+        &bound_line,
+    )?;
     plot::memory(&format!("{out_dir}/memory.svg"), &memory_points)?;
     Ok(())
 }

@@ -26,8 +26,9 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
 };
 use limiter_ctl::{
-    Limiter, objects,
+    Limiter,
     config::PolicyDef,
+    objects,
     state::{List, State},
 };
 use limiter_tests::{flood::FrameSpec, netns};
@@ -160,7 +161,12 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             name: "limiter: port policy, admit",
             what: "as admit, the policy found through the port table (udp:53) among 4 policies",
             run: limiter_runner(limiter(
-                &[("udp:53", "1000000000/s", 1_000_000_000), ("udp:50-60", "1/s", 1), ("udp", "1/s", 1), ("any", "1/s", 1)],
+                &[
+                    ("udp:53", "1000000000/s", 1_000_000_000),
+                    ("udp:50-60", "1/s", 1),
+                    ("udp", "1/s", 1),
+                    ("any", "1/s", 1),
+                ],
                 &[],
             )?),
             warm_all_sources: false,
@@ -168,7 +174,10 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
         Subject {
             name: "limiter: lists, admit",
             what: "as admit, with an allow list the sources are not on (one LPM lookup)",
-            run: limiter_runner(limiter(&[("any", "1000000000/s", 1_000_000_000)], &["192.0.2.0/24", "2001:db8:ffff::/48"])?),
+            run: limiter_runner(limiter(
+                &[("any", "1000000000/s", 1_000_000_000)],
+                &["192.0.2.0/24", "2001:db8:ffff::/48"],
+            )?),
             warm_all_sources: false,
         },
     ])
@@ -235,7 +244,10 @@ fn scaling(spec: &FrameSpec) -> anyhow::Result<String> {
         }
         writeln!(table)?;
     }
-    writeln!(table, "\nns/packet on the admit path (kernel-measured, one test run per packet, harness clock included as in the table above), {PACKETS} packets per cell.")?;
+    writeln!(
+        table,
+        "\nns/packet on the admit path (kernel-measured, one test run per packet, harness clock included as in the table above), {PACKETS} packets per cell."
+    )?;
     Ok(table)
 }
 
@@ -262,10 +274,8 @@ fn main() -> anyhow::Result<()> {
         dport: 53,
         payload: 64,
     };
-    let frames = offsets
-        .iter()
-        .map(|o| spec.frame(IpAddr::V4(Ipv4Addr::from(base + o))))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let frames =
+        offsets.iter().map(|o| spec.frame(IpAddr::V4(Ipv4Addr::from(base + o)))).collect::<anyhow::Result<Vec<_>>>()?;
 
     let subjects = subjects()?;
     for s in subjects.iter().filter(|s| s.warm_all_sources) {
@@ -289,7 +299,10 @@ fn main() -> anyhow::Result<()> {
     let pass = &samples[0];
     let (floor_hot, floor_rand, pass_rand) = (median(&floor.hot), median(&floor.random), median(&pass.random));
     let mut table = String::new();
-    writeln!(table, "| program | what it does | hot ns/pkt | hot / floor | random-source ns/pkt | random / floor | net of bare pass / floor |")?;
+    writeln!(
+        table,
+        "| program | what it does | hot ns/pkt | hot / floor | random-source ns/pkt | random / floor | net of bare pass / floor |"
+    )?;
     writeln!(table, "|---|---|---:|---:|---:|---:|---:|")?;
     for (s, sample) in subjects.iter().zip(&samples) {
         let (hot, rand) = (median(&sample.hot), median(&sample.random));

@@ -216,7 +216,8 @@ mod tests {
 
     #[test]
     fn frames_parse_back_into_their_flows() {
-        let spec = |dst: IpAddr| FrameSpec { src_mac: [2; 6], dst_mac: [4; 6], dst, sport: 1234, dport: 53, payload: 20 };
+        let spec =
+            |dst: IpAddr| FrameSpec { src_mac: [2; 6], dst_mac: [4; 6], dst, sport: 1234, dport: 53, payload: 20 };
         let v4 = spec(Ipv4Addr::new(198, 18, 0, 1).into());
         let v6 = spec(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1).into());
         for (spec, src) in [(v4, IpAddr::from(Ipv4Addr::new(198, 19, 0, 9))), (v6, "2001:db8:9::9".parse().unwrap())] {

@@ -33,8 +33,8 @@ use aya::{
     programs::loaded_programs,
 };
 use limiter_common::maps::{
-    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
-    MAP_POLICIES, MAP_PORT_POLICY, Policy,
+    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
+    MAP_PORT_POLICY, Policy,
 };
 use nix::{sys::signal::Signal, unistd::Pid};
 
@@ -308,14 +308,17 @@ impl Daemon {
     /// Waits for the line saying it adopted a pinned limiter, and finds the program (its own,
     /// swapped into the pinned link) on `end`'s interface. Returns the line.
     pub fn wait_adopted(&mut self, end: &End) -> anyhow::Result<String> {
-        let line = self.wait_for(|l| l.contains(ADOPTED) || l.contains(" attached "), ATTACH_TIMEOUT).context("waiting for 'adopted'")?;
+        let line = self
+            .wait_for(|l| l.contains(ADOPTED) || l.contains(" attached "), ATTACH_TIMEOUT)
+            .context("waiting for 'adopted'")?;
         anyhow::ensure!(line.contains(ADOPTED), "the daemon attached afresh instead of adopting: {line}");
         self.find_program(end, &line)?;
         Ok(line)
     }
 
     fn find_program(&mut self, end: &End, line: &str) -> anyhow::Result<()> {
-        let program = xdp_program_id(end)?.with_context(|| format!("the daemon said '{line}' but {} has no XDP program", end.iface))?;
+        let program = xdp_program_id(end)?
+            .with_context(|| format!("the daemon said '{line}' but {} has no XDP program", end.iface))?;
         self.program = Some(program);
         Ok(())
     }
@@ -357,7 +360,11 @@ impl Daemon {
     }
 
     /// [`Daemon::wait_for`], with when the line was read.
-    pub fn wait_for_timed(&mut self, want: impl Fn(&str) -> bool, timeout: Duration) -> anyhow::Result<(Instant, String)> {
+    pub fn wait_for_timed(
+        &mut self,
+        want: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> anyhow::Result<(Instant, String)> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -368,7 +375,9 @@ impl Daemon {
                         return Ok((at, line));
                     }
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => bail!("timed out after {timeout:?}; output:\n{}", self.output()),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    bail!("timed out after {timeout:?}; output:\n{}", self.output())
+                }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = self.child.wait()?;
                     bail!("limiter-ctl exited ({status}); output:\n{}", self.output())
@@ -487,9 +496,7 @@ fn program_maps(program: u32) -> anyhow::Result<BTreeMap<String, u32>> {
         .find(|p| p.id() == program)
         .with_context(|| format!("no loaded program with id {program}"))?;
     let ids = info.map_ids()?.context("the kernel does not report a program's maps")?;
-    ids.into_iter()
-        .map(|id| Ok((MapInfo::from_id(id)?.name_as_str().unwrap_or_default().to_string(), id)))
-        .collect()
+    ids.into_iter().map(|id| Ok((MapInfo::from_id(id)?.name_as_str().unwrap_or_default().to_string(), id))).collect()
 }
 
 fn open_map(maps: &BTreeMap<String, u32>, name: &str) -> anyhow::Result<Map> {
@@ -639,8 +646,22 @@ pub fn remove_veth(net: &TestNet) -> anyhow::Result<()> {
 pub fn create_veth(net: &TestNet) -> anyhow::Result<()> {
     let (r, s) = (&net.receiver, &net.sender);
     ip([
-        "-n", &r.ns, "link", "add", &r.iface, "address", &mac_str(&r.mac), "type", "veth",
-        "peer", "name", &s.iface, "address", &mac_str(&s.mac), "netns", &s.ns,
+        "-n",
+        &r.ns,
+        "link",
+        "add",
+        &r.iface,
+        "address",
+        &mac_str(&r.mac),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &s.iface,
+        "address",
+        &mac_str(&s.mac),
+        "netns",
+        &s.ns,
     ])?;
     for end in [r, s] {
         end.ip(["addr", "add", &format!("{}/{}", end.v4, crate::netns::V4_PREFIX_LEN), "dev", &end.iface])?;
@@ -649,7 +670,17 @@ pub fn create_veth(net: &TestNet) -> anyhow::Result<()> {
     }
     for (end, peer) in [(r, s), (s, r)] {
         for addr in [IpAddr::from(peer.v4), IpAddr::from(peer.v6)] {
-            end.ip(["neigh", "replace", &addr.to_string(), "lladdr", &mac_str(&peer.mac), "dev", &end.iface, "nud", "permanent"])?;
+            end.ip([
+                "neigh",
+                "replace",
+                &addr.to_string(),
+                "lladdr",
+                &mac_str(&peer.mac),
+                "dev",
+                &end.iface,
+                "nud",
+                "permanent",
+            ])?;
         }
     }
     let deadline = Instant::now() + Duration::from_secs(5);

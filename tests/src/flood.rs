@@ -87,7 +87,10 @@ impl fmt::Display for Prefix {
 pub enum Sources {
     One(IpAddr),
     /// Addresses 1..=count of the prefix (skipping the all-zero host), sent round robin.
-    Spoofed { prefix: Prefix, count: u32 },
+    Spoofed {
+        prefix: Prefix,
+        count: u32,
+    },
     /// Every address of the prefix in order, then again (the prefix must hold <= MAX_FRAMES).
     Sweep(Prefix),
 }
@@ -167,7 +170,9 @@ impl FrameSpec {
             L4::IcmpEcho if src.is_ipv4() => {
                 ip.icmpv4_echo_request(1, 1).write(&mut frame, &data).context("building an ICMP echo request")?
             }
-            L4::IcmpEcho => ip.icmpv6_echo_request(1, 1).write(&mut frame, &data).context("building an ICMPv6 echo request")?,
+            L4::IcmpEcho => {
+                ip.icmpv6_echo_request(1, 1).write(&mut frame, &data).context("building an ICMPv6 echo request")?
+            }
         }
         Ok(frame)
     }
@@ -380,7 +385,8 @@ pub fn iface_mac(iface: &str) -> anyhow::Result<[u8; 6]> {
 /// Parses `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let err = || format!("invalid MAC address '{s}': expected six hex bytes such as 02:00:00:00:00:01");
-    let bytes: Vec<u8> = s.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>().map_err(|_| err())?;
+    let bytes: Vec<u8> =
+        s.split(':').map(|b| u8::from_str_radix(b, 16)).collect::<Result<_, _>>().map_err(|_| err())?;
     bytes.try_into().map_err(|_| err())
 }
 
@@ -469,8 +475,9 @@ mod tests {
     #[test]
     fn spoofed_sources_are_sent_round_robin_from_inside_the_prefix() {
         let prefix: Prefix = "198.19.7.9/16".parse().unwrap();
-        let frames = Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 300 })
-            .unwrap();
+        let frames =
+            Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 300 })
+                .unwrap();
         assert_eq!(frames.count(), 300);
         for i in 0..300 {
             let (frame, src) = frames.get(i);
@@ -520,14 +527,16 @@ mod tests {
             }
         }
         let prefix: Prefix = "198.19.0.0/24".parse().unwrap();
-        let frames = Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
+        let frames =
+            Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
         let limits = Limits { packets: 1000, duration: Duration::from_secs(60), cpu: None };
         let mut tx = Flaky(0, BTreeMap::new());
         let report = frames.send(&mut tx, &limits).unwrap();
         assert_eq!(report.sent, 1000);
         assert_eq!(report.refused, 499);
         assert!(report.last >= report.first);
-        let predicted: BTreeMap<IpAddr, u64> = frames.sent_per_flow(report.sent).into_iter().map(|(f, n)| (f.src, n)).collect();
+        let predicted: BTreeMap<IpAddr, u64> =
+            frames.sent_per_flow(report.sent).into_iter().map(|(f, n)| (f.src, n)).collect();
         assert_eq!(predicted, tx.1, "a refused frame is retried, so the round robin stays exact");
     }
 
@@ -541,7 +550,8 @@ mod tests {
             }
         }
         let prefix: Prefix = "198.19.0.0/24".parse().unwrap();
-        let frames = Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
+        let frames =
+            Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
         let limits = Limits { packets: 50, duration: Duration::from_secs(10), cpu: None };
         let mut tx = Count(0);
         let report = frames.send_steered(&mut tx, &limits, &Steer { per_sec: Some(1000.0), stop: None }).unwrap();
@@ -569,7 +579,9 @@ mod tests {
         for i in 0..frames.count() {
             let sliced = SlicedPacket::from_ethernet(frames.get(i).0).expect("frame parses");
             match (frames.flow(i).l4, sliced.transport) {
-                (L4::TcpSyn, Some(TransportSlice::Tcp(t))) => assert!(t.syn() && !t.ack() && t.destination_port() == 80),
+                (L4::TcpSyn, Some(TransportSlice::Tcp(t))) => {
+                    assert!(t.syn() && !t.ack() && t.destination_port() == 80)
+                }
                 (L4::IcmpEcho, Some(TransportSlice::Icmpv6(_))) => {}
                 (l4, other) => panic!("frame {i}: {l4:?} built as {other:?}"),
             }

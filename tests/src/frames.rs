@@ -8,10 +8,9 @@
 //! IPv4 header checksum, which costs nothing to get right.
 
 use etherparse::{
-    ArpEthIpv4Packet, ArpOperation, EtherType, Ethernet2Header, IcmpEchoHeader, Icmpv4Header,
-    Icmpv4Type, Icmpv6Header, Icmpv6Type, IpFragOffset, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel,
-    Ipv6FragmentHeader, Ipv6Header, Ipv6RawExtHeader, SingleVlanHeader, TcpHeader, UdpHeader,
-    VlanId, VlanPcp,
+    ArpEthIpv4Packet, ArpOperation, EtherType, Ethernet2Header, IcmpEchoHeader, Icmpv4Header, Icmpv4Type, Icmpv6Header,
+    Icmpv6Type, IpFragOffset, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel, Ipv6FragmentHeader, Ipv6Header,
+    Ipv6RawExtHeader, SingleVlanHeader, TcpHeader, UdpHeader, VlanId, VlanPcp,
 };
 use limiter_common::maps::ParseProbe;
 
@@ -260,7 +259,9 @@ pub enum Expect {
     NotIp,
     Malformed,
     /// IP; `l4` says whether the L4 header is parsed (ports, or an ICMP header).
-    Ip { l4: bool },
+    Ip {
+        l4: bool,
+    },
 }
 
 impl Expect {
@@ -403,10 +404,14 @@ fn v4_fixtures() -> Vec<Fixture> {
         ),
         Fixture::v4("v4_total_len_past_frame", MALFORMED, tcp_with(|d| one_past_the_end(d, V4_TOTAL_LEN, 0))),
         // IHL 15 and total length 60 agree, but the frame ends 20 bytes into the header.
-        Fixture::v4("v4_ihl_past_frame", MALFORMED, patched(src.datagram(&raw(P::UDP, &[])), |d| {
-            d[0] = 0x4f;
-            set_u16(d, V4_TOTAL_LEN, 60)
-        })),
+        Fixture::v4(
+            "v4_ihl_past_frame",
+            MALFORMED,
+            patched(src.datagram(&raw(P::UDP, &[])), |d| {
+                d[0] = 0x4f;
+                set_u16(d, V4_TOTAL_LEN, 60)
+            }),
+        ),
         Fixture::v4("v4_header_cut", MALFORMED, tcp_dgram.clone()).cut(ETH_LEN + 12),
         // The frame holds the whole TCP header, the datagram only 12 bytes of it.
         Fixture::v4("v4_tcp_past_datagram", MALFORMED, tcp_with(|d| set_u16(d, V4_TOTAL_LEN, 32))),

@@ -16,5 +16,5 @@ pub mod plot;
 pub mod privileged;
 pub mod reference;
 pub mod rig;
-pub mod snmp;
 pub mod scrape;
+pub mod snmp;

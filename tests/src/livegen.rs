@@ -100,7 +100,14 @@ impl LiveGen {
             (L4::IcmpEcho, true) => 0,
             (L4::IcmpEcho, false) => ETH + l3 + 2,
         };
-        let config = GenConfig { base, count: sources.count, src_offset, ip_csum_offset: ip_csum, l4_csum_offset: l4_csum, _pad: 0 };
+        let config = GenConfig {
+            base,
+            count: sources.count,
+            src_offset,
+            ip_csum_offset: ip_csum,
+            l4_csum_offset: l4_csum,
+            _pad: 0,
+        };
         let mut ebpf = EbpfLoader::new().load(objects::GEN).context("loading the generator")?;
         let program: &mut Xdp = ebpf.program_mut(PROGRAM).context("no generator program")?.try_into()?;
         program.load().context("the kernel refused the generator")?;
@@ -121,7 +128,8 @@ impl LiveGen {
     pub fn send(&self, iface: &str, frames: u64, max_time: Duration) -> anyhow::Result<Sent> {
         let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface} here"))?;
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
-        let ctx: Vec<u8> = [0, self.frame.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
+        let ctx: Vec<u8> =
+            [0, self.frame.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
         let program: &Xdp = self.ebpf.program(PROGRAM).context("no generator program")?.try_into()?;
         let first = Instant::now();
         let deadline = first + max_time;

@@ -90,8 +90,22 @@ impl TestNet {
             end.run(quiet_ipv6)??;
         }
         ip([
-            "-n", &r.ns, "link", "add", &r.iface, "address", &mac_str(&r.mac), "type", "veth",
-            "peer", "name", &s.iface, "address", &mac_str(&s.mac), "netns", &s.ns,
+            "-n",
+            &r.ns,
+            "link",
+            "add",
+            &r.iface,
+            "address",
+            &mac_str(&r.mac),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &s.iface,
+            "address",
+            &mac_str(&s.mac),
+            "netns",
+            &s.ns,
         ])?;
         for end in [r, s] {
             end.ip(["addr", "add", &format!("{}/{V4_PREFIX_LEN}", end.v4), "dev", &end.iface])?;
@@ -112,7 +126,17 @@ impl TestNet {
         // Each side knows the other's MAC for good: no ARP or neighbour discovery, ever.
         for (end, peer) in [(r, s), (s, r)] {
             for addr in [IpAddr::from(peer.v4), IpAddr::from(peer.v6)] {
-                end.ip(["neigh", "replace", &addr.to_string(), "lladdr", &mac_str(&peer.mac), "dev", &end.iface, "nud", "permanent"])?;
+                end.ip([
+                    "neigh",
+                    "replace",
+                    &addr.to_string(),
+                    "lladdr",
+                    &mac_str(&peer.mac),
+                    "dev",
+                    &end.iface,
+                    "nud",
+                    "permanent",
+                ])?;
             }
         }
         for end in [r, s] {
@@ -250,11 +274,7 @@ where
 }
 
 fn describe(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|a| a.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ")
+    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
 }
 
 /// Writes a sysctl of the calling thread's network namespace (`/proc/sys/net` follows the

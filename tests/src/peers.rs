@@ -126,11 +126,33 @@ fn hashlimit(end: &End, p: PerSource) -> anyhow::Result<()> {
         // Counts what arrives, before hashlimit: with its table full it drops packets of new
         // sources without matching, so its own rule would not count them.
         run(end, tool, &["-w", "-t", "raw", "-A", "PREROUTING", "-p", "udp", "--dport", &port])?;
-        run(end, tool, &[
-            "-w", "-A", "INPUT", "-p", "udp", "--dport", &port, "-m", "hashlimit", "--hashlimit-above", &above,
-            "--hashlimit-burst", &burst, "--hashlimit-mode", "srcip", "--hashlimit-srcmask", mask, "--hashlimit-name",
-            name, "-j", "DROP",
-        ])?;
+        run(
+            end,
+            tool,
+            &[
+                "-w",
+                "-A",
+                "INPUT",
+                "-p",
+                "udp",
+                "--dport",
+                &port,
+                "-m",
+                "hashlimit",
+                "--hashlimit-above",
+                &above,
+                "--hashlimit-burst",
+                &burst,
+                "--hashlimit-mode",
+                "srcip",
+                "--hashlimit-srcmask",
+                mask,
+                "--hashlimit-name",
+                name,
+                "-j",
+                "DROP",
+            ],
+        )?;
         run(end, tool, &["-w", "-A", "INPUT", "-p", "udp", "--dport", &port, "-j", "ACCEPT"])?;
     }
     Ok(())
@@ -152,7 +174,13 @@ pub fn nft_rules(policy: Option<PerSource>) -> String {
 }
 
 fn nft(end: &End, rules: &str) -> anyhow::Result<()> {
-    let mut child = end.command("nft").args(["-f", "-"]).stdin(Stdio::piped()).stderr(Stdio::piped()).spawn().context("running nft")?;
+    let mut child = end
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running nft")?;
     child.stdin.take().context("nft stdin")?.write_all(rules.as_bytes())?;
     let out = child.wait_with_output()?;
     ensure!(out.status.success(), "nft -f: {}\n{rules}", String::from_utf8_lossy(&out.stderr));
@@ -183,7 +211,8 @@ impl Receiver {
             Self::Xdp { system: System::Hashlimit, .. } => {
                 let mut c = Counts::default();
                 for tool in ["iptables-legacy", "ip6tables-legacy"] {
-                    let arrived = rule_packets(&run(end, tool, &["-w", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])?)?;
+                    let arrived =
+                        rule_packets(&run(end, tool, &["-w", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])?)?;
                     let rules = rule_packets(&run(end, tool, &["-w", "-L", "INPUT", "-v", "-x", "-n"])?)?;
                     ensure!(arrived.len() == 1 && rules.len() == 2, "{tool}: unexpected rules {arrived:?} {rules:?}");
                     c.offered += arrived[0];
@@ -193,7 +222,8 @@ impl Receiver {
             }
             Self::Xdp { .. } => {
                 let counters = nft_counters(&run(end, "nft", &["-j", "list", "chain", "inet", "lmt", "input"])?)?;
-                let (offered, admitted) = (*counters.first().context("no nft counters")?, *counters.last().context("no nft counters")?);
+                let (offered, admitted) =
+                    (*counters.first().context("no nft counters")?, *counters.last().context("no nft counters")?);
                 Ok(Counts { offered, admitted })
             }
         }
@@ -212,8 +242,15 @@ impl Receiver {
             Self::Xdp { system: System::Nftables, .. } => {
                 let mut n = 0;
                 for set in ["m4", "m6"] {
-                    let json: serde_json::Value = serde_json::from_str(&run(end, "nft", &["-j", "list", "meter", "inet", "lmt", set])?)?;
-                    n += json["nftables"].as_array().into_iter().flatten().filter_map(|o| o["meter"]["elem"].as_array().or(o["set"]["elem"].as_array())).map(|e| e.len() as u64).sum::<u64>();
+                    let json: serde_json::Value =
+                        serde_json::from_str(&run(end, "nft", &["-j", "list", "meter", "inet", "lmt", set])?)?;
+                    n += json["nftables"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|o| o["meter"]["elem"].as_array().or(o["set"]["elem"].as_array()))
+                        .map(|e| e.len() as u64)
+                        .sum::<u64>();
                 }
                 Ok(Some(n))
             }
@@ -273,7 +310,12 @@ pub fn kernel_memory() -> anyhow::Result<u64> {
         }
     }
     let info = std::fs::read_to_string("/proc/meminfo")?;
-    let vmalloc = info.lines().find(|l| l.starts_with("VmallocUsed:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let vmalloc = info
+        .lines()
+        .find(|l| l.starts_with("VmallocUsed:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
     Ok(bytes + vmalloc * 1024)
 }
 

@@ -4,7 +4,13 @@ use anyhow::anyhow;
 use plotters::prelude::*;
 
 const SIZE: (u32, u32) = (900, 480);
-const COLORS: [RGBColor; 5] = [RGBColor(0x1f, 0x77, 0xb4), RGBColor(0xff, 0x7f, 0x0e), RGBColor(0x2c, 0xa0, 0x2c), RGBColor(0xd6, 0x27, 0x28), RGBColor(0x94, 0x67, 0xbd)];
+const COLORS: [RGBColor; 5] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xbd),
+];
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e:?}")
@@ -35,7 +41,11 @@ pub fn cpu_per_million(path: &str, bars: &[(&str, &str, f64)]) -> anyhow::Result
         .x_labels(workloads.len() * 2 + 1)
         .x_label_formatter(&|x| {
             let i = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 { workloads.get(i).map_or(String::new(), |w| (*w).to_string()) } else { String::new() }
+            if (x - x.floor() - 0.5).abs() < 0.01 {
+                workloads.get(i).map_or(String::new(), |w| (*w).to_string())
+            } else {
+                String::new()
+            }
         })
         .y_desc("CPU s / M packets")
         .draw()
@@ -53,7 +63,13 @@ pub fn cpu_per_million(path: &str, bars: &[(&str, &str, f64)]) -> anyhow::Result
             .label(*system)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], c.filled()));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(err)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()
+        .map_err(err)?;
     root.present().map_err(err)
 }
 
@@ -72,9 +88,19 @@ pub fn boundary_burst(path: &str, series: &[(&str, Vec<f64>)], bound: &[(f64, f6
         .y_label_area_size(50)
         .build_cartesian_2d(t0..t1, 0.0..top)
         .map_err(err)?;
-    chart.configure_mesh().x_desc("seconds since the flood started (bursts at 0.990 and 1.000)").y_desc("packets let through").draw().map_err(err)?;
     chart
-        .draw_series(DashedLineSeries::new(bound.iter().copied().filter(|(t, _)| *t <= t1), 6, 4, BLACK.stroke_width(3)))
+        .configure_mesh()
+        .x_desc("seconds since the flood started (bursts at 0.990 and 1.000)")
+        .y_desc("packets let through")
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(DashedLineSeries::new(
+            bound.iter().copied().filter(|(t, _)| *t <= t1),
+            6,
+            4,
+            BLACK.stroke_width(3),
+        ))
         .map_err(err)?
         .label("GCRA bound floor((t + tau)/T) + 1 from the first packet")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], BLACK.stroke_width(3)));
@@ -92,7 +118,13 @@ pub fn boundary_burst(path: &str, series: &[(&str, Vec<f64>)], bound: &[(f64, f6
             .label(format!("{name} ({} let through)", arrivals.len()))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(err)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()
+        .map_err(err)?;
     root.present().map_err(err)
 }
 
@@ -112,7 +144,13 @@ pub fn memory(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> anyhow::Result<
         .y_label_area_size(60)
         .build_cartesian_2d((x0..x1).log_scale(), 0.0..top)
         .map_err(err)?;
-    chart.configure_mesh().x_desc("distinct sources (IPv6 /64)").y_desc("MiB").x_label_formatter(&|x| format!("{x:.0}")).draw().map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("distinct sources (IPv6 /64)")
+        .y_desc("MiB")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()
+        .map_err(err)?;
     for (i, (name, points)) in series.iter().enumerate() {
         let c = color(i);
         chart
@@ -121,7 +159,13 @@ pub fn memory(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> anyhow::Result<
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperLeft).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(err)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()
+        .map_err(err)?;
     root.present().map_err(err)
 }
 

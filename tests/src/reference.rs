@@ -18,8 +18,8 @@
 //! [`kernel`] runs the same frames through the real programs for comparison.
 
 use etherparse::{
-    EtherType, Ethernet2Header, Icmpv4Header, Icmpv6Header, IpNumber, Ipv4Header, Ipv6FragmentHeader,
-    Ipv6Header, Ipv6RawExtHeader, SingleVlanHeader, TcpHeader, UdpHeader,
+    EtherType, Ethernet2Header, Icmpv4Header, Icmpv6Header, IpNumber, Ipv4Header, Ipv6FragmentHeader, Ipv6Header,
+    Ipv6RawExtHeader, SingleVlanHeader, TcpHeader, UdpHeader,
 };
 use limiter_common::{
     FlowKey,
@@ -214,12 +214,7 @@ impl Ip {
 
 /// The key a source gets under policy `policy` keyed by `key` (what userspace predicts).
 pub fn flow_key(policy: u16, key: &KeySpec, family: u8, src: &[u8; 16], dport: u16) -> FlowKey {
-    FlowKey {
-        addr: masked(family, src, key),
-        policy,
-        dport: if key.dport { dport } else { 0 },
-        family,
-    }
+    FlowKey { addr: masked(family, src, key), policy, dport: if key.dport { dport } else { 0 }, family }
 }
 
 /// The address cut to the key's prefix, as integers in network order (no word tricks).

@@ -24,7 +24,10 @@ use crate::{
     capture::{Capture, Captured},
     cpu::flood_cpu,
     daemon::{Daemon, Runner, Scratch},
-    flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Steer, Stream},
+    flood::{
+        DEFAULT_PAYLOAD, DEFAULT_SPORT, Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Steer,
+        Stream,
+    },
     netns::{End, TestNet},
     scrape,
 };
@@ -60,7 +63,8 @@ impl Rig {
     /// A policy's id, from `policy show NAME --json`.
     pub fn policy_id(&self, name: &str) -> u16 {
         let out = self.ctl_ok(&["policy", "show", name, "--json"]);
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("policy show {name} --json ({e}): {out}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("policy show {name} --json ({e}): {out}"));
         v["id"].as_u64().and_then(|id| u16::try_from(id).ok()).unwrap_or_else(|| panic!("no id in {v}"))
     }
 
@@ -88,13 +92,31 @@ impl Rig {
     /// Starts a capture on the receiver, then `streams` (interleaved) from the sender's
     /// namespace on a thread pinned to [`flood_cpu`], at `per_sec` if given (else full speed),
     /// until `duration`, `packets` or [`Flooding::stop`].
-    pub fn start_flood(&self, streams: &[Stream], duration: Duration, packets: u64, per_sec: Option<f64>) -> anyhow::Result<Flooding> {
+    pub fn start_flood(
+        &self,
+        streams: &[Stream],
+        duration: Duration,
+        packets: u64,
+        per_sec: Option<f64>,
+    ) -> anyhow::Result<Flooding> {
         let capture = Capture::start(&self.net.receiver)?;
-        Ok(Flooding::start(&self.net.sender, streams, Limits { packets, duration, cpu: Some(flood_cpu()) }, per_sec, Some(capture)))
+        Ok(Flooding::start(
+            &self.net.sender,
+            streams,
+            Limits { packets, duration, cpu: Some(flood_cpu()) },
+            per_sec,
+            Some(capture),
+        ))
     }
 
     /// A flood run to its end (see [`Rig::start_flood`]).
-    pub fn flood(&self, streams: &[Stream], duration: Duration, packets: u64, per_sec: Option<f64>) -> anyhow::Result<Run> {
+    pub fn flood(
+        &self,
+        streams: &[Stream],
+        duration: Duration,
+        packets: u64,
+        per_sec: Option<f64>,
+    ) -> anyhow::Result<Run> {
         self.start_flood(streams, duration, packets, per_sec)?.finish()
     }
 
@@ -115,7 +137,13 @@ pub struct Flooding {
 
 impl Flooding {
     /// `streams` from `sender`'s namespace under `limits`, paced at `per_sec` if given.
-    pub fn start(sender: &End, streams: &[Stream], limits: Limits, per_sec: Option<f64>, capture: Option<Capture>) -> Self {
+    pub fn start(
+        sender: &End,
+        streams: &[Stream],
+        limits: Limits,
+        per_sec: Option<f64>,
+        capture: Option<Capture>,
+    ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let (flag, iface, streams) = (stop.clone(), sender.iface.clone(), streams.to_vec());
         let started = Instant::now();

@@ -163,10 +163,8 @@ fn parse_line(line: &str) -> anyhow::Result<Sample> {
 /// The one sample of `name` whose labels include all of `labels`; fails if there is none or
 /// more than one.
 pub fn one<'a>(samples: &'a [Sample], name: &str, labels: &[(&str, &str)]) -> anyhow::Result<&'a Sample> {
-    let found: Vec<&Sample> = samples
-        .iter()
-        .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(v)))
-        .collect();
+    let found: Vec<&Sample> =
+        samples.iter().filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(v))).collect();
     match found.as_slice() {
         [one] => Ok(one),
         [] => bail!("no sample {name}{labels:?}"),

@@ -33,7 +33,11 @@ impl Snmp {
 
     /// A field of /proc/net/snmp6, e.g. `get6("Udp6NoPorts")`.
     pub fn get6(&self, field: &str) -> anyhow::Result<u64> {
-        let line = self.snmp6.lines().find(|l| l.split_whitespace().next() == Some(field)).with_context(|| format!("no {field}"))?;
+        let line = self
+            .snmp6
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(field))
+            .with_context(|| format!("no {field}"))?;
         Ok(line.split_whitespace().nth(1).with_context(|| format!("no value for {field}"))?.parse()?)
     }
 }

@@ -31,10 +31,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return peers(&args);
     }
     let table_path = workspace_root().join("target/bench-xdp.md");
-    exec(cargo()
-        .args(["bench", "--package", "limiter-tests", "--bench", "xdp", "--"])
-        .args(["--rounds", &args.rounds.to_string(), "--scaling", "--out"])
-        .arg(&table_path))?;
+    exec(
+        cargo()
+            .args(["bench", "--package", "limiter-tests", "--bench", "xdp", "--"])
+            .args(["--rounds", &args.rounds.to_string(), "--scaling", "--out"])
+            .arg(&table_path),
+    )?;
     if args.no_record {
         return Ok(());
     }
@@ -83,6 +85,10 @@ fn record(name: &str, command: &str, table_path: &std::path::Path) -> anyhow::Re
 fn cpu_model() -> String {
     fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into())
 }

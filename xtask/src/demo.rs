@@ -51,7 +51,10 @@ const DPORT: &str = "9";
 static STOP: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    ensure!(crate::setup::is_root(), "the demo creates network namespaces and loads XDP: run `sudo -E cargo xtask demo`");
+    ensure!(
+        crate::setup::is_root(),
+        "the demo creates network namespaces and loads XDP: run `sudo -E cargo xtask demo`"
+    );
     exec(cargo().args(["build", "--release", "-p", "limiter-ctl", "-p", "limiter-tests", "--bins"]))?;
     let release = target_dir().join("release");
     let (ctl, flood) = (release.join("limiter-ctl"), release.join("limiter-flood"));
@@ -71,9 +74,13 @@ fn demo(args: &Args, net: &Net, ctl: &Path, flood_bin: &Path) -> anyhow::Result<
     let scratch = ScratchDir::new()?;
     let mut daemon = Proc::spawn(
         "daemon",
-        net.rx.command(ctl).args(["daemon", "--iface", &net.rx.iface, "--rate", &args.rate, "--burst", &burst])
-            .arg("--config").arg(scratch.0.join("limiter.toml"))
-            .arg("--socket").arg(scratch.0.join("ctl.sock"))
+        net.rx
+            .command(ctl)
+            .args(["daemon", "--iface", &net.rx.iface, "--rate", &args.rate, "--burst", &burst])
+            .arg("--config")
+            .arg(scratch.0.join("limiter.toml"))
+            .arg("--socket")
+            .arg(scratch.0.join("ctl.sock"))
             .args(["--metrics", "off"])
             .args(["--stats-every", "1s"]),
     )?;
@@ -87,7 +94,8 @@ fn demo(args: &Args, net: &Net, ctl: &Path, flood_bin: &Path) -> anyhow::Result<
     let seconds = args.seconds.to_string();
     let mut flood = Proc::spawn(
         "flood",
-        net.tx.command(flood_bin)
+        net.tx
+            .command(flood_bin)
             .args(["--iface", &net.tx.iface, "--dst-mac", RX_MAC, "--dst", RX_ADDR, "--dport", DPORT])
             .args(["--src", TX_ADDR, "--duration", &seconds, "--count", "100000000", "--cpu", &cpu.to_string()]),
     )?;
@@ -243,7 +251,8 @@ impl Output {
 /// The number after `name=` in a log line (tracing quotes string fields: `name="1000"`).
 fn field(line: &str, name: &str) -> Option<f64> {
     let start = line.find(&format!("{name}="))? + name.len() + 1;
-    let value: String = line[start..].trim_start_matches('"').chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let value: String =
+        line[start..].trim_start_matches('"').chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
     value.parse().ok()
 }
 
@@ -320,8 +329,8 @@ impl Net {
             sysctls(&side.ns, QUIET_IPV6)?;
         }
         rx.ip(&[
-            "link", "add", &rx.iface, "address", RX_MAC, "type", "veth",
-            "peer", "name", &tx.iface, "address", TX_MAC, "netns", &tx.ns,
+            "link", "add", &rx.iface, "address", RX_MAC, "type", "veth", "peer", "name", &tx.iface, "address", TX_MAC,
+            "netns", &tx.ns,
         ])?;
         for (side, addr) in [(rx, RX_ADDR), (tx, TX_ADDR)] {
             side.ip(&["addr", "add", &format!("{addr}/15"), "dev", &side.iface])?;

@@ -60,7 +60,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut deb = cargo();
     deb.args(["deb", "--package", "limiter-ctl", "--no-build", "--output"]).arg(&out_dir);
     let printed = capture(&mut deb)?;
-    let path = String::from_utf8_lossy(&printed).lines().rev().find(|l| l.trim_end().ends_with(".deb")).map(|l| l.trim().to_string());
+    let path = String::from_utf8_lossy(&printed)
+        .lines()
+        .rev()
+        .find(|l| l.trim_end().ends_with(".deb"))
+        .map(|l| l.trim().to_string());
     let Some(path) = path else {
         bail!("`{}` succeeded but printed no .deb path", describe(&deb));
     };
@@ -73,10 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// Stdout of `cmd`, which must succeed (its stderr goes to ours).
 fn capture(cmd: &mut Command) -> anyhow::Result<Vec<u8>> {
     eprintln!("+ {}", describe(cmd));
-    let out = cmd
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("could not start `{}`", describe(cmd)))?;
+    let out = cmd.stderr(Stdio::inherit()).output().with_context(|| format!("could not start `{}`", describe(cmd)))?;
     if !out.status.success() {
         bail!("`{}` failed ({})", describe(cmd), out.status);
     }

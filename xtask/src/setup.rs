@@ -13,9 +13,14 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: &str = "22";
 const CARGO_DEB_VERSION: &str = "3.8.0";
 const APT_PACKAGES: &[&str] = &[
-    "llvm-22-dev", "libpolly-22-dev", "iproute2",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "iproute2",
     // tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils.
-    "systemd", "man-db", "binutils", "dpkg-dev",
+    "systemd",
+    "man-db",
+    "binutils",
+    "dpkg-dev",
 ];
 
 pub fn run() -> anyhow::Result<()> {
@@ -64,10 +69,12 @@ pub fn apt(packages: &[&str]) -> anyhow::Result<()> {
         bail!("missing Debian packages {}: run `sudo cargo xtask setup`", missing.join(" "));
     }
     let install = |missing: &[&str]| {
-        exec(Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))
+        exec(
+            Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends"])
+                .args(missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
     };
     if install(&missing).is_err() {
         // A fresh machine has no package lists yet.
@@ -85,11 +92,13 @@ fn bpf_linker() -> anyhow::Result<()> {
     }
     let prefix = format!("/usr/lib/llvm-{LLVM_MAJOR}");
     let path = format!("{prefix}/bin:{}", std::env::var("PATH").unwrap_or_default());
-    exec(Command::new("cargo")
-        .args(["install", "--locked", &format!("bpf-linker@{BPF_LINKER_VERSION}")])
-        .args(["--no-default-features", "--features", &format!("llvm-{LLVM_MAJOR}")])
-        .env("LLVM_PREFIX", &prefix)
-        .env("PATH", path))
+    exec(
+        Command::new("cargo")
+            .args(["install", "--locked", &format!("bpf-linker@{BPF_LINKER_VERSION}")])
+            .args(["--no-default-features", "--features", &format!("llvm-{LLVM_MAJOR}")])
+            .env("LLVM_PREFIX", &prefix)
+            .env("PATH", path),
+    )
     .context("building bpf-linker against LLVM 22 failed")
 }
 

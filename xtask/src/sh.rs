@@ -29,10 +29,7 @@ pub fn exec(cmd: &mut Command) -> anyhow::Result<()> {
 
 /// Runs `cmd` quietly and returns whether it succeeded (for probes like `--version`).
 pub fn probe(cmd: &mut Command) -> bool {
-    cmd.stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).status().is_ok_and(|s| s.success())
 }
 
 /// Output of `cmd` when it succeeds.

@@ -10,7 +10,10 @@ use std::{net::IpAddr, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use clap::Parser;
 use limiter_tests::{
-    flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, L4, Limits, PacketSocket, Prefix, Sources, iface_mac, parse_mac},
+    flood::{
+        DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, L4, Limits, PacketSocket, Prefix, Sources, iface_mac,
+        parse_mac,
+    },
     livegen::{LiveGen, LiveSources},
 };
 
@@ -131,7 +134,9 @@ fn run(args: &Args) -> anyhow::Result<()> {
 fn live_sources(sources: &Sources) -> anyhow::Result<LiveSources> {
     Ok(match sources {
         Sources::One(src) => LiveSources { first: *src, count: 1 },
-        Sources::Spoofed { prefix, count } => LiveSources { first: prefix.nth(1).context("a prefix without hosts")?, count: *count },
+        Sources::Spoofed { prefix, count } => {
+            LiveSources { first: prefix.nth(1).context("a prefix without hosts")?, count: *count }
+        }
         Sources::Sweep(prefix) => LiveSources {
             first: prefix.nth(0).context("empty prefix")?,
             count: u32::try_from(prefix.size()).context("a sweep of more than 2^32 addresses")?,
