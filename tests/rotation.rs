@@ -25,8 +25,7 @@ use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper, nanos, since},
     cpu::{flood_cpu, pin_current_thread},
     daemon::{
-        ADOPTED, Daemon, Runner, Snapshot, create_veth, program_counters, program_loaded, remove_veth,
-        write_program_config, xdp_program_id,
+        ADOPTED, Daemon, Runner, Snapshot, program_counters, program_loaded, write_program_config, xdp_program_id,
     },
     flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Sources},
     privileged,
@@ -631,9 +630,9 @@ fn a_recreated_interface_is_reattached_and_enforced() {
     let limit = gcra(1000, 100);
     let old_link = rig.scratch.pinned(&iface).expect("pins")["link"];
 
-    remove_veth(&rig.net).expect("removing the veth pair");
+    rig.net.remove_veth().expect("removing the veth pair");
     rig.daemon.wait_for(|l| l.contains("interface gone"), Duration::from_secs(3)).unwrap_or_else(|e| panic!("{e:#}"));
-    create_veth(&rig.net).expect("re-creating the veth pair");
+    rig.net.add_veth().expect("re-creating the veth pair");
     let created = Instant::now();
     let (at, line) = rig
         .daemon

@@ -38,7 +38,7 @@ use limiter_common::maps::{
 };
 use nix::{sys::signal::Signal, unistd::Pid};
 
-use crate::netns::{End, NETNS_DIR, PREFIX, TestNet, ip, mac_str, owner_pid};
+use crate::netns::{End, NETNS_DIR, PREFIX, owner_pid};
 
 /// How long a daemon may take to load, attach and say so.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -630,71 +630,4 @@ pub fn write_program_config(program: u32, config: &Config) -> anyhow::Result<()>
 /// Whether a program with this id is still loaded.
 pub fn program_loaded(program: u32) -> bool {
     loaded_programs().filter_map(Result::ok).any(|p| p.id() == program)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The interface going away and coming back
-
-/// Deletes the veth pair (from the receiver's side: both ends go).
-pub fn remove_veth(net: &TestNet) -> anyhow::Result<()> {
-    net.receiver.ip(["link", "del", "dev", &net.receiver.iface])?;
-    Ok(())
-}
-
-/// Creates the veth pair again as [`TestNet::new`] made it: same names, MACs and addresses,
-/// permanent neighbours, up. The receiver's end gets a new interface index.
-pub fn create_veth(net: &TestNet) -> anyhow::Result<()> {
-    let (r, s) = (&net.receiver, &net.sender);
-    ip([
-        "-n",
-        &r.ns,
-        "link",
-        "add",
-        &r.iface,
-        "address",
-        &mac_str(&r.mac),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &s.iface,
-        "address",
-        &mac_str(&s.mac),
-        "netns",
-        &s.ns,
-    ])?;
-    for end in [r, s] {
-        end.ip(["addr", "add", &format!("{}/{}", end.v4, crate::netns::V4_PREFIX_LEN), "dev", &end.iface])?;
-        end.ip(["addr", "add", &format!("{}/{}", end.v6, crate::netns::V6_PREFIX_LEN), "dev", &end.iface, "nodad"])?;
-        end.ip(["link", "set", &end.iface, "up"])?;
-    }
-    for (end, peer) in [(r, s), (s, r)] {
-        for addr in [IpAddr::from(peer.v4), IpAddr::from(peer.v6)] {
-            end.ip([
-                "neigh",
-                "replace",
-                &addr.to_string(),
-                "lladdr",
-                &mac_str(&peer.mac),
-                "dev",
-                &end.iface,
-                "nud",
-                "permanent",
-            ])?;
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    for end in [r, s] {
-        loop {
-            let state = end.ip(["-j", "link", "show", "dev", &end.iface])?;
-            if state.contains("\"operstate\":\"UP\"") {
-                break;
-            }
-            if Instant::now() >= deadline {
-                bail!("{} in {} not up after re-creating it: {state}", end.iface, end.ns);
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-    Ok(())
 }

@@ -88,7 +88,23 @@ impl TestNet {
         for end in [r, s] {
             ip(["netns", "add", &end.ns])?;
             end.run(quiet_ipv6)??;
+            end.ip(["link", "set", "lo", "up"])?;
         }
+        // Spoofed sources arrive on an interface the reply would not leave by: rp_filter drops them.
+        r.run(|| -> anyhow::Result<()> {
+            for conf in ["all", "default"] {
+                sysctl(&format!("net/ipv4/conf/{conf}/rp_filter"), "0")?;
+            }
+            Ok(())
+        })??;
+        self.add_veth()
+    }
+
+    /// The veth pair with its names, MACs and addresses, permanent neighbours (no ARP or
+    /// neighbour discovery, ever), up. Also re-creates it after [`TestNet::remove_veth`]: the
+    /// receiver's end then has a new interface index.
+    pub fn add_veth(&self) -> anyhow::Result<()> {
+        let (r, s) = (&self.receiver, &self.sender);
         ip([
             "-n",
             &r.ns,
@@ -110,20 +126,8 @@ impl TestNet {
         for end in [r, s] {
             end.ip(["addr", "add", &format!("{}/{V4_PREFIX_LEN}", end.v4), "dev", &end.iface])?;
             end.ip(["addr", "add", &format!("{}/{V6_PREFIX_LEN}", end.v6), "dev", &end.iface, "nodad"])?;
-        }
-        // Spoofed sources arrive on an interface the reply would not leave by: rp_filter drops them.
-        let iface = r.iface.clone();
-        r.run(move || -> anyhow::Result<()> {
-            for conf in ["all", "default", iface.as_str()] {
-                sysctl(&format!("net/ipv4/conf/{conf}/rp_filter"), "0")?;
-            }
-            Ok(())
-        })??;
-        for end in [r, s] {
-            end.ip(["link", "set", "lo", "up"])?;
             end.ip(["link", "set", &end.iface, "up"])?;
         }
-        // Each side knows the other's MAC for good: no ARP or neighbour discovery, ever.
         for (end, peer) in [(r, s), (s, r)] {
             for addr in [IpAddr::from(peer.v4), IpAddr::from(peer.v6)] {
                 end.ip([
@@ -142,6 +146,12 @@ impl TestNet {
         for end in [r, s] {
             end.wait_up(Duration::from_secs(5))?;
         }
+        Ok(())
+    }
+
+    /// Deletes the veth pair (from the receiver's side: both ends go).
+    pub fn remove_veth(&self) -> anyhow::Result<()> {
+        self.receiver.ip(["link", "del", "dev", &self.receiver.iface])?;
         Ok(())
     }
 }
