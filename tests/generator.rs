@@ -16,7 +16,7 @@ use limiter_ctl::objects;
 use limiter_tests::{
     capture::Capture,
     cpu::pin_current_thread,
-    flood::{FrameSpec, L4},
+    flood::L4,
     livegen::{LiveGen, LiveSources},
     netns::TestNet,
     privileged,
@@ -56,14 +56,7 @@ fn check(l4: L4, first: IpAddr) -> anyhow::Result<()> {
     let iface = net.receiver.iface.clone();
     net.receiver.run(|| pass.attach(&iface, XdpMode::Driver))??;
 
-    let spec = FrameSpec {
-        src_mac: net.sender.mac,
-        dst_mac: net.receiver.mac,
-        dst: if first.is_ipv6() { IpAddr::V6(net.receiver.v6) } else { IpAddr::V4(net.receiver.v4) },
-        sport: 40_000,
-        dport: 9,
-        payload: 18,
-    };
+    let spec = net.frames_to(first.is_ipv6(), 9);
     let sources = LiveSources { first, count: SOURCES };
     let generator = LiveGen::new(&spec, l4, sources)?;
     let before = Snmp::read(&net.receiver)?;

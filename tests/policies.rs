@@ -25,9 +25,7 @@ use limiter_tests::{
     capture::{Capture, Captured},
     cpu::flood_cpu,
     daemon::{Ctl, Daemon, Rules, Scratch, Snapshot, limiter_ctl_binary, xdp_program_id},
-    flood::{
-        DEFAULT_PAYLOAD, DEFAULT_SPORT, Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Stream,
-    },
+    flood::{Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Stream},
     netns::TestNet,
     privileged,
 };
@@ -920,14 +918,7 @@ impl Rig {
     }
 
     fn spec(&self, src: IpAddr, dport: u16) -> FrameSpec {
-        FrameSpec {
-            src_mac: self.net.sender.mac,
-            dst_mac: self.net.receiver.mac,
-            dst: self.net.receiver.addr(src.is_ipv6()),
-            sport: DEFAULT_SPORT,
-            dport,
-            payload: DEFAULT_PAYLOAD,
-        }
+        self.net.frames_to(src.is_ipv6(), dport)
     }
 
     /// A flood of `streams` (interleaved) for at most `duration` and `packets`, with a capture

@@ -25,7 +25,7 @@ use limiter_tests::{
     bounds::{Judged, check_bounds, check_overload, first},
     cpu::flood_cpu,
     daemon::{Daemon, Scratch},
-    flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, Limits, PacketSocket, Prefix, Report, Sources},
+    flood::{Frames, Limits, PacketSocket, Prefix, Report, Sources},
     netns::{End, TestNet},
     privileged,
     snmp::Snmp,
@@ -263,14 +263,7 @@ fn assert_quiet(limiter: &Limiter) {
 
 /// A bounded single-CPU flood of UDP to `port` on the receiver, from the sender's namespace.
 fn flood(net: &TestNet, sources: Sources, port: u16) -> anyhow::Result<Report> {
-    let spec = FrameSpec {
-        src_mac: net.sender.mac,
-        dst_mac: net.receiver.mac,
-        dst: net.receiver.v4.into(),
-        sport: DEFAULT_SPORT,
-        dport: port,
-        payload: DEFAULT_PAYLOAD,
-    };
+    let spec = net.frames_to(false, port);
     let frames = Frames::build(&spec, &sources)?;
     let limits = Limits { packets: FLOOD_PACKETS, duration: FLOOD_TIME, cpu: Some(flood_cpu()) };
     let iface = &net.sender.iface;

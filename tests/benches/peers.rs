@@ -80,14 +80,7 @@ fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
 }
 
 fn spec(net: &TestNet, v6: bool) -> FrameSpec {
-    FrameSpec {
-        src_mac: net.sender.mac,
-        dst_mac: net.receiver.mac,
-        dst: if v6 { IpAddr::V6(net.receiver.v6) } else { IpAddr::V4(net.receiver.v4) },
-        sport: 40_000,
-        dport: PORT,
-        payload: 18,
-    }
+    net.frames_to(v6, PORT)
 }
 
 /// One run's measurements.

@@ -18,6 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec};
 use anyhow::{Context as _, bail};
 use nix::sched::{CloneFlags, setns};
 
@@ -147,6 +148,19 @@ impl TestNet {
             end.wait_up(Duration::from_secs(5))?;
         }
         Ok(())
+    }
+
+    /// Frames from the sender's MAC to the receiver's, to its IPv4 or IPv6 address and `dport`,
+    /// from the default source port with the default payload.
+    pub fn frames_to(&self, v6: bool, dport: u16) -> FrameSpec {
+        FrameSpec {
+            src_mac: self.sender.mac,
+            dst_mac: self.receiver.mac,
+            dst: self.receiver.addr(v6),
+            sport: DEFAULT_SPORT,
+            dport,
+            payload: DEFAULT_PAYLOAD,
+        }
     }
 
     /// Deletes the veth pair (from the receiver's side: both ends go).

@@ -16,6 +16,20 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("plotting: {e:?}")
 }
 
+/// The legend box every chart here draws, in the corner its data leaves free.
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.9))
+        .draw()
+        .map_err(err)
+}
+
 fn color(i: usize) -> RGBColor {
     COLORS[i % COLORS.len()]
 }
@@ -63,13 +77,7 @@ pub fn cpu_per_million(path: &str, bars: &[(&str, &str, f64)]) -> anyhow::Result
             .label(*system)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.9))
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(err)
 }
 
@@ -118,13 +126,7 @@ pub fn boundary_burst(path: &str, series: &[(&str, Vec<f64>)], bound: &[(f64, f6
             .label(format!("{name} ({} let through)", arrivals.len()))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.9))
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(err)
 }
 
@@ -159,13 +161,7 @@ pub fn memory(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> anyhow::Result<
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.9))
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(err)
 }
 
@@ -177,4 +173,34 @@ fn dedup<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each chart renders to a file naming every series it was given (the bench only runs by hand).
+    #[test]
+    fn charts_render_with_their_series() -> anyhow::Result<()> {
+        let dir = std::env::temp_dir().join(format!("limiter-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+        let read = |p: &str| std::fs::read_to_string(p);
+
+        let cpu = path("cpu.svg");
+        cpu_per_million(&cpu, &[("one source", "limiter", 0.07), ("one source", "hashlimit", 0.69)])?;
+        let svg = read(&cpu)?;
+        assert!(svg.contains("limiter") && svg.contains("hashlimit") && svg.contains("one source"));
+
+        let burst = path("burst.svg");
+        boundary_burst(&burst, &[("limiter", vec![0.99, 0.991, 1.0])], &[(0.99, 1.0), (1.01, 3.0)])?;
+        assert!(read(&burst)?.contains("limiter (3 let through)"));
+
+        let mem = path("memory.svg");
+        memory(&mem, &[("nftables meter", vec![(1e3, 0.5), (1e6, 40.0)])])?;
+        assert!(read(&mem)?.contains("nftables meter"));
+
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
 }

@@ -24,10 +24,7 @@ use crate::{
     capture::{Capture, Captured},
     cpu::flood_cpu,
     daemon::{Daemon, Runner, Scratch},
-    flood::{
-        DEFAULT_PAYLOAD, DEFAULT_SPORT, Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Steer,
-        Stream,
-    },
+    flood::{Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Steer, Stream},
     netns::{End, TestNet},
     scrape,
 };
@@ -70,14 +67,7 @@ impl Rig {
 
     /// Frames of `l4` to `dport` from `src` to the receiver (of `src`'s family).
     pub fn spec(&self, src: IpAddr, dport: u16) -> FrameSpec {
-        FrameSpec {
-            src_mac: self.net.sender.mac,
-            dst_mac: self.net.receiver.mac,
-            dst: self.net.receiver.addr(src.is_ipv6()),
-            sport: DEFAULT_SPORT,
-            dport,
-            payload: DEFAULT_PAYLOAD,
-        }
+        self.net.frames_to(src.is_ipv6(), dport)
     }
 
     /// UDP to `dport` from `sources`.
