@@ -46,12 +46,7 @@ impl FlowKey {
     /// The bytes as the three words the probe program records (IPv4: one word, then zeros).
     pub fn words(&self) -> [u64; 3] {
         let (b, _) = self.bytes();
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(w)
-        };
-        [word(0), word(1), word(2)]
+        [le_word(&b[0..8]), le_word(&b[8..16]), le_word(&b[16..24])]
     }
 
     /// The bucket this key lands in, computed over [`FlowKey::bytes`] by the byte-wise SipHash,
@@ -92,12 +87,14 @@ pub fn prefix_mask_words(prefix_len: u8) -> [u64; 2] {
         *b = if take == 0 { 0 } else { 0xffu8 << (8 - take) };
         bits -= take;
     }
-    let word = |b: &[u8]| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(b);
-        u64::from_le_bytes(w)
-    };
-    [word(&bytes[0..8]), word(&bytes[8..16])]
+    [le_word(&bytes[0..8]), le_word(&bytes[8..16])]
+}
+
+/// Eight bytes as a little-endian word (`b` is 8 bytes long).
+fn le_word(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(b);
+    u64::from_le_bytes(w)
 }
 
 #[cfg(test)]
@@ -131,8 +128,7 @@ mod tests {
             }
             let key = FlowKey { addr, policy: rng.random(), dport: rng.random(), family };
             // The words the kernel builds from what it loads from the packet.
-            let lo = u64::from_le_bytes(addr[0..8].try_into().unwrap());
-            let hi = u64::from_le_bytes(addr[8..16].try_into().unwrap());
+            let (lo, hi) = (le_word(&addr[0..8]), le_word(&addr[8..16]));
             let words = if family == FAMILY_V4 {
                 [v4_word(lo, key.policy, key.dport), 0, 0]
             } else {

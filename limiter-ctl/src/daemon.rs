@@ -11,7 +11,10 @@ use std::{
     io,
     os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -35,7 +38,7 @@ use crate::{
     pins::PinDir,
     policy::Name,
     salt,
-    state::State,
+    state::{Entry, State},
     stats,
     sync::MapView,
     top::Top,
@@ -80,18 +83,15 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
     }
     let mut limiter = Limiter::open(args.buckets, Some(pins.clone()))?;
     // What the maps hold now: a pinned predecessor's state, or nothing.
-    let (before, ids) = if limiter.adopted() {
-        let view = limiter.read_view()?;
-        let ids = view.ids();
-        (view, ids)
+    let before = if limiter.adopted() {
+        limiter.read_view()?
     } else {
         limiter.set_salt(salt::draw()?)?;
-        (MapView::of(&State::default())?, BTreeMap::new())
+        MapView::of(&State::default())?
     };
-    let state = desired(&ids)?;
+    let state = desired(&before.ids())?;
     // An adopted limiter's buckets may hold TATs of its policies, which this daemon never saw.
-    let longest_window =
-        if limiter.adopted() { limiter.kernel_max_window()?.max(state.max_window()) } else { state.max_window() };
+    let longest_window = before.max_window().max(state.max_window());
     limiter.apply(&before, &MapView::of(&state)?)?;
     limiter.set_sampling(args.sample_refusals)?;
     // SAFETY: the ring owns its descriptor and keeps it open for as long as the AsyncFd lives.
@@ -119,10 +119,10 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
         config_path: args.config.clone(),
         iface: args.iface.clone(),
         mode: args.mode,
-        attach_mode: attached.mode,
         shared,
         sampler: stats::Sampler::default(),
         occupancy: Arc::default(),
+        scanning: Arc::default(),
         top: Top::new(args.sample_refusals.max(1)),
         longest_window,
     };
@@ -181,12 +181,13 @@ struct Daemon {
     config_path: PathBuf,
     iface: String,
     mode: crate::limiter::ModeRequest,
-    attach_mode: crate::limiter::AttachMode,
     /// The latest snapshot, read by `stats` and the metrics endpoint.
     shared: stats::Shared,
     sampler: stats::Sampler,
     /// The last bucket occupancy measured (off the loop).
     occupancy: Arc<Mutex<Option<f64>>>,
+    /// A scan is running: the next tick skips rather than start another beside it.
+    scanning: Arc<AtomicBool>,
     top: Top,
     /// The longest burst window any policy had since the last rotation: the next rotation's
     /// grace must cover it (see `Limiter::rotate_salt`).
@@ -243,7 +244,7 @@ impl Daemon {
                     }
                     Err(e) => warn!(error = %e, "reading the refusal ring failed"),
                 },
-                _ = async { rotation.as_mut().expect("guarded").tick().await }, if rotation.is_some() => {
+                _ = tick(&mut rotation) => {
                     if let Err(e) = self.rotate() {
                         warn!(error = %e, "scheduled salt rotation skipped");
                     }
@@ -253,7 +254,7 @@ impl Daemon {
                     self.snapshot()?;
                 }
                 _ = occupancy.tick() => self.measure_occupancy(),
-                _ = async { stats.as_mut().expect("guarded").tick().await }, if stats.is_some() => {
+                _ = tick(&mut stats) => {
                     let now = (Instant::now(), self.total()?);
                     print_rates(&last, &now);
                     last = now;
@@ -276,8 +277,8 @@ impl Daemon {
     fn snapshot(&mut self) -> Result<(), crate::Error> {
         let counters = self.limiter.counters()?;
         let occupancy = self.occupancy.lock().ok().and_then(|o| *o);
-        let snapshot =
-            self.sampler.sample(&self.state, counters, self.attach_mode.as_str(), self.limiter.salt_age()?, occupancy);
+        let mode = self.limiter.attach_mode()?;
+        let snapshot = self.sampler.sample(&self.state, counters, mode.as_str(), self.limiter.salt_age()?, occupancy);
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
         }
@@ -286,25 +287,33 @@ impl Daemon {
 
     /// Scans the buckets on a blocking thread with its own map handle; the loop goes on.
     fn measure_occupancy(&self) {
+        if self.scanning.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let (buckets, config) = match (self.limiter.open_buckets(), self.limiter.config()) {
             (Ok(b), Ok(c)) => (b, c),
-            (Err(e), _) | (_, Err(e)) => return warn!(error = %e, "measuring bucket occupancy failed"),
+            (Err(e), _) | (_, Err(e)) => {
+                self.scanning.store(false, Ordering::Release);
+                return warn!(error = %e, "measuring bucket occupancy failed");
+            }
         };
         let policies: Vec<_> = self.state.policies().map(|e| e.kernel).collect();
-        let (count, out) = (self.limiter.buckets(), self.occupancy.clone());
+        let (count, out, scanning) = (self.limiter.buckets(), self.occupancy.clone(), self.scanning.clone());
         tokio::task::spawn_blocking(move || {
             let ratio =
                 stats::occupancy(&buckets, config.generation & 1, count, &policies, crate::limiter::monotonic_ns());
             if let Ok(mut o) = out.lock() {
                 *o = ratio;
             }
+            scanning.store(false, Ordering::Release);
         });
     }
 
     /// Draws a new salt; for the longest burst window (plus a margin) packets are also judged
     /// against their old buckets, so a rotation hands out no fresh allowance.
     fn rotate(&mut self) -> Result<(), crate::Error> {
-        let grace = self.longest_window.max(self.state.max_window()) + GRACE_MARGIN;
+        // Every change folds its policies' windows in, so this covers the current ones too.
+        let grace = self.longest_window + GRACE_MARGIN;
         self.limiter.rotate_salt(salt::draw()?, grace)?;
         // The new generation has seen only the current policies so far.
         self.longest_window = self.state.max_window();
@@ -381,13 +390,9 @@ impl Daemon {
             Request::PolicyList => self.reply(self.statuses().map(|s| serde_json::to_value(s).unwrap_or_default())),
             Request::PolicyShow { name } => match self.state.policy(&name) {
                 None => Response::Usage { error: format!("no policy named '{name}' (see `limiter-ctl policy list`)") },
-                Some(entry) => {
-                    let id = entry.id;
-                    self.reply(self.statuses().and_then(|all| {
-                        let one = all.into_iter().find(|s| s.id == id);
-                        Ok(serde_json::to_value(one).unwrap_or_default())
-                    }))
-                }
+                Some(entry) => self.reply(
+                    self.limiter.counters().map(|c| serde_json::to_value(status(entry, &c)).unwrap_or_default()),
+                ),
             },
             Request::ListShow { list } => {
                 Response::Ok { data: serde_json::to_value(self.state.list(list)).unwrap_or_default() }
@@ -415,15 +420,7 @@ impl Daemon {
 
     fn statuses(&self) -> Result<Vec<PolicyStatus>, crate::Error> {
         let counters = self.limiter.counters()?;
-        Ok(self
-            .state
-            .policies()
-            .map(|e| PolicyStatus {
-                id: e.id,
-                def: PolicyDef { burst: Some(e.def.burst_or_default()), ..e.def.clone() },
-                counters: counters.get(usize::from(e.id)).map(Into::into).unwrap_or_default(),
-            })
-            .collect())
+        Ok(self.state.policies().map(|e| status(e, &counters)).collect())
     }
 
     /// Applies a validated change: kernel first, then the file; puts the kernel back if the
@@ -433,20 +430,29 @@ impl Daemon {
             Ok(next) => next,
             Err(Usage(error)) => return Response::Usage { error },
         };
+        match self.commit(next, true) {
+            Ok(()) => {
+                info!("{event} {detail}");
+                Response::Ok { data: serde_json::Value::Null }
+            }
+            Err(error) => Response::Failed { error },
+        }
+    }
+
+    /// Makes `next` the running state: the kernel maps, then (with `save`) the file. On a
+    /// failure the maps are put back and the error says whether that worked.
+    fn commit(&mut self, next: State, save: bool) -> Result<(), String> {
         if let Err(e) = self.limiter.sync(&self.state, &next) {
             let restored = self.limiter.sync(&next, &self.state);
-            return Response::Failed {
-                error: format!("updating the kernel maps failed: {e}{}", rollback_note(restored)),
-            };
+            return Err(format!("updating the kernel maps failed: {e}{}", rollback_note(restored)));
         }
-        if let Err(e) = config::save(&self.config_path, &next.to_config()) {
+        if save && let Err(e) = config::save(&self.config_path, &next.to_config()) {
             let restored = self.limiter.sync(&next, &self.state);
-            return Response::Failed { error: format!("{e}{}", rollback_note(restored)) };
+            return Err(format!("{e}{}", rollback_note(restored)));
         }
         self.state = next;
         self.longest_window = self.longest_window.max(self.state.max_window());
-        info!("{event} {detail}");
-        Response::Ok { data: serde_json::Value::Null }
+        Ok(())
     }
 
     fn save(&self) -> Result<(), config::ConfigError> {
@@ -459,19 +465,9 @@ impl Daemon {
         let next = config::load(&self.config_path).map_err(|e| e.to_string()).and_then(|file: ConfigFile| {
             State::build(&file, &self.state.ids()).map_err(|e| format!("{path}: {}", e.0))
         });
-        match next {
+        match next.and_then(|next| self.commit(next, false)) {
+            Ok(()) => info!(config = %path, policies = self.state.policies().count(), "reloaded"),
             Err(error) => warn!(%error, "reload failed; keeping the running config"),
-            Ok(next) => match self.limiter.sync(&self.state, &next) {
-                Ok(()) => {
-                    self.state = next;
-                    self.longest_window = self.longest_window.max(self.state.max_window());
-                    info!(config = %path, policies = self.state.policies().count(), "reloaded");
-                }
-                Err(e) => {
-                    let restored = self.limiter.sync(&next, &self.state);
-                    warn!(error = %format!("{e}{}", rollback_note(restored)), "reload failed; keeping the running config");
-                }
-            },
         }
     }
 
@@ -479,6 +475,25 @@ impl Daemon {
         let mut sum = Counters::default();
         self.limiter.counters()?.iter().for_each(|c| sum.add(c));
         Ok(sum)
+    }
+}
+
+/// A policy as `policy list` and `policy show` report it: its burst resolved, its counters.
+fn status(e: &Entry, counters: &[Counters]) -> PolicyStatus {
+    PolicyStatus {
+        id: e.id,
+        def: PolicyDef { burst: Some(e.def.burst_or_default()), ..e.def.clone() },
+        counters: counters.get(usize::from(e.id)).map(Into::into).unwrap_or_default(),
+    }
+}
+
+/// The next tick of an optional interval; never, without one.
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(i) => {
+            i.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

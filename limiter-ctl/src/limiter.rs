@@ -149,7 +149,7 @@ impl Limiter {
                     p.remove()?;
                     p.prepare()?;
                 }
-                crate::pins::MAPS.iter().map(|m| (*m, p.map(m))).collect()
+                crate::pins::map_names().map(|m| (m, p.map(m))).collect()
             }
         };
         for (name, path) in &pin_paths {
@@ -264,13 +264,6 @@ impl Limiter {
         self.write_config(&config)
     }
 
-    /// The longest burst window of the policies the kernel holds now (for adopting a limiter
-    /// whose policy history this daemon did not see).
-    pub fn kernel_max_window(&self) -> Result<Duration, Error> {
-        let view = self.read_view()?;
-        Ok(Duration::from_nanos(view.policies.values().map(|(p, _)| p.gcra.window_ns()).max().unwrap_or(0)))
-    }
-
     /// Samples 1 in `one_in` refusals (a power of two; 0: none) into the `REFUSALS` ring.
     pub fn set_sampling(&mut self, one_in: u32) -> Result<(), Error> {
         let mut config = self.config()?;
@@ -329,13 +322,8 @@ impl Limiter {
         if let Some(path) = self.pins.as_ref().map(PinDir::link).filter(|p| p.exists()) {
             match self.replace_in_pinned_link(&path) {
                 Ok(id) => {
-                    let mode = if self.config()?.flags & Config::ATTACHED_SKB != 0 {
-                        AttachMode::Skb
-                    } else {
-                        AttachMode::Native
-                    };
                     self.link = Some(Link { iface: iface.into(), held: Held::Program(id) });
-                    return Ok(Attached { mode, fallback: None, replaced: true });
+                    return Ok(Attached { mode: self.attach_mode()?, fallback: None, replaced: true });
                 }
                 // Defunct: its interface went away (re-created since?). Start a new link.
                 Err(_) => std::fs::remove_file(&path)
@@ -364,6 +352,12 @@ impl Limiter {
         self.write_config(&config)?;
         self.link = Some(Link { iface: iface.into(), held });
         Ok(attached)
+    }
+
+    /// How the program is attached, as recorded in the kernel's config when the link was made
+    /// (so it survives reattaching and adoption).
+    pub fn attach_mode(&self) -> Result<AttachMode, Error> {
+        Ok(if self.config()?.flags & Config::ATTACHED_SKB != 0 { AttachMode::Skb } else { AttachMode::Native })
     }
 
     fn replace_in_pinned_link(&mut self, path: &std::path::Path) -> Result<XdpLinkId, Error> {
@@ -403,7 +397,7 @@ impl Limiter {
         let Some(link) = self.link.take() else {
             return Err(Error::Internal("reattach without an attachment".into()));
         };
-        self.drop_link(link.held, false)?;
+        self.drop_link(link.held, &link.iface, false)?;
         self.attach(&link.iface, mode)
     }
 
@@ -413,14 +407,14 @@ impl Limiter {
         let Some(link) = self.link.take() else {
             return Ok(None);
         };
-        self.drop_link(link.held, true)?;
+        self.drop_link(link.held, &link.iface, true)?;
         if let Some(pins) = &self.pins {
             pins.remove()?;
         }
         Ok(Some(link.iface))
     }
 
-    fn drop_link(&mut self, held: Held, detach: bool) -> Result<(), Error> {
+    fn drop_link(&mut self, held: Held, iface: &str, detach: bool) -> Result<(), Error> {
         let pin = self.pins.as_ref().map(PinDir::link);
         // Unpinning first: then closing our descriptor destroys the link.
         if let Some(path) = pin.filter(|p| p.exists()) {
@@ -431,7 +425,7 @@ impl Limiter {
             Held::Program(id) => {
                 let result = self.program_mut()?.detach(id);
                 if detach {
-                    result.map_err(|source| Error::Detach { iface: String::new(), source })?;
+                    result.map_err(|source| Error::Detach { iface: iface.into(), source })?;
                 }
             }
         }

@@ -21,19 +21,6 @@ const BPFFS: &str = "/sys/fs/bpf";
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const LINK: &str = "link";
 
-/// Every map of the limiter object, all pinned.
-pub const MAPS: [&str; 9] = [
-    MAP_CONFIG,
-    MAP_POLICIES,
-    MAP_PORT_POLICY,
-    MAP_BUCKETS,
-    MAP_COUNTERS,
-    MAP_ACL_V4,
-    MAP_ACL_V6,
-    MAP_POLICY_NAMES,
-    MAP_LAYOUT,
-];
-
 #[derive(Clone, Debug)]
 pub struct PinDir {
     dir: PathBuf,
@@ -68,10 +55,9 @@ impl PinDir {
             mount_bpffs()?;
             note = Some(format!("mounted bpffs at {BPFFS}"));
         }
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| self.pin_error(format!("creating {}: {e}", self.dir.display())))?;
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::Pins(format!("creating {}: {e}", self.dir.display())))?;
         if !is_bpffs(&self.dir) {
-            return Err(self.pin_error(format!(
+            return Err(Error::Pins(format!(
                 "{} is not on a BPF filesystem; mount one (mount -t bpf bpf {BPFFS}) or choose --pin-dir under it",
                 self.dir.display()
             )));
@@ -115,20 +101,21 @@ impl PinDir {
     /// returns what was removed.
     pub fn remove(&self) -> Result<Vec<PathBuf>, Error> {
         let mut removed = Vec::new();
-        for path in std::iter::once(self.link()).chain(MAPS.iter().map(|m| self.map(m))) {
+        for path in std::iter::once(self.link()).chain(map_names().map(|m| self.map(m))) {
             match std::fs::remove_file(&path) {
                 Ok(()) => removed.push(path),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(self.pin_error(format!("removing {}: {e}", path.display()))),
+                Err(e) => return Err(Error::Pins(format!("removing {}: {e}", path.display()))),
             }
         }
         match std::fs::remove_dir(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => {
-                return Err(
-                    self.pin_error(format!("removing {}: {e} (is something else pinned there?)", self.dir.display()))
-                );
+                return Err(Error::Pins(format!(
+                    "removing {}: {e} (is something else pinned there?)",
+                    self.dir.display()
+                )));
             }
         }
         Ok(removed)
@@ -137,12 +124,14 @@ impl PinDir {
     fn adopt_error(&self, why: String) -> Error {
         Error::Adopt { dir: self.dir.clone(), why }
     }
-
-    fn pin_error(&self, why: String) -> Error {
-        Error::Pins(why)
-    }
 }
 
+/// The names of every map of the limiter object, all pinned.
+pub fn map_names() -> impl Iterator<Item = &'static str> {
+    expected_maps(0).into_iter().map(|m| m.0)
+}
+
+/// Each map's name, type, key size, value size and entries, as this build creates it.
 fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 9] {
     let size = |n: usize| n as u32;
     [

@@ -45,6 +45,11 @@ pub struct State {
     deny: BTreeSet<IpNet>,
 }
 
+/// The longest burst window of these policies.
+pub fn longest_window<'a>(policies: impl Iterator<Item = &'a Policy>) -> std::time::Duration {
+    std::time::Duration::from_nanos(policies.map(|p| p.gcra.window_ns()).max().unwrap_or(0))
+}
+
 /// Where each packet class goes: what `PORT_POLICY` and `Config::class_policy` hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Routes {
@@ -89,8 +94,7 @@ impl State {
     /// The longest burst window of any policy: how long a TAT can stay ahead of now, so how
     /// long a salt rotation must keep consulting the old buckets.
     pub fn max_window(&self) -> std::time::Duration {
-        let ns = self.policies.values().map(|e| e.kernel.gcra.window_ns()).max().unwrap_or(0);
-        std::time::Duration::from_nanos(ns)
+        longest_window(self.policies.values().map(|e| &e.kernel))
     }
 
     pub fn ids(&self) -> BTreeMap<Name, u16> {

@@ -8,26 +8,24 @@ use std::collections::BTreeMap;
 use aya::maps::{LpmTrie, MapData, PerCpuArray, PerCpuValues, lpm_trie::Key};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use limiter_common::maps::{
-    ACL_ALLOW, ACL_DENY, CLASSES, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_COUNTERS, MAP_POLICIES,
-    MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
+    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_COUNTERS, MAP_POLICIES, MAP_POLICY_NAMES,
+    MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
 };
 
 use crate::{
     Error, Limiter,
     error::Usage,
     policy::Name,
-    state::{List, State},
+    state::{List, Routes, State, longest_window},
 };
 
 type NameBytes = [u8; POLICY_NAME_LEN];
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MapView {
     /// Active policies by id, with their names.
     pub policies: BTreeMap<u16, (Policy, NameBytes)>,
-    /// The port table (`class << 16 | port`).
-    pub ports: Vec<u16>,
-    pub class_policy: [u16; CLASSES],
+    pub routes: Routes,
     pub acl: BTreeMap<IpNet, u8>,
 }
 
@@ -48,7 +46,12 @@ impl MapView {
             .map(|n| (*n, ACL_ALLOW))
             .chain(state.list(List::Deny).iter().map(|n| (*n, ACL_DENY)))
             .collect();
-        Ok(Self { policies, ports: routes.ports, class_policy: routes.class_policy, acl })
+        Ok(Self { policies, routes, acl })
+    }
+
+    /// The longest burst window of the policies in this view.
+    pub fn max_window(&self) -> std::time::Duration {
+        longest_window(self.policies.values().map(|(p, _)| p))
     }
 
     /// Policy ids by name, for keeping ids (and so buckets and counters) across a restart.
@@ -95,15 +98,15 @@ impl Limiter {
             }
         }
         let mut table = self.array_mut::<u16>(MAP_PORT_POLICY)?;
-        for (i, (&was, &is)) in old.ports.iter().zip(&new.ports).enumerate() {
+        for (i, (&was, &is)) in old.routes.ports.iter().zip(&new.routes.ports).enumerate() {
             if was != is {
                 table.set(i as u32, is, 0).map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
             }
         }
         let mut config = self.config()?;
-        config.class_policy = new.class_policy;
+        config.class_policy = new.routes.class_policy;
         config.flags &= !(Config::HAS_PORT_POLICIES | Config::HAS_ACL_V4 | Config::HAS_ACL_V6);
-        if new.ports.iter().any(|&id| id != 0) {
+        if new.routes.has_ports() {
             config.flags |= Config::HAS_PORT_POLICIES;
         }
         if new.acl.keys().any(|n| matches!(n, IpNet::V4(_))) {
@@ -156,12 +159,8 @@ impl Limiter {
                 Ipv6Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
             acl.insert(IpNet::V6(net), action);
         }
-        Ok(MapView { policies, ports, class_policy: self.config()?.class_policy, acl })
-    }
-
-    /// A pinned limiter's policy ids by name.
-    pub fn policy_ids(&self) -> Result<BTreeMap<Name, u16>, Error> {
-        Ok(self.read_view()?.ids())
+        let routes = Routes { ports, class_policy: self.config()?.class_policy };
+        Ok(MapView { policies, routes, acl })
     }
 
     fn set_policy_name(&mut self, id: u16, name: &NameBytes) -> Result<(), Error> {
