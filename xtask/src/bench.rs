@@ -26,7 +26,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    crate::setup::run()?;
+    crate::setup::build()?;
     if args.peers {
         return peers(&args);
     }

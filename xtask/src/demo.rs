@@ -23,7 +23,7 @@ use std::{
 
 use anyhow::{Context as _, bail, ensure};
 
-use crate::sh::{cargo, describe, exec, workspace_root};
+use crate::sh::{cargo, describe, exec, target_dir};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -55,6 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         crate::setup::is_root(),
         "the demo creates network namespaces and loads XDP: run `sudo -E cargo xtask demo`"
     );
+    crate::setup::build()?;
     exec(cargo().args(["build", "--release", "-p", "limiter-ctl", "-p", "limiter-tests", "--bins"]))?;
     let release = target_dir().join("release");
     let (ctl, flood) = (release.join("limiter-ctl"), release.join("limiter-flood"));
@@ -280,13 +281,6 @@ fn catch_signals() {
     unsafe {
         libc::signal(libc::SIGINT, handler);
         libc::signal(libc::SIGTERM, handler);
-    }
-}
-
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => workspace_root().join(dir),
-        None => workspace_root().join("target"),
     }
 }
 

@@ -11,22 +11,13 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::sh::{cargo, describe, exec, workspace_root};
+use crate::sh::{cargo, describe, exec, target_dir};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Directory for the .deb [default: target/debian].
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
-}
-
-/// Where cargo puts build products: `CARGO_TARGET_DIR` when set, else `target/`.
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if Path::new(&dir).is_absolute() => PathBuf::from(dir),
-        Some(dir) => workspace_root().join(dir),
-        None => workspace_root().join("target"),
-    }
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {

@@ -12,25 +12,26 @@ use crate::sh::{exec, output, probe};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: &str = "22";
 const CARGO_DEB_VERSION: &str = "3.8.0";
-const APT_PACKAGES: &[&str] = &[
-    "llvm-22-dev",
-    "libpolly-22-dev",
-    "iproute2",
-    // tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils.
-    "systemd",
-    "man-db",
-    "binutils",
-    "dpkg-dev",
-];
+/// What building the XDP program and running it in namespaces needs.
+const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
+/// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils.
+const PACKAGING_PACKAGES: &[&str] = &["systemd", "man-db", "binutils", "dpkg-dev"];
 
+/// Everything: `cargo xtask setup` and `cargo xtask test`.
 pub fn run() -> anyhow::Result<()> {
-    rust_src()?;
-    apt_packages()?;
-    bpf_linker()?;
+    build()?;
+    apt(PACKAGING_PACKAGES)?;
     cargo_deb()?;
-    bpffs()?;
     eprintln!("setup: ready");
     Ok(())
+}
+
+/// What the demo and the benchmarks need: the eBPF toolchain and a mounted bpffs.
+pub fn build() -> anyhow::Result<()> {
+    rust_src()?;
+    apt(BUILD_PACKAGES)?;
+    bpf_linker()?;
+    bpffs()
 }
 
 fn rust_src() -> anyhow::Result<()> {
@@ -45,10 +46,6 @@ fn rust_src() -> anyhow::Result<()> {
         return Ok(());
     }
     exec(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-}
-
-fn apt_packages() -> anyhow::Result<()> {
-    apt(APT_PACKAGES)
 }
 
 /// Installs the Debian packages that are missing (checking first: quick when all are there).

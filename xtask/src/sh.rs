@@ -8,6 +8,12 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
 }
 
+/// Where cargo puts build products: `CARGO_TARGET_DIR` when set (an absolute one replaces the
+/// root in `join`), else `target/`.
+pub fn target_dir() -> PathBuf {
+    workspace_root().join(std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()))
+}
+
 pub fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
