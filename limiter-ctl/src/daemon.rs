@@ -251,13 +251,21 @@ impl Daemon {
                 }
                 _ = second.tick() => {
                     if_index = self.watch_interface(if_index);
-                    self.snapshot()?;
+                    // A failed read costs one second of stats, never the attachment.
+                    if let Err(e) = self.snapshot() {
+                        warn!(error = %e, "reading the counters failed; stats are stale");
+                    }
                 }
                 _ = occupancy.tick() => self.measure_occupancy(),
                 _ = tick(&mut stats) => {
-                    let now = (Instant::now(), self.total()?);
-                    print_rates(&last, &now);
-                    last = now;
+                    match self.total() {
+                        Ok(total) => {
+                            let now = (Instant::now(), total);
+                            print_rates(&last, &now);
+                            last = now;
+                        }
+                        Err(e) => warn!(error = %e, "reading the counters failed"),
+                    }
                 }
             }
         };
