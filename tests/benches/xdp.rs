@@ -32,7 +32,7 @@ use limiter_ctl::{
     state::{List, State},
 };
 use limiter_tests::{flood::FrameSpec, netns};
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
 
 const BUCKETS: u32 = 1 << 20;
 const SOURCES: usize = 1 << 17;
@@ -101,8 +101,11 @@ fn bench_object(name: &'static str) -> anyhow::Result<Ebpf> {
 
 /// A limiter configured the way the daemon does it: `policies` as (match, rate, burst), then
 /// `allow` entries.
-fn limiter(policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
-    let mut limiter = Limiter::load(BUCKETS)?;
+/// A policy no benchmark run can exhaust: every packet takes the admit path.
+const ADMIT_ALL: (&str, &str, u64) = ("any", "1000000000/s", 1_000_000_000);
+
+fn limiter(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
+    let mut limiter = Limiter::load(buckets)?;
     limiter.set_salt(limiter_ctl::salt::draw()?)?;
     let mut state = State::default();
     for (i, (matches, rate, burst)) in policies.iter().enumerate() {
@@ -142,25 +145,26 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
         Subject {
             name: "limiter: admit",
             what: "policy matched, GCRA admits",
-            run: limiter_runner(limiter(&[("any", "1000000000/s", 1_000_000_000)], &[])?),
+            run: limiter_runner(limiter(BUCKETS, &[ADMIT_ALL], &[])?),
             warm_all_sources: false,
         },
         Subject {
             name: "limiter: refuse",
             what: "policy matched, GCRA refuses (XDP_DROP)",
-            run: limiter_runner(limiter(&[("any", "1/h", 1)], &[])?),
+            run: limiter_runner(limiter(BUCKETS, &[("any", "1/h", 1)], &[])?),
             warm_all_sources: true,
         },
         Subject {
             name: "limiter: no policy",
             what: "IP traffic no policy matches",
-            run: limiter_runner(limiter(&[], &[])?),
+            run: limiter_runner(limiter(BUCKETS, &[], &[])?),
             warm_all_sources: false,
         },
         Subject {
             name: "limiter: port policy, admit",
             what: "as admit, the policy found through the port table (udp:53) among 4 policies",
             run: limiter_runner(limiter(
+                BUCKETS,
                 &[
                     ("udp:53", "1000000000/s", 1_000_000_000),
                     ("udp:50-60", "1/s", 1),
@@ -174,10 +178,7 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
         Subject {
             name: "limiter: lists, admit",
             what: "as admit, with an allow list the sources are not on (one LPM lookup)",
-            run: limiter_runner(limiter(
-                &[("any", "1000000000/s", 1_000_000_000)],
-                &["192.0.2.0/24", "2001:db8:ffff::/48"],
-            )?),
+            run: limiter_runner(limiter(BUCKETS, &[ADMIT_ALL], &["192.0.2.0/24", "2001:db8:ffff::/48"])?),
             warm_all_sources: false,
         },
     ])
@@ -209,9 +210,7 @@ fn scaling(spec: &FrameSpec) -> anyhow::Result<String> {
     };
     let spec = FrameSpec { dst: IpAddr::V6(netns::RECEIVER_V6), ..spec.clone() };
     let mut order: Vec<u32> = (0..1_000_000).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.random_range(0..=i));
-    }
+    order.shuffle(&mut rng);
     let mut table = String::new();
     write!(table, "| buckets \\ distinct sources |")?;
     for n in source_counts {
@@ -222,19 +221,7 @@ fn scaling(spec: &FrameSpec) -> anyhow::Result<String> {
     for buckets in bucket_counts {
         write!(table, "| 2^{} |", buckets.trailing_zeros())?;
         for sources in source_counts {
-            let mut limiter = Limiter::load(buckets)?;
-            limiter.set_salt(limiter_ctl::salt::draw()?)?;
-            let def = PolicyDef {
-                name: "p".parse()?,
-                matches: "any".parse()?,
-                rate: "1000000000/s".parse()?,
-                burst: Some(1_000_000_000),
-                key: Default::default(),
-                unit: Default::default(),
-                mode: Default::default(),
-            };
-            let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!(e.0))?;
-            limiter.sync(&State::default(), &state)?;
+            let limiter = limiter(buckets, &[ADMIT_ALL], &[])?;
             let program = limiter.program()?;
             let mut total = 0u64;
             for i in 0..PACKETS {
@@ -263,9 +250,7 @@ fn main() -> anyhow::Result<()> {
     // 2^17 distinct sources in 198.18.0.0/15, in random order.
     let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
     let mut offsets: Vec<u32> = (0..SOURCES as u32).collect();
-    for i in (1..offsets.len()).rev() {
-        offsets.swap(i, rng.random_range(0..=i));
-    }
+    offsets.shuffle(&mut rng);
     let spec = FrameSpec {
         src_mac: netns::SENDER_MAC,
         dst_mac: netns::RECEIVER_MAC,
