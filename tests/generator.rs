@@ -63,14 +63,14 @@ fn check(l4: L4, first: IpAddr) -> anyhow::Result<()> {
     let capture = Capture::start(&net.receiver)?;
     let sender = net.sender.iface.clone();
     let frames = PER_SOURCE * u64::from(SOURCES);
-    let sent = net.sender.run(move || -> anyhow::Result<_> {
+    let report = net.sender.run(move || -> anyhow::Result<_> {
         pin_current_thread(1)?;
         generator.send(&sender, frames, Duration::from_secs(10))
     })??;
     let captured = capture.finish()?;
     let after = Snmp::read(&net.receiver)?;
 
-    assert_eq!(sent.frames, frames, "{l4:?} from {first}: the generator stopped early");
+    assert_eq!(report.sent, frames, "{l4:?} from {first}: the generator stopped early");
     let mut per_source: BTreeMap<IpAddr, u64> = BTreeMap::new();
     for s in &captured.seen {
         assert_eq!(s.flow.l4, l4, "{l4:?}: a frame of another protocol: {:?}", s.flow);

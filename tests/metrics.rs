@@ -15,11 +15,11 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use limiter_common::{
-    FlowKey, Gcra,
+    FlowKey,
     key::{FAMILY_V4, FAMILY_V6},
     maps::Config,
 };
@@ -27,8 +27,10 @@ use limiter_tests::{
     bounds::{Judged, check_overload, check_upper, nanos},
     daemon::{Ctl, Daemon, limiter_ctl_binary, program_bucket},
     flood::{Limits, Sources},
+    literals::{gcra, src},
+    observe::{fresh_stats, gauge, metrics, policy_stats, stats, value},
     privileged,
-    rig::{Flooding, METRICS, Rig, SEC, flow},
+    rig::{Flooding, METRICS, Rig, flow},
     scrape::{self, Sample},
 };
 use nix::sys::signal::Signal;
@@ -40,14 +42,6 @@ const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
 const SCRAPE_BUDGET: Duration = Duration::from_millis(100);
 /// The label keys a metric may carry: never one per source.
 const LABEL_KEYS: [&str; 4] = ["policy", "decision", "reason", "mode"];
-
-fn gcra(per_sec: u64, burst: u64) -> Gcra {
-    Gcra::new(per_sec, SEC, burst, 1).expect("the test's policies are valid")
-}
-
-fn src(s: &str) -> IpAddr {
-    s.parse().expect("the test's addresses parse")
-}
 
 /// A network `ADDR/LEN` as `top` prints it (host bits zero).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -80,50 +74,6 @@ impl Net {
 
 fn net(s: &str) -> Net {
     Net::parse(s).unwrap_or_else(|| panic!("not a network: {s}"))
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// `stats --json`, parsed.
-fn stats(rig: &Rig) -> Value {
-    let out = rig.ctl_ok(&["stats", "--json"]);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("stats --json ({e}): {out}"))
-}
-
-/// Waits for a snapshot taken after now (the daemon takes one a second), and returns it.
-fn fresh_stats(rig: &Rig) -> Value {
-    let since = now_ms();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let s = stats(rig);
-        if s["taken_at_ms"].as_u64().is_some_and(|t| t > since) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "no new stats snapshot within 3 s: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A policy's entry in a stats snapshot.
-fn policy_stats<'a>(s: &'a Value, name: &str) -> &'a Value {
-    s["policies"]
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == name))
-        .unwrap_or_else(|| panic!("no policy {name} in {s}"))
-}
-
-/// GET /metrics (within the time budget), parsed.
-fn metrics(rig: &Rig) -> (scrape::Response, Vec<Sample>) {
-    let r = rig.scrape(METRICS).unwrap_or_else(|e| panic!("GET /metrics: {e:#}"));
-    assert_eq!(r.status, 200, "{r:?}");
-    let samples = scrape::parse(&r.body).unwrap_or_else(|e| panic!("{e:#}:\n{}", r.body));
-    (r, samples)
-}
-
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> u64 {
-    scrape::one(samples, name, labels).and_then(|s| s.u64()).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn packets(samples: &[Sample], policy: &str, decision: &str) -> u64 {
@@ -258,28 +208,24 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     }
     assert_eq!(value(&samples, "limiter_errors_total", &[]), 0);
     assert_eq!(after["unjudged"], serde_json::json!({"not_ip": 0, "malformed": 0, "unmatched": 0, "errors": 0}));
-    let gauge = |name: &str, labels: &[(&str, &str)]| {
-        scrape::one(&samples, name, labels).and_then(|s| s.f64()).unwrap_or_else(|e| panic!("{e:#}"))
-    };
-    assert_eq!(gauge("limiter_attach_mode", &[("mode", "native")]), 1.0);
+    assert_eq!(gauge(&samples, "limiter_attach_mode", &[("mode", "native")]), 1.0);
     assert_eq!(scrape::one(&samples, "limiter_attach_mode", &[]).map(|s| s.labels.len()).ok(), Some(1), "one mode");
     assert_eq!(after["attach_mode"], "native");
-    assert_eq!(gauge("limiter_policies", &[]), 1.0);
-    let age = scrape::one(&samples, "limiter_salt_age_seconds", &[]).and_then(|s| s.f64()).expect("salt age");
+    assert_eq!(gauge(&samples, "limiter_policies", &[]), 1.0);
+    let age = gauge(&samples, "limiter_salt_age_seconds", &[]);
     assert!(
         age > 0.0 && age <= started.elapsed().as_secs_f64(),
         "salt age {age} s, the daemon is {:?} old",
         started.elapsed()
     );
     // Measured at start and every 15 s: present after the first measurement, a fraction.
-    let occupancy =
-        scrape::one(&samples, "limiter_bucket_occupancy_ratio", &[]).and_then(|s| s.f64()).expect("occupancy");
+    let occupancy = gauge(&samples, "limiter_bucket_occupancy_ratio", &[]);
     assert!((0.0..=1.0).contains(&occupancy), "occupancy {occupancy}");
     let rotated = rig.ctl_ok(&["salt", "rotate"]);
     assert_eq!(rotated.trim(), "salt rotated");
     fresh_stats(&rig);
     let (_, samples) = metrics(&rig);
-    let age2 = scrape::one(&samples, "limiter_salt_age_seconds", &[]).and_then(|s| s.f64()).expect("salt age");
+    let age2 = gauge(&samples, "limiter_salt_age_seconds", &[]);
     assert!(age2 < 1.5 && age2 < age, "salt age after a rotation: {age2} s (was {age} s)");
 }
 
@@ -287,8 +233,8 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
 /// salt with a large bucket table (--buckets 1048576, a tenth of the allowed maximum): they read a
 /// snapshot and must not wait for the rotation.
 ///
-/// Fails today: a rotation clears the next generation one bucket (one bpf syscall) at a time on
-/// the daemon's single-threaded runtime, which also serves /metrics and the control socket.
+/// A rotation that cleared the next generation one bucket (one bpf syscall) at a time on the
+/// daemon's single-threaded runtime, which also serves /metrics and the control socket, fails it.
 #[test]
 fn metrics_and_stats_answer_within_100_ms_during_a_salt_rotation() {
     if !privileged::require("metrics_and_stats_answer_within_100_ms_during_a_salt_rotation") {
@@ -309,12 +255,21 @@ fn metrics_and_stats_answer_within_100_ms_during_a_salt_rotation() {
     });
     let (socket, bin) = (rig.scratch.socket(), limiter_ctl_binary().expect("limiter-ctl"));
     let stats_stop = stop.clone();
-    let stats_thread = std::thread::spawn(move || -> Vec<Duration> {
+    // Each call's latency and outcome: a call that failed did not answer.
+    let stats_thread = std::thread::spawn(move || -> Vec<(Duration, Result<(), String>)> {
         let mut out = Vec::new();
         while !stats_stop.load(Ordering::Relaxed) {
             let t = Instant::now();
-            let _ = Ctl::run(&mut Ctl::command(&bin, &socket, &["stats", "--json"]));
-            out.push(t.elapsed());
+            let answer = Ctl::run(&mut Ctl::command(&bin, &socket, &["stats", "--json"]));
+            let latency = t.elapsed();
+            let outcome = match answer {
+                Err(e) => Err(format!("{e:#}")),
+                Ok(ctl) if ctl.code != Some(0) => Err(format!("{ctl:?}")),
+                Ok(ctl) => serde_json::from_str::<Value>(&ctl.stdout)
+                    .map(drop)
+                    .map_err(|e| format!("not JSON ({e}): {}", ctl.stdout)),
+            };
+            out.push((latency, outcome));
             std::thread::sleep(Duration::from_millis(20));
         }
         out
@@ -326,7 +281,8 @@ fn metrics_and_stats_answer_within_100_ms_during_a_salt_rotation() {
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let scrapes = scraper.join().expect("scraper").expect("namespace").unwrap_or_else(|e| panic!("{e:#}"));
-    let stats_calls = stats_thread.join().expect("stats thread");
+    let stats_answers = stats_thread.join().expect("stats thread");
+    let stats_calls: Vec<Duration> = stats_answers.iter().map(|(l, _)| *l).collect();
     let worst = |v: &[Duration]| v.iter().max().copied().unwrap_or_default();
     eprintln!(
         "rotation with 1048576 buckets took {took:?} ({:?}); /metrics: {} scrapes, worst {:?}; stats: {} calls, worst {:?}",
@@ -337,6 +293,9 @@ fn metrics_and_stats_answer_within_100_ms_during_a_salt_rotation() {
         worst(&stats_calls)
     );
     assert_eq!(rotated.code, Some(0), "{rotated:?}");
+    assert!(!scrapes.is_empty() && !stats_calls.is_empty(), "no scrape or no `stats` call was made");
+    let failed: Vec<&String> = stats_answers.iter().filter_map(|(_, o)| o.as_ref().err()).collect();
+    assert!(failed.is_empty(), "{} of {} `stats` calls failed: {failed:#?}", failed.len(), stats_calls.len());
     assert!(worst(&scrapes) <= SCRAPE_BUDGET, "/metrics took {:?} during a salt rotation", worst(&scrapes));
     // The CLI is a process of its own (start-up included): a looser budget.
     assert!(worst(&stats_calls) <= 3 * SCRAPE_BUDGET, "`stats` took {:?} during a salt rotation", worst(&stats_calls));
@@ -482,12 +441,7 @@ fn bucket_occupancy_is_measured_every_15_s() {
     let started = Instant::now();
     rig.ctl_ok(&["policy", "set", "sweep", "--match", "udp", "--rate", "1/s", "--burst", "30"]);
     let id = rig.policy_id("sweep");
-    let occupancy = |rig: &Rig| {
-        let (_, samples) = metrics(rig);
-        scrape::one(&samples, "limiter_bucket_occupancy_ratio", &[])
-            .and_then(|s| s.f64())
-            .unwrap_or_else(|e| panic!("{e:#}"))
-    };
+    let occupancy = |rig: &Rig| gauge(&metrics(rig).1, "limiter_bucket_occupancy_ratio", &[]);
     fresh_stats(&rig);
     assert_eq!(occupancy(&rig), 0.0, "measured at start, before any traffic");
 
@@ -592,8 +546,9 @@ fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
     let status = rig.daemon.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
     assert!(status.success(), "{status}");
     assert!(rig.scratch.pinned(&rig.net.receiver.iface).expect("pins").is_empty(), "a clean stop leaves no pins");
-    rig.daemon = Daemon::start(&rig.net.receiver, &rig.scratch, &args).expect("a fresh start");
-    assert!(!rig.daemon.output().contains("adopted"), "{}", rig.daemon.output());
+    // Starting waits for " attached " and fails if the daemon adopted instead.
+    rig.daemon = Daemon::start(&rig.net.receiver, &rig.scratch, &args)
+        .unwrap_or_else(|e| panic!("after a clean stop the daemon should attach afresh: {e:#}"));
     let (_, fresh) = metrics(&rig);
     eprintln!(
         "after a clean stop and a start: admitted {}, refused {}",

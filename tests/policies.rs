@@ -1,16 +1,16 @@
 //! Issue 3 end to end: named policies, allow/deny lists and the TOML config, driven through the
 //! real `limiter-ctl` binary (daemon and CLI), enforced by the real XDP program on a veth pair.
 //!
-//! What got through is counted by an AF_PACKET capture on the receiver's veth end
-//! ([`limiter_tests::capture`]), which sees exactly the frames XDP passed; what was sent is
-//! exact too ([`Frames::sent_per_flow`]). Delivered counts are held to `Gcra::bound` of the
-//! policy as this file computes it from the numbers it gave the CLI, per CPU that judged the
-//! policy's packets (see [`limiter_tests::bounds`]); the policy the kernel holds is checked to be
-//! that same GCRA. Floods are bounded in packets and time and pinned to one CPU.
+//! The daemon, its floods and their capture come from the shared [`limiter_tests::rig`]. What got
+//! through is counted by an AF_PACKET capture on the receiver's veth end
+//! ([`limiter_tests::capture`]), which sees exactly the frames XDP passed; what was sent is exact
+//! too ([`limiter_tests::flood::Frames::sent_per_flow`]). Delivered counts are held to
+//! `Gcra::bound` of the policy as this file computes it from the numbers it gave the CLI, per CPU
+//! that judged the policy's packets (see [`limiter_tests::bounds`]); the policy the kernel holds
+//! is checked to be that same GCRA. Floods are bounded in packets and time and pinned to one CPU.
 
 use std::{
     collections::BTreeMap,
-    net::IpAddr,
     os::unix::fs::{FileTypeExt as _, MetadataExt as _},
     path::Path,
     time::{Duration, Instant},
@@ -21,18 +21,16 @@ use limiter_common::{
     maps::{Counters, MAX_FRAME_WEIGHT, Policy},
 };
 use limiter_tests::{
-    bounds::{self, Judged, check_bounds, check_lower, check_overload, check_upper, first},
-    capture::{Capture, Captured},
-    cpu::flood_cpu,
-    daemon::{Ctl, Daemon, Rules, Scratch, Snapshot, limiter_ctl_binary, xdp_program_id},
-    flood::{Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Stream},
+    bounds::{check_bounds, check_lower, check_overload, check_upper, first},
+    daemon::{Ctl, Daemon, Rules, Scratch, limiter_ctl_binary, xdp_program_id},
+    flood::{Flow, L4, Stream},
     netns::TestNet,
     privileged,
+    rig::{Flooding, Rig, Run, SEC, flow_of},
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-const SEC: u64 = 1_000_000_000;
 /// Far more than any flood here sends in its time limit: the time is what normally stops it.
 const MANY: u64 = 2_000_000;
 /// How long the daemon gets to exit after SIGINT, or to log the outcome of a SIGHUP.
@@ -49,7 +47,7 @@ fn protocol_port_and_range_each_select_their_policy() {
     if !privileged::require("protocol_port_and_range_each_select_their_policy") {
         return;
     }
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
         Pol::new("web", "tcp", 300, 30),
         Pol::new("ping", "icmp", 200, 20),
@@ -72,7 +70,7 @@ fn protocol_port_and_range_each_select_their_policy() {
     let unmatched = [rig.stream(L4::Udp, 7200, "198.19.1.6"), rig.stream(L4::Udp, 6999, "2001:db8:1::6")];
     let streams: Vec<Stream> = judged.iter().map(|(_, s)| s.clone()).chain(unmatched.iter().cloned()).collect();
 
-    let run = rig.flood(&streams, Duration::from_secs(1), MANY);
+    let run = rig.counted_flood(&streams, Duration::from_secs(1), MANY);
     eprintln!("match: {}", run.report);
     check_overload(&run.report, 500.0, streams.len());
     for pol in &pols {
@@ -97,7 +95,7 @@ fn key_prefixes_and_dport_share_or_split_allowances() {
     if !privileged::require("key_prefixes_and_dport_share_or_split_allowances") {
         return;
     }
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
         Pol::new("p24", "udp:7000", 300, 30).key("src/24,/56"),
         Pol::new("p32", "udp:7001", 300, 30),
@@ -128,7 +126,7 @@ fn key_prefixes_and_dport_share_or_split_allowances() {
         ("nodport", vec![vec![s(7200, "198.19.4.1"), s(7201, "198.19.4.1")]]),
     ];
     let streams: Vec<Stream> = plan.iter().flat_map(|(_, groups)| groups.iter().flatten().cloned()).collect();
-    let run = rig.flood(&streams, Duration::from_secs(1), MANY);
+    let run = rig.counted_flood(&streams, Duration::from_secs(1), MANY);
     eprintln!("keys: {}", run.report);
     check_overload(&run.report, 300.0, streams.len());
     for (pol, (name, groups)) in pols.iter().zip(&plan) {
@@ -147,7 +145,7 @@ fn rate_burst_and_byte_unit_hold_to_their_bounds() {
     if !privileged::require("rate_burst_and_byte_unit_hold_to_their_bounds") {
         return;
     }
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let big_burst = Pol::new("bigburst", "udp:7000", 200, 400);
     // With no burst to catch up from, any stall of the sender longer than the 10 ms emission
     // interval would cost admissions for good: a slow rate keeps the lower bound about the limiter.
@@ -160,7 +158,7 @@ fn rate_burst_and_byte_unit_hold_to_their_bounds() {
     big.spec.payload = 500;
     let streams =
         [rig.stream(L4::Udp, 7000, "198.19.1.1"), rig.stream(L4::Udp, 7001, "198.19.2.1"), small.clone(), big];
-    let run = rig.flood(&streams, Duration::from_secs(1), MANY);
+    let run = rig.counted_flood(&streams, Duration::from_secs(1), MANY);
     eprintln!("rate/burst/bytes: {}", run.report);
     check_overload(&run.report, 200.0, streams.len());
     for (pol, stream) in [(&big_burst, &streams[0]), (&no_burst, &streams[1])] {
@@ -169,7 +167,7 @@ fn rate_burst_and_byte_unit_hold_to_their_bounds() {
 
     // Bytes: the two sizes share one flow (same source, protocol and port), so one bucket.
     let flow = flow_of(&small);
-    let id = rig.id("bytes");
+    let id = rig.policy_id("bytes");
     rig.check_installed(&bytes, id);
     let judged = rig.judged(&run, id);
     let got = run.captured.bytes(|f| *f == flow);
@@ -190,16 +188,16 @@ fn dry_run_passes_everything_and_counts_what_it_would_refuse() {
     if !privileged::require("dry_run_passes_everything_and_counts_what_it_would_refuse") {
         return;
     }
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let pol = Pol::new("watch", "udp:7000", 1000, 100).dry_run();
     rig.set_all(std::slice::from_ref(&pol));
     let stream = rig.stream(L4::Udp, 7000, "198.19.1.1");
     // Bounded in packets: all of them reach the capture.
-    let run = rig.flood(std::slice::from_ref(&stream), Duration::from_secs(2), 20_000);
+    let run = rig.counted_flood(std::slice::from_ref(&stream), Duration::from_secs(2), 20_000);
     eprintln!("dry run: {}", run.report);
     check_overload(&run.report, 1000.0, 1);
     let flow = flow_of(&stream);
-    let id = rig.id("watch");
+    let id = rig.policy_id("watch");
     rig.check_installed(&pol, id);
     let judged = rig.judged(&run, id);
     let t = judged.total;
@@ -231,7 +229,7 @@ fn precedence_is_exact_port_then_range_then_protocol_then_any() {
     if !privileged::require("precedence_is_exact_port_then_range_then_protocol_then_any") {
         return;
     }
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
         Pol::new("exact", "udp:53", 400, 40),
         Pol::new("range", "udp:50-60", 300, 30),
@@ -248,7 +246,7 @@ fn precedence_is_exact_port_then_range_then_protocol_then_any() {
         ("all", s(L4::IcmpEcho, 0, "2001:db8:1::5")),
     ];
     let streams: Vec<Stream> = plan.iter().map(|(_, s)| s.clone()).collect();
-    let run = rig.flood(&streams, Duration::from_millis(700), MANY);
+    let run = rig.counted_flood(&streams, Duration::from_millis(700), MANY);
     eprintln!("precedence: {}", run.report);
     check_overload(&run.report, 400.0, streams.len());
     for pol in &pols {
@@ -261,9 +259,9 @@ fn precedence_is_exact_port_then_range_then_protocol_then_any() {
     rig.ctl_ok(&["policy", "rm", "all"]);
     rig.ctl_ok(&["policy", "rm", "exact"]);
     let (udp53, tcp, icmp) = (streams[0].clone(), streams[3].clone(), streams[4].clone());
-    let run = rig.flood(&[udp53.clone(), tcp.clone(), icmp.clone()], Duration::from_millis(500), MANY);
+    let run = rig.counted_flood(&[udp53.clone(), tcp.clone(), icmp.clone()], Duration::from_millis(500), MANY);
     eprintln!("after rm: {}", run.report);
-    let to_range = rig.judged(&run, rig.id("range")).total;
+    let to_range = rig.judged(&run, rig.policy_id("range")).total;
     let flow53 = flow_of(&udp53);
     assert_eq!(to_range.admitted_packets + to_range.refused_packets, run.sent(&flow53), "udp:53 now judged by 'range'");
     assert_eq!(to_range.admitted_packets, run.delivered(&flow53), "admitted by 'range' vs delivered");
@@ -291,7 +289,7 @@ fn a_rate_changed_mid_flood_applies_within_a_second() {
     const FLOOD: Duration = Duration::from_millis(2500);
     /// Frames are timed when the capture reads them, a little after XDP passed them.
     const CAPTURE_LAG: Duration = Duration::from_millis(50);
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let old = Pol::new("changing", "udp:7000", 2000, 50);
     let new = Pol::new("changing", "udp:7000", 500, 50);
     // A burst that dominates the rate: a bucket refilled mid-run would show at once.
@@ -300,12 +298,12 @@ fn a_rate_changed_mid_flood_applies_within_a_second() {
     let (a, b) = (rig.stream(L4::Udp, 7000, "198.19.1.1"), rig.stream(L4::Udp, 7001, "198.19.2.1"));
     let (flow_a, flow_b) = (flow_of(&a), flow_of(&b));
 
-    let flooding = rig.start_flood(&[a, b], FLOOD, MANY);
+    let flooding = rig.start_counted_flood(&[a, b], FLOOD, MANY, None).expect("starting the flood");
     std::thread::sleep(CHANGE_AT);
     let issued = Instant::now();
     rig.set(&new);
     let answered = Instant::now();
-    let run = flooding.finish();
+    let run = finish(flooding);
     eprintln!("rate change: {}; the change took {:?}", run.report, answered - issued);
     check_overload(&run.report, 2000.0, 2);
     let start = first(&run.report);
@@ -315,7 +313,7 @@ fn a_rate_changed_mid_flood_applies_within_a_second() {
         "the flood ended too soon after the change"
     );
 
-    let id = rig.id("changing");
+    let id = rig.policy_id("changing");
     rig.check_installed(&new, id);
     let judged = rig.judged(&run, id);
     let cpus = judged.cpus.len();
@@ -360,7 +358,7 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
     if !privileged::require("allow_and_deny_lists_with_longest_prefix_winning") {
         return;
     }
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let pol = Pol::new("udp", "udp", 100, 10);
     rig.set_all(std::slice::from_ref(&pol));
     for (list, cidr) in [
@@ -394,7 +392,7 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
     let streams: Vec<Stream> =
         allowed.iter().chain(&denied).chain(&limited).chain([&unmatched_allowed, &unmatched_denied]).cloned().collect();
     // Bounded in packets: every allowed frame reaches the capture.
-    let run = rig.flood(&streams, Duration::from_secs(1), 40_000);
+    let run = rig.counted_flood(&streams, Duration::from_secs(1), 40_000);
     eprintln!("lists: {}", run.report);
     check_overload(&run.report, 100.0, streams.len());
     let f = flow_of;
@@ -406,7 +404,7 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
         assert_eq!(run.delivered(&f(stream)), 0, "denied {:?} got through", f(stream));
     }
     let groups: Vec<Vec<Flow>> = limited.iter().map(|s| vec![f(s)]).collect();
-    let id = rig.id("udp");
+    let id = rig.policy_id("udp");
     rig.check_installed(&pol, id);
     let judged = rig.judged(&run, id);
     for group in &groups {
@@ -448,7 +446,7 @@ fn policies_and_lists_survive_a_restart() {
     if !privileged::require("policies_and_lists_survive_a_restart") {
         return;
     }
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
         Pol::new("a", "udp:7000", 300, 30).key("src/24"),
         Pol::new("b", "tcp", 200, 20).dry_run(),
@@ -475,7 +473,7 @@ fn policies_and_lists_survive_a_restart() {
     let mut rig = rig;
     let status = rig.daemon.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
     assert!(status.success(), "limiter-ctl exited with {status}; output:\n{}", rig.daemon.output());
-    rig.restart();
+    rig.restart(&[]).expect("restarting the daemon");
     assert_eq!(rig.ctl_ok(&["policy", "list", "--json"]), listed, "`policy list --json` after the restart");
     assert_eq!((list_json(&rig, "allow"), list_json(&rig, "deny")), lists, "lists after the restart");
     assert_eq!(rig.snapshot().rules.unsalted(), rules.unsalted(), "kernel rules after the restart");
@@ -494,7 +492,7 @@ fn policies_and_lists_survive_a_restart() {
 /// The restart test's flood: two sources of one /24 share `a`'s allowance, dry-run TCP all
 /// passes, the allowed source all passes, the denied one never does.
 fn check_enforced(rig: &Rig, a: &Pol, streams: &[Stream; 5], round: &str) {
-    let run = rig.flood(streams, Duration::from_millis(500), 100_000);
+    let run = rig.counted_flood(streams, Duration::from_millis(500), 100_000);
     eprintln!("{round}: {}", run.report);
     check_overload(&run.report, 300.0, streams.len());
     let f = |i: usize| flow_of(&streams[i]);
@@ -512,7 +510,7 @@ fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
     if !privileged::require("sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one") {
         return;
     }
-    let mut rig = Rig::new();
+    let mut rig = Rig::start(&[]).expect("starting the rig");
     rig.set(&Pol::new("dns", "udp:53", 300, 30));
     let edited = "# edited by hand\n\
         allow = [\"198.19.10.0/24\"]\n\n\
@@ -524,12 +522,12 @@ fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
     let names: Vec<String> =
         policies_json(&rig).iter().map(|d| d["name"].as_str().unwrap_or_default().to_string()).collect();
     assert_eq!(names, vec!["dns", "web"]);
-    let (dns_id, web_id) = (rig.id("dns"), rig.id("web"));
+    let (dns_id, web_id) = (rig.policy_id("dns"), rig.policy_id("web"));
     rig.check_installed(&dns, dns_id);
     rig.check_installed(&web, web_id);
     assert_eq!(list_json(&rig, "allow"), vec!["198.19.10.0/24"]);
     let streams = [rig.stream(L4::TcpSyn, 80, "198.19.1.1"), rig.stream(L4::Udp, 53, "198.19.10.1")];
-    let run = rig.flood(&streams, Duration::from_millis(500), MANY);
+    let run = rig.counted_flood(&streams, Duration::from_millis(500), MANY);
     eprintln!("after reload: {}", run.report);
     check_overload(&run.report, 150.0, streams.len());
     rig.check_policy(&web, &run, &[vec![flow_of(&streams[0])]]);
@@ -568,7 +566,7 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
     if !privileged::require("bad_input_exits_2_with_one_line_and_changes_nothing") {
         return;
     }
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     rig.set_all(&[
         Pol::new("dns", "udp:53", 300, 30),
         Pol::new("web", "tcp:80-89", 300, 30),
@@ -756,7 +754,7 @@ fn the_socket_is_root_only_and_a_missing_daemon_is_named() {
     let named = absent.stderr.contains(&*scratch.socket().to_string_lossy());
     assert!(absent.stderr.contains("no daemon is listening") && named, "{absent:?}");
 
-    let rig = Rig::new();
+    let rig = Rig::start(&[]).expect("starting the rig");
     let socket = rig.scratch.socket();
     let meta = std::fs::metadata(&socket).expect("the control socket");
     assert!(meta.file_type().is_socket());
@@ -781,7 +779,7 @@ fn the_socket_is_root_only_and_a_missing_daemon_is_named() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The rig: namespaces, a daemon in the receiver's, floods and a capture
+// Policies as tests set them, on the shared rig ([`limiter_tests::rig`])
 
 /// A policy as a test sets it: the CLI arguments, and the GCRA the test expects for it, computed
 /// here from the same numbers (so a daemon that compiled them wrong cannot move the bound).
@@ -834,32 +832,19 @@ impl Pol {
     }
 }
 
-/// Dropped in field order: the daemon stops (and unpins) first, then its files and pins go, then
-/// the namespaces.
-struct Rig {
-    daemon: Daemon,
-    scratch: Scratch,
-    net: TestNet,
+/// What this file does with the shared [`Rig`]: sets its [`Pol`]s, floods with every policy's
+/// counters read first and the capture checked, and holds a policy to its bound.
+trait PolicyRig {
+    fn set(&self, pol: &Pol);
+    fn set_all(&self, pols: &[Pol]);
+    fn hup(&mut self, outcome: &str);
+    fn check_installed(&self, pol: &Pol, id: u16);
+    fn counted_flood(&self, streams: &[Stream], duration: Duration, packets: u64) -> Run;
+    fn check_policy(&self, pol: &Pol, run: &Run, groups: &[Vec<Flow>]);
+    fn check_unjudged(&self, unmatched: u64, run: &Run);
 }
 
-impl Rig {
-    /// Namespaces, then the daemon attached natively in the receiver's, on a fresh config.
-    fn new() -> Self {
-        let net = TestNet::new().expect("test network");
-        let scratch = Scratch::new().expect("scratch directory");
-        let daemon = Daemon::start(&net.receiver, &scratch, &[]).expect("starting the daemon");
-        Self { daemon, scratch, net }
-    }
-
-    /// A new daemon on the same config and socket (the old one must have exited).
-    fn restart(&mut self) {
-        self.daemon = Daemon::start(&self.net.receiver, &self.scratch, &[]).expect("restarting the daemon");
-    }
-
-    fn ctl_ok(&self, args: &[&str]) -> String {
-        self.daemon.ctl_ok(args).unwrap_or_else(|e| panic!("{e:#}"))
-    }
-
+impl PolicyRig for Rig {
     fn set(&self, pol: &Pol) {
         let args = pol.args();
         self.ctl_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
@@ -867,31 +852,6 @@ impl Rig {
 
     fn set_all(&self, pols: &[Pol]) {
         pols.iter().for_each(|p| self.set(p));
-    }
-
-    /// `policy show NAME --json`.
-    fn show(&self, name: &str) -> Value {
-        let out = self.ctl_ok(&["policy", "show", name, "--json"]);
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("`policy show {name} --json` is not JSON ({e}): {out}"))
-    }
-
-    fn id(&self, name: &str) -> u16 {
-        let shown = self.show(name);
-        shown["id"].as_u64().and_then(|id| u16::try_from(id).ok()).unwrap_or_else(|| panic!("no id in {shown}"))
-    }
-
-    fn snapshot(&self) -> Snapshot {
-        self.daemon.maps().unwrap_or_else(|e| panic!("reading the daemon's maps: {e:#}"))
-    }
-
-    /// What policy `id` counted during `run`, per CPU.
-    fn judged(&self, run: &Run, id: u16) -> Judged {
-        let now = self.daemon.counters(id).unwrap_or_else(|e| panic!("reading counters of policy {id}: {e:#}"));
-        Judged::between(&run.counted[usize::from(id)], &now)
-    }
-
-    fn all_counters(&self) -> Vec<Vec<Counters>> {
-        self.daemon.all_counters().unwrap_or_else(|e| panic!("reading the daemon's counters: {e:#}"))
     }
 
     /// SIGHUP, then waits for the log line saying `outcome`.
@@ -911,42 +871,19 @@ impl Rig {
         assert_eq!(kernel.flags & Policy::DRY_RUN != 0, pol.dry_run, "'{}' dry-run flag", pol.name);
     }
 
-    /// Frames of `l4` to `port` from `src` (IPv4 or IPv6) to the receiver.
-    fn stream(&self, l4: L4, port: u16, src: &str) -> Stream {
-        let src: IpAddr = src.parse().expect("the test's addresses parse");
-        Stream { spec: self.spec(src, port), l4, sources: Sources::One(src) }
-    }
-
-    fn spec(&self, src: IpAddr, dport: u16) -> FrameSpec {
-        self.net.frames_to(src.is_ipv6(), dport)
-    }
-
-    /// A flood of `streams` (interleaved) for at most `duration` and `packets`, with a capture
-    /// running from before it to after the link went quiet.
-    fn flood(&self, streams: &[Stream], duration: Duration, packets: u64) -> Run {
-        self.start_flood(streams, duration, packets).finish()
-    }
-
-    /// Starts a capture, then the flood on the sender's (pinned) thread; [`Flooding::finish`]
-    /// waits for both.
-    fn start_flood(&self, streams: &[Stream], duration: Duration, packets: u64) -> Flooding {
-        let counted = self.all_counters();
-        let capture = Capture::start(&self.net.receiver).expect("starting the capture");
-        let (iface, streams) = (self.net.sender.iface.clone(), streams.to_vec());
-        let thread = self.net.sender.spawn(move || {
-            let frames = Frames::mix(&streams)?;
-            let limits = Limits { packets, duration, cpu: Some(flood_cpu()) };
-            let report = frames.send(&mut PacketSocket::open(&iface)?, &limits)?;
-            Ok((frames, report))
-        });
-        Flooding { counted, capture, thread }
+    /// A flood of `streams` (interleaved) for at most `duration` and `packets`, with every
+    /// policy's counters read before it and a capture running from before it to after the link
+    /// went quiet, which must have seen all of it and nothing else.
+    fn counted_flood(&self, streams: &[Stream], duration: Duration, packets: u64) -> Run {
+        let flooding = self.start_counted_flood(streams, duration, packets, None);
+        finish(flooding.unwrap_or_else(|e| panic!("starting the flood: {e:#}")))
     }
 
     /// The policy's counters and its deliveries: each group of flows (one expected bucket) within
     /// the bound, every frame sent to it judged, every admitted one delivered.
     fn check_policy(&self, pol: &Pol, run: &Run, groups: &[Vec<Flow>]) {
         let sent: u64 = groups.iter().flatten().map(|f| run.sent(f)).sum();
-        let id = self.id(pol.name);
+        let id = self.policy_id(pol.name);
         self.check_installed(pol, id);
         let judged = self.judged(run, id);
         eprintln!("  '{}' (id {id}): {judged}", pol.name);
@@ -977,57 +914,12 @@ impl Rig {
     }
 }
 
-/// A finished flood and what the capture saw of it.
-struct Run {
-    frames: Frames,
-    report: Report,
-    captured: Captured,
-    /// Every policy's per-CPU counters before the flood: checks look at what it added.
-    counted: Vec<Vec<Counters>>,
-}
-
-impl Run {
-    fn sent(&self, flow: &Flow) -> u64 {
-        self.frames.sent_per_flow(self.report.sent).get(flow).copied().unwrap_or(0)
-    }
-
-    fn delivered(&self, flow: &Flow) -> u64 {
-        self.captured.packets(|f| f == flow)
-    }
-
-    fn window(&self) -> Duration {
-        bounds::window(&self.report, self.captured.last())
-    }
-
-    /// The capture missed nothing and saw nothing but the flood.
-    fn check_capture(&self) {
-        assert_eq!(self.captured.drops, 0, "the capture dropped frames: counts are incomplete");
-        assert_eq!(self.captured.other, 0, "frames other than the flood's reached the receiver");
-    }
-}
-
-/// A flood under way.
-struct Flooding {
-    counted: Vec<Vec<Counters>>,
-    capture: Capture,
-    thread: std::thread::JoinHandle<anyhow::Result<anyhow::Result<(Frames, Report)>>>,
-}
-
-impl Flooding {
-    /// Waits for the flood, then for the link to go quiet; checks the capture is complete.
-    fn finish(self) -> Run {
-        let sent = self.thread.join().expect("the flood thread panicked");
-        let (frames, report) = sent.and_then(|r| r).unwrap_or_else(|e| panic!("flood: {e:#}"));
-        let captured = self.capture.finish().unwrap_or_else(|e| panic!("capture: {e:#}"));
-        let run = Run { frames, report, captured, counted: self.counted };
-        run.check_capture();
-        run
-    }
-}
-
-fn flow_of(stream: &Stream) -> Flow {
-    let Sources::One(src) = stream.sources else { panic!("this file floods from single sources") };
-    stream.spec.flow(stream.l4, src)
+/// Waits for the flood, then for the link to go quiet; checks the capture is complete and holds
+/// nothing but the flood.
+fn finish(flooding: Flooding) -> Run {
+    let run = flooding.finish().unwrap_or_else(|e| panic!("flood: {e:#}"));
+    run.check_capture();
+    run
 }
 
 /// `allow|deny list --json`.

@@ -12,7 +12,9 @@
 //! to the last delivery; delivered frames are counted by a packet socket on the receiver's veth.
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, Ipv4Addr},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -25,10 +27,13 @@ use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper, nanos, since},
     cpu::{flood_cpu, pin_current_thread},
     daemon::{
-        ADOPTED, Daemon, Runner, Snapshot, program_counters, program_loaded, write_program_config, xdp_program_id,
+        ADOPTED, Ctl, Daemon, Runner, Snapshot, program_counters, program_loaded, write_program_config, xdp_program_id,
     },
     flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Sources},
+    literals::{gcra, src},
+    observe::{fresh_stats, metrics, value},
     privileged,
+    reference::kernel::{XDP_DROP, XDP_PASS},
     rig::{METRICS, Rig, SEC, flow, total},
 };
 
@@ -37,17 +42,6 @@ const MANY: u64 = 5_000_000;
 const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Beyond the longest burst window, the daemon consults the old buckets this much longer.
 const GRACE_MARGIN: Duration = Duration::from_millis(50);
-/// XDP actions (linux/bpf.h).
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
-
-fn gcra(per_sec: u64, burst: u64) -> Gcra {
-    Gcra::new(per_sec, SEC, burst, 1).expect("the test's policies are valid")
-}
-
-fn src(s: &str) -> IpAddr {
-    s.parse().expect("the test's addresses parse")
-}
 
 // ---------------------------------------------------------------------------------------------
 // a. Rotation grants no fresh allowance
@@ -408,13 +402,13 @@ fn the_salt_appears_nowhere_but_the_kernel_map() {
         // Traffic, so stats and top have something to say.
         let stream = rig.udp(Sources::Spoofed { prefix: "198.19.5.0/24".parse().expect("prefix"), count: 16 }, 7000);
         rig.flood(&[stream], Duration::from_millis(300), MANY, None).expect("flood");
-        std::thread::sleep(Duration::from_millis(1100));
+        // A stats snapshot that covers the flood.
+        fresh_stats(&rig);
         collect_outputs(&rig, &format!("round {round}"), &mut hay);
         if round < 2 {
             let out = rig.daemon.ctl(&["salt", "rotate"]).expect("salt rotate");
             hay.push((format!("round {round}: salt rotate"), format!("{}{}", out.stdout, out.stderr).into_bytes()));
             assert_eq!(out.code, Some(0), "{out:?}");
-            std::thread::sleep(Duration::from_millis(200));
         }
     }
     let pid = rig.daemon.pid();
@@ -470,9 +464,8 @@ fn collect_outputs(rig: &Rig, round: &str, hay: &mut Vec<(String, Vec<u8>)>) {
             "{name} does not show the flood (so it showed nothing worth searching):\n{text}"
         );
     }
-    let metrics = rig.scrape(METRICS).expect("GET /metrics");
-    assert_eq!(metrics.status, 200);
-    hay.push((format!("{round}: /metrics"), metrics.body.into_bytes()));
+    let (response, _) = metrics(rig);
+    hay.push((format!("{round}: /metrics"), response.body.into_bytes()));
     let config = std::fs::read(rig.scratch.config()).expect("config");
     hay.push((format!("{round}: the config file"), config));
     let pid = rig.daemon.pid();
@@ -600,6 +593,22 @@ fn a_missing_bpffs_is_mounted_and_said() {
         !rig.scratch.pin_dir(&iface).exists(),
         "the daemon's pins should be in its private bpffs, not the machine's"
     );
+    // ... where they are: the link and every map, on a bpffs at /sys/fs/bpf.
+    let private = |args: &[&str]| {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--mount=/proc/{}/ns/mnt", rig.daemon.pid())).arg("--").args(args);
+        Ctl::run(&mut cmd).and_then(Ctl::ok).unwrap_or_else(|e| panic!("in the daemon's mount namespace: {e:#}"))
+    };
+    assert_eq!(
+        private(&["stat", "-f", "-c", "%T", "/sys/fs/bpf"]).trim(),
+        "bpf_fs",
+        "not bpffs in the daemon's mounts"
+    );
+    let dir = rig.scratch.pin_dir(&iface);
+    let listed = private(&["ls", "-1", "--", &dir.to_string_lossy()]);
+    let found: BTreeSet<&str> = listed.lines().collect();
+    let expected: BTreeSet<&str> = limiter_ctl::pins::map_names().chain(["link"]).collect();
+    assert_eq!(found, expected, "the pins in the daemon's private bpffs under {}", dir.display());
 
     let limit = gcra(1000, 100);
     let id = rig.policy_id("default");
@@ -689,19 +698,19 @@ fn a_hot_path_fault_in_a_running_daemon_passes_and_is_reported() {
     let before = rig.daemon.all_counters().expect("counters");
     let run = rig.flood(std::slice::from_ref(&stream), Duration::from_millis(300), 50_000, None).expect("flood");
     let after = rig.daemon.all_counters().expect("counters");
-    let errors = total(&Judged::between(&before[0], &after[0]).per_cpu).errors;
+    let errors = Judged::between(&before[0], &after[0]).total.errors;
     let judged = Judged::between(&before[usize::from(id)], &after[usize::from(id)]);
     eprintln!("faulty: {}; errors {errors}; {judged}", run.report);
     assert_eq!(run.delivered(&flow), run.sent(&flow), "a faulty program must pass everything");
     assert_eq!(errors, run.sent(&flow), "every faulty frame counted as an error");
     assert_eq!(judged.total, Counters::default(), "nothing was judged by the policy");
 
-    std::thread::sleep(Duration::from_millis(1100));
-    let stats: serde_json::Value = serde_json::from_str(&rig.ctl_ok(&["stats", "--json"])).expect("json");
+    // A stats snapshot taken after the flood (the daemon takes one a second).
+    let stats = fresh_stats(&rig);
     assert_eq!(stats["unjudged"]["errors"].as_u64(), Some(errors), "stats: {stats}");
     assert!(rig.ctl_ok(&["stats"]).contains(&format!("limiter errors: {errors}")));
-    let metrics = rig.scrape(METRICS).expect("GET /metrics");
-    assert!(metrics.body.lines().any(|l| l == format!("limiter_errors_total {errors}")), "/metrics:\n{}", metrics.body);
+    let (response, samples) = metrics(&rig);
+    assert_eq!(value(&samples, "limiter_errors_total", &[]), errors, "/metrics:\n{}", response.body);
 
     write_program_config(program, &config).expect("restoring CONFIG");
     let run = rig.flood(std::slice::from_ref(&stream), Duration::from_millis(300), MANY, None).expect("flood");

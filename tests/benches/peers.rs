@@ -126,7 +126,7 @@ fn flood(system: System, workload: Workload, gcra: &Gcra) -> anyhow::Result<Run>
     let receiver = peers::setup(system, &net, POLICY)?;
     let sender = net.sender.iface.clone();
     let cpu_before = peers::busy_cpu()?;
-    let sent = net.sender.run(move || -> anyhow::Result<_> {
+    let report = net.sender.run(move || -> anyhow::Result<_> {
         pin_current_thread(SENDER_CPU)?;
         generator.send(&sender, MAX_FRAMES, flood_time())
     })??;
@@ -137,13 +137,13 @@ fn flood(system: System, workload: Workload, gcra: &Gcra) -> anyhow::Result<Run>
     let keys = receiver.keys(&net.receiver)?;
     let grew = peers::kernel_memory()? as i64 - memory_before as i64;
     let maps = receiver.maps_memory()?;
-    let seconds = sent.duration().as_secs_f64();
+    let seconds = report.duration().as_secs_f64();
     drop(receiver);
     Ok(Run {
-        sent: sent.frames,
+        sent: report.sent,
         offered: counts.offered,
         admitted: counts.admitted,
-        bound: if system.limits() { bound(gcra, sources, sent.frames, seconds) } else { counts.offered },
+        bound: if system.limits() { bound(gcra, sources, report.sent, seconds) } else { counts.offered },
         cpu,
         seconds,
         grew,
@@ -236,7 +236,7 @@ fn memory_sweep(system: System, sources: u32) -> anyhow::Result<Run> {
     let sender = net.sender.iface.clone();
     // Two passes over the sources: every key gets state.
     let frames = u64::from(sources.count) * 2;
-    let sent = net.sender.run(move || -> anyhow::Result<_> {
+    let report = net.sender.run(move || -> anyhow::Result<_> {
         pin_current_thread(SENDER_CPU)?;
         generator.send(&sender, frames, Duration::from_secs(10))
     })??;
@@ -246,7 +246,7 @@ fn memory_sweep(system: System, sources: u32) -> anyhow::Result<Run> {
     let grew = peers::kernel_memory()? as i64 - before as i64;
     let maps = receiver.maps_memory()?;
     Ok(Run {
-        sent: sent.frames,
+        sent: report.sent,
         offered: counts.offered,
         admitted: counts.admitted,
         grew,

@@ -37,8 +37,7 @@ impl Judged {
     }
 
     pub fn new(per_cpu: &[Counters]) -> Self {
-        let mut total = Counters::default();
-        per_cpu.iter().for_each(|c| total.add(c));
+        let total = total(per_cpu);
         let cpus = (0..per_cpu.len()).filter(|&c| per_cpu[c].packets() > 0).collect();
         Self { per_cpu: per_cpu.to_vec(), cpus, total }
     }
@@ -73,6 +72,13 @@ impl std::fmt::Display for Judged {
             self.total.admitted_packets, self.total.refused_packets
         )
     }
+}
+
+/// Sums per-CPU counters.
+pub fn total(per_cpu: &[Counters]) -> Counters {
+    let mut sum = Counters::default();
+    per_cpu.iter().for_each(|c| sum.add(c));
+    sum
 }
 
 /// What `now` counted since `before` (counters only grow while a policy lives).

@@ -4,10 +4,9 @@
 //! arrival, whatever its protocol, and whether or not anything in the stack would accept it.
 
 use std::{
-    collections::BTreeMap,
     io,
     net::IpAddr,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, OwnedFd},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -20,7 +19,7 @@ use anyhow::{Context as _, anyhow};
 use etherparse::{Icmpv4Type, Icmpv6Type, NetSlice, SlicedPacket, TransportSlice};
 
 use crate::{
-    flood::{Flow, L4},
+    flood::{self, Flow, L4},
     netns::End,
 };
 
@@ -64,14 +63,6 @@ impl Captured {
         self.seen.iter().filter(|s| flows(&s.flow) && s.at >= from && s.at < to).count() as u64
     }
 
-    pub fn per_flow(&self) -> BTreeMap<Flow, u64> {
-        let mut out = BTreeMap::new();
-        for s in &self.seen {
-            *out.entry(s.flow).or_default() += 1;
-        }
-        out
-    }
-
     /// When the last frame arrived.
     pub fn last(&self) -> Option<Instant> {
         self.seen.last().map(|s| s.at)
@@ -113,28 +104,15 @@ impl Drop for Capture {
 
 /// An AF_PACKET socket receiving every frame that arrives on `iface` (not the ones leaving it).
 fn open(iface: &str) -> anyhow::Result<OwnedFd> {
-    let name = std::ffi::CString::new(iface)?;
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    anyhow::ensure!(ifindex != 0, "no interface {iface} in this namespace");
+    let ifindex = flood::ifindex(iface)?;
     // Protocol 0: nothing is queued until bind() names the interface and ETH_P_ALL.
-    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error()).context("opening an AF_PACKET socket (needs CAP_NET_RAW)");
-    }
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = flood::packet_socket()?;
     // The receiver's replies (RSTs, ICMP errors) leave by the same interface: not ours to count.
     setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, 1).context("PACKET_IGNORE_OUTGOING")?;
     setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, RCVBUF).context("SO_RCVBUFFORCE")?;
     let timeout = libc::timeval { tv_sec: 0, tv_usec: 20_000 };
     setsockopt(&fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, timeout).context("SO_RCVTIMEO")?;
-    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    addr.sll_family = libc::AF_PACKET as u16;
-    addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-    addr.sll_ifindex = ifindex as i32;
-    let len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) } < 0 {
-        return Err(io::Error::last_os_error()).with_context(|| format!("binding the capture to {iface}"));
-    }
+    flood::bind_ll(&fd, ifindex, libc::ETH_P_ALL as u16).with_context(|| format!("binding the capture to {iface}"))?;
     Ok(fd)
 }
 

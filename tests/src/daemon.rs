@@ -38,7 +38,7 @@ use limiter_common::maps::{
 };
 use nix::{sys::signal::Signal, unistd::Pid};
 
-use crate::netns::{End, NETNS_DIR, PREFIX, owner_pid};
+use crate::netns::{End, NETNS_DIR, PREFIX, Stale, stale};
 
 /// How long a daemon may take to load, attach and say so.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -161,14 +161,10 @@ fn remove_tree(path: &Path) {
 /// Removes scratch directories and pins of ours whose creating process is gone (a crashed run).
 fn remove_stale() {
     for root in [std::env::temp_dir(), PathBuf::from(BPFFS)] {
-        let Ok(entries) = std::fs::read_dir(&root) else { continue };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = owner_pid(&name) else { continue };
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                eprintln!("scratch: removing {}, left behind by pid {pid} which is gone", entry.path().display());
-                remove_tree(&entry.path());
-            }
+        let Ok(leftovers) = stale(&root) else { continue };
+        for Stale { path, pid, .. } in leftovers {
+            eprintln!("scratch: removing {}, left behind by pid {pid} which is gone", path.display());
+            remove_tree(&path);
         }
     }
 }
@@ -299,8 +295,15 @@ impl Daemon {
     }
 
     /// Waits for the "attached" line, and finds the program on `end`'s interface. Returns the line.
+    /// A daemon that adopted a pinned limiter instead fails this at once.
     pub fn wait_attached(&mut self, end: &End) -> anyhow::Result<String> {
-        let line = self.wait_for(|l| l.contains(" attached "), ATTACH_TIMEOUT).context("waiting for 'attached'")?;
+        let line = self
+            .wait_for(|l| l.contains(" attached ") || l.contains(ADOPTED), ATTACH_TIMEOUT)
+            .context("waiting for 'attached'")?;
+        anyhow::ensure!(
+            !line.contains(ADOPTED),
+            "the daemon adopted a pinned limiter instead of attaching afresh: {line}"
+        );
         self.find_program(end, &line)?;
         Ok(line)
     }
@@ -479,14 +482,20 @@ fn forward_lines(stream: Option<impl Read + Send + 'static>, tag: &'static str, 
     });
 }
 
-/// The id of the XDP program on `end`'s interface, from `ip -j -d link show`.
+/// The id of the XDP program on `end`'s interface, from `ip -j -d link show`: the link's
+/// `"xdp": {"mode": M, "prog": {"id": N, ...}, "attached": [{"mode": M, "prog": {...}}, ...]}`
+/// (with programs in several modes only `attached` names them: the first one is taken).
 pub fn xdp_program_id(end: &End) -> anyhow::Result<Option<u32>> {
     let json = end.ip(["-j", "-d", "link", "show", "dev", &end.iface])?;
-    let Some(xdp) = json.find("\"xdp\":") else { return Ok(None) };
-    let after = &json[xdp..];
-    let id = after.find("\"id\":").with_context(|| format!("no program id in {after}"))?;
-    let digits: String = after[id + 5..].chars().take_while(char::is_ascii_digit).collect();
-    Ok(Some(digits.parse().with_context(|| format!("program id in {after}"))?))
+    let links: Vec<serde_json::Value> = serde_json::from_str(&json).with_context(|| format!("ip -j link: {json}"))?;
+    let Some(xdp) = links.iter().find_map(|l| l.get("xdp")) else { return Ok(None) };
+    let id = xdp
+        .get("prog")
+        .or_else(|| xdp.pointer("/attached/0/prog"))
+        .and_then(|p| p.get("id"))
+        .and_then(serde_json::Value::as_u64)
+        .with_context(|| format!("no program id in {xdp}"))?;
+    Ok(Some(u32::try_from(id).with_context(|| format!("program id in {xdp}"))?))
 }
 
 /// The maps of loaded program `program` (another process's), by name.
@@ -569,9 +578,7 @@ impl Snapshot {
 
     /// The counters of policy `id`, summed over CPUs.
     pub fn total(&self, id: u16) -> Counters {
-        let mut sum = Counters::default();
-        self.counters.get(usize::from(id)).into_iter().flatten().for_each(|c| sum.add(c));
-        sum
+        self.counters.get(usize::from(id)).map_or_else(Counters::default, |c| crate::bounds::total(c))
     }
 }
 

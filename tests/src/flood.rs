@@ -324,25 +324,9 @@ impl PacketSocket {
     /// sender's namespace.
     pub fn open(iface: &str) -> anyhow::Result<Self> {
         let ifindex = ifindex(iface)?;
+        let fd = packet_socket()?;
         // Protocol 0: send only, so the socket never queues received frames.
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error()).context("opening an AF_PACKET socket (needs CAP_NET_RAW)");
-        }
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_ifindex = ifindex as i32;
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&raw const addr).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error()).context(format!("binding the AF_PACKET socket to {iface}"));
-        }
+        bind_ll(&fd, ifindex, 0).with_context(|| format!("binding the AF_PACKET socket to {iface}"))?;
         Ok(Self { fd })
     }
 }
@@ -354,12 +338,33 @@ impl Transmit for PacketSocket {
     }
 }
 
-fn ifindex(iface: &str) -> anyhow::Result<u32> {
-    let name = std::ffi::CString::new(iface).with_context(|| format!("interface name {iface:?}"))?;
-    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
-        0 => bail!("no interface '{iface}' in this network namespace (see `ip link`)"),
-        index => Ok(index),
+/// The index of `iface` in the calling thread's network namespace.
+pub fn ifindex(iface: &str) -> anyhow::Result<u32> {
+    nix::net::if_::if_nametoindex(iface)
+        .with_context(|| format!("no interface '{iface}' in this network namespace (see `ip link`)"))
+}
+
+/// A raw AF_PACKET socket of protocol 0: it queues nothing until [`bind_ll`] names a protocol.
+pub fn packet_socket() -> anyhow::Result<OwnedFd> {
+    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error()).context("opening an AF_PACKET socket (needs CAP_NET_RAW)");
     }
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Binds an AF_PACKET socket to interface `ifindex`, receiving frames of EtherType `proto` (host
+/// order; 0 receives none, `ETH_P_ALL` every one).
+pub fn bind_ll(fd: &OwnedFd, ifindex: u32, proto: u16) -> io::Result<()> {
+    let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    addr.sll_family = libc::AF_PACKET as u16;
+    addr.sll_protocol = proto.to_be();
+    addr.sll_ifindex = ifindex as i32;
+    let len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The MAC address of `iface` in the calling thread's network namespace.

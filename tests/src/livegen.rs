@@ -15,13 +15,13 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, PerCpuArray},
+    maps::Array,
     programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp},
 };
 use limiter_common::maps::GenConfig;
 use limiter_ctl::objects;
 
-use crate::flood::{FrameSpec, L4};
+use crate::flood::{FrameSpec, L4, Report, ifindex};
 
 const PROGRAM: &str = "limiter_gen";
 /// Frames per BPF_PROG_TEST_RUN call: the deadline is checked between calls.
@@ -62,24 +62,6 @@ pub struct LiveGen {
     frame: Vec<u8>,
 }
 
-/// What a send did.
-#[derive(Clone, Copy, Debug)]
-pub struct Sent {
-    pub frames: u64,
-    pub first: Instant,
-    pub last: Instant,
-}
-
-impl Sent {
-    pub fn duration(&self) -> Duration {
-        self.last.duration_since(self.first)
-    }
-
-    pub fn pps(&self) -> f64 {
-        self.frames as f64 / self.duration().as_secs_f64().max(1e-9)
-    }
-}
-
 impl LiveGen {
     /// A generator of `l4` frames like `spec` builds, from `sources`.
     pub fn new(spec: &FrameSpec, l4: L4, sources: LiveSources) -> anyhow::Result<Self> {
@@ -115,18 +97,10 @@ impl LiveGen {
         Ok(Self { ebpf, frame })
     }
 
-    /// Starts the next send from the first source again (on every CPU).
-    pub fn rewind(&mut self) -> anyhow::Result<()> {
-        let mut next = PerCpuArray::<_, u32>::try_from(self.ebpf.map_mut("GEN_NEXT").context("no GEN_NEXT")?)?;
-        let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-        next.set(0, aya::maps::PerCpuValues::try_from(vec![0u32; cpus])?, 0)?;
-        Ok(())
-    }
-
     /// Sends `frames` out of `iface` (in the calling thread's namespace), stopping early at
-    /// `max_time`. Returns what was handed to the interface.
-    pub fn send(&self, iface: &str, frames: u64, max_time: Duration) -> anyhow::Result<Sent> {
-        let ifindex = nix::net::if_::if_nametoindex(iface).with_context(|| format!("no interface {iface} here"))?;
+    /// `max_time`. Returns what was handed to the interface (nothing is refused: `refused` is 0).
+    pub fn send(&self, iface: &str, frames: u64, max_time: Duration) -> anyhow::Result<Report> {
+        let ifindex = ifindex(iface)?;
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
         let ctx: Vec<u8> =
             [0, self.frame.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
@@ -149,6 +123,6 @@ impl LiveGen {
         if sent == 0 {
             bail!("sent nothing: max_time {max_time:?} too short");
         }
-        Ok(Sent { frames: sent, first, last: Instant::now() })
+        Ok(Report { sent, refused: 0, first: Some(first), last: Some(Instant::now()) })
     }
 }

@@ -8,7 +8,7 @@ use std::{
     ffi::OsStr,
     fs::File,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::Path,
+    path::{Path, PathBuf},
     process::Command,
     sync::{
         Once,
@@ -324,20 +324,33 @@ pub fn owner_pid(ns: &str) -> Option<u32> {
     ns.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()
 }
 
+/// A leftover of ours: a directory entry named after a process (`lmt-<pid>-...`) that is gone.
+#[derive(Clone, Debug)]
+pub struct Stale {
+    pub name: String,
+    pub path: PathBuf,
+    pub pid: u32,
+}
+
+/// The entries of `dir` left behind by a process of ours that is gone (a crashed or killed run).
+pub fn stale(dir: &Path) -> std::io::Result<impl Iterator<Item = Stale>> {
+    Ok(std::fs::read_dir(dir)?.flatten().filter_map(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = owner_pid(&name)?;
+        (!Path::new(&format!("/proc/{pid}")).exists()).then(|| Stale { name, path: entry.path(), pid })
+    }))
+}
+
 /// Deletes namespaces of ours whose creating process is gone (a crashed or killed run).
 pub fn remove_stale() -> anyhow::Result<()> {
-    let entries = match std::fs::read_dir(NETNS_DIR) {
-        Ok(entries) => entries,
+    let leftovers = match stale(Path::new(NETNS_DIR)) {
+        Ok(leftovers) => leftovers,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e).context(format!("listing {NETNS_DIR}")),
     };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = owner_pid(&name) else { continue };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            eprintln!("netns: deleting {name}, left behind by pid {pid} which is gone");
-            delete_netns(&name)?;
-        }
+    for Stale { name, pid, .. } in leftovers {
+        eprintln!("netns: deleting {name}, left behind by pid {pid} which is gone");
+        delete_netns(&name)?;
     }
     Ok(())
 }

@@ -197,10 +197,7 @@ impl Receiver {
     pub fn counts(&self, end: &End) -> anyhow::Result<Counts> {
         match self {
             Self::Limiter(l) => {
-                let c = l.counters()?.into_iter().fold(limiter_common::maps::Counters::default(), |mut acc, c| {
-                    acc.add(&c);
-                    acc
-                });
+                let c = crate::bounds::total(&l.counters()?);
                 Ok(Counts { offered: c.admitted_packets + c.refused_packets, admitted: c.admitted_packets })
             }
             Self::Xdp { ebpf, system: System::XdpDrop } => {

@@ -343,11 +343,8 @@ pub mod kernel {
 
         /// Counters of "no policy" (0) and of the policy, summed over CPUs.
         fn read(&self) -> anyhow::Result<[Counters; 2]> {
-            let sum = |id| -> anyhow::Result<Counters> {
-                let mut total = Counters::default();
-                self.limiter.counters_per_cpu(id)?.iter().for_each(|c| total.add(c));
-                Ok(total)
-            };
+            let sum =
+                |id| -> anyhow::Result<Counters> { Ok(crate::bounds::total(&self.limiter.counters_per_cpu(id)?)) };
             Ok([sum(0)?, sum(Self::POLICY)?])
         }
 

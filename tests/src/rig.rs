@@ -1,6 +1,6 @@
 //! A daemon on a veth pair, ready to be flooded: the namespaces, the daemon's scratch directory
 //! and pins, the daemon itself, and floods (full speed or paced, stoppable) with a capture of
-//! what got through. Used by the rotation and metrics tests.
+//! what got through. Used by the policy, rotation and metrics tests.
 //!
 //! Fields drop in order: the daemon (SIGINT: it detaches and unpins, if it still runs), then the
 //! scratch directory and pins (a killed daemon's pins: removing them detaches its program), then
@@ -20,10 +20,10 @@ use anyhow::Context as _;
 use limiter_common::maps::Counters;
 
 use crate::{
-    bounds,
+    bounds::{self, Judged},
     capture::{Capture, Captured},
     cpu::flood_cpu,
-    daemon::{Daemon, Runner, Scratch},
+    daemon::{Daemon, Runner, Scratch, Snapshot},
     flood::{Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Steer, Stream},
     netns::{End, TestNet},
     scrape,
@@ -52,22 +52,44 @@ impl Rig {
         Ok(Self { daemon, scratch, net })
     }
 
+    /// A new daemon on the same config, socket and pins, with `extra` arguments (the old one
+    /// must have exited).
+    pub fn restart(&mut self, extra: &[&str]) -> anyhow::Result<()> {
+        self.daemon = Daemon::start(&self.net.receiver, &self.scratch, extra).context("restarting the daemon")?;
+        Ok(())
+    }
+
     /// `limiter-ctl ARGS...` against the daemon; panics with everything it said unless it exits 0.
     pub fn ctl_ok(&self, args: &[&str]) -> String {
         self.daemon.ctl_ok(args).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
+    /// `policy show NAME --json`, parsed.
+    pub fn show(&self, name: &str) -> serde_json::Value {
+        let out = self.ctl_ok(&["policy", "show", name, "--json"]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("`policy show {name} --json` is not JSON ({e}): {out}"))
+    }
+
     /// A policy's id, from `policy show NAME --json`.
     pub fn policy_id(&self, name: &str) -> u16 {
-        let out = self.ctl_ok(&["policy", "show", name, "--json"]);
-        let v: serde_json::Value =
-            serde_json::from_str(&out).unwrap_or_else(|e| panic!("policy show {name} --json ({e}): {out}"));
+        let v = self.show(name);
         v["id"].as_u64().and_then(|id| u16::try_from(id).ok()).unwrap_or_else(|| panic!("no id in {v}"))
+    }
+
+    /// The daemon's kernel maps; panics if they cannot be read.
+    pub fn snapshot(&self) -> Snapshot {
+        self.daemon.maps().unwrap_or_else(|e| panic!("reading the daemon's maps: {e:#}"))
     }
 
     /// Frames of `l4` to `dport` from `src` to the receiver (of `src`'s family).
     pub fn spec(&self, src: IpAddr, dport: u16) -> FrameSpec {
         self.net.frames_to(src.is_ipv6(), dport)
+    }
+
+    /// Frames of `l4` to `port` from `src` (IPv4 or IPv6) to the receiver.
+    pub fn stream(&self, l4: L4, port: u16, src: &str) -> Stream {
+        let src: IpAddr = src.parse().unwrap_or_else(|e| panic!("source address {src:?}: {e}"));
+        Stream { spec: self.spec(src, port), l4, sources: Sources::One(src) }
     }
 
     /// UDP to `dport` from `sources`.
@@ -110,6 +132,28 @@ impl Rig {
         self.start_flood(streams, duration, packets, per_sec)?.finish()
     }
 
+    /// [`Rig::start_flood`] with every policy's per-CPU counters read first: the baseline of
+    /// [`Rig::judged`] for the resulting [`Run`].
+    pub fn start_counted_flood(
+        &self,
+        streams: &[Stream],
+        duration: Duration,
+        packets: u64,
+        per_sec: Option<f64>,
+    ) -> anyhow::Result<Flooding> {
+        let counted = self.daemon.all_counters().context("reading the daemon's counters")?;
+        let mut flooding = self.start_flood(streams, duration, packets, per_sec)?;
+        flooding.counted = Some(counted);
+        Ok(flooding)
+    }
+
+    /// What policy `id` counted during `run` (from [`Rig::start_counted_flood`]), per CPU.
+    pub fn judged(&self, run: &Run, id: u16) -> Judged {
+        let counted = run.counted.as_ref().expect("judged: the run has no baseline (use Rig::start_counted_flood)");
+        let now = self.daemon.counters(id).unwrap_or_else(|e| panic!("reading counters of policy {id}: {e:#}"));
+        Judged::between(&counted[usize::from(id)], &now)
+    }
+
     /// GET /metrics from `addr` on a thread in the receiver's namespace.
     pub fn scrape(&self, addr: SocketAddr) -> anyhow::Result<scrape::Response> {
         self.net.receiver.run(move || scrape::get(addr, "/metrics", Duration::from_secs(5)))?
@@ -120,6 +164,8 @@ impl Rig {
 pub struct Flooding {
     stop: Arc<AtomicBool>,
     capture: Option<Capture>,
+    /// Every policy's per-CPU counters before the flood, if [`Rig::start_counted_flood`] read them.
+    counted: Option<Vec<Vec<Counters>>>,
     thread: Option<thread::JoinHandle<anyhow::Result<anyhow::Result<(Frames, Report)>>>>,
     /// Taken before the sender thread was started (before its first send).
     pub started: Instant,
@@ -143,7 +189,7 @@ impl Flooding {
             let report = frames.send_steered(&mut PacketSocket::open(&iface)?, &limits, &steer)?;
             Ok((frames, report))
         });
-        Self { stop, capture, thread: Some(thread), started }
+        Self { stop, capture, counted: None, thread: Some(thread), started }
     }
 
     /// Asks the sender to stop (it stops before its next frame).
@@ -160,7 +206,7 @@ impl Flooding {
             None => Captured::default(),
         };
         anyhow::ensure!(captured.drops == 0, "the capture dropped {} frames: counts are incomplete", captured.drops);
-        Ok(Run { frames, report, captured })
+        Ok(Run { frames, report, captured, counted: self.counted.take() })
     }
 }
 
@@ -179,6 +225,8 @@ pub struct Run {
     pub frames: Frames,
     pub report: Report,
     pub captured: Captured,
+    /// Every policy's per-CPU counters before the flood (from [`Rig::start_counted_flood`]).
+    pub counted: Option<Vec<Vec<Counters>>>,
 }
 
 impl Run {
@@ -195,6 +243,12 @@ impl Run {
     pub fn window(&self) -> Duration {
         bounds::window(&self.report, self.captured.last())
     }
+
+    /// The capture missed nothing and saw nothing but the flood.
+    pub fn check_capture(&self) {
+        assert_eq!(self.captured.drops, 0, "the capture dropped frames: counts are incomplete");
+        assert_eq!(self.captured.other, 0, "frames other than the flood's reached the receiver");
+    }
 }
 
 /// The flow of UDP frames from `src` in `stream`.
@@ -202,12 +256,13 @@ pub fn flow(stream: &Stream, src: IpAddr) -> Flow {
     stream.spec.flow(stream.l4, src)
 }
 
+/// The flow of a stream from one source ([`Sources::One`]); panics for any other.
+pub fn flow_of(stream: &Stream) -> Flow {
+    let Sources::One(src) = stream.sources else { panic!("not a stream from one source: {:?}", stream.sources) };
+    flow(stream, src)
+}
+
 /// The metrics address a daemon listens on by default (inside its namespace).
 pub const METRICS: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 9464);
 
-/// Sums per-CPU counters.
-pub fn total(per_cpu: &[Counters]) -> Counters {
-    let mut sum = Counters::default();
-    per_cpu.iter().for_each(|c| sum.add(c));
-    sum
-}
+pub use crate::bounds::total;

@@ -112,14 +112,8 @@ fn run(args: &Args) -> anyhow::Result<()> {
         if let Some(cpu) = args.cpu {
             limiter_tests::cpu::pin_current_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
         }
-        let sent = generator.send(&args.iface, args.count, duration).context("flooding")?;
-        println!(
-            "flood sent={} refused=0 seconds={:.3} pps={:.0} sources={} engine=live",
-            sent.frames,
-            sent.duration().as_secs_f64(),
-            sent.pps(),
-            sources.count
-        );
+        let report = generator.send(&args.iface, args.count, duration).context("flooding")?;
+        println!("flood {report} sources={} engine=live", sources.count);
         return Ok(());
     }
     let frames = Frames::build(&spec, &args.sources())?;
