@@ -7,7 +7,7 @@ use crate::ipc::PolicyStatus;
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
-    t.load_style(NOTHING).set_header(header.iter().map(|h| Cell::new(h)));
+    t.load_style(NOTHING).set_header(header.iter().map(Cell::new));
     t
 }
 

@@ -3,10 +3,10 @@
 //! A [`MapView`] is what the maps say, in the terms that matter for a diff: it is computed from
 //! a [`State`], or read back from the maps of a pinned limiter a restarted daemon adopts.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use aya::maps::{LpmTrie, MapData, PerCpuArray, PerCpuValues, lpm_trie::Key};
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
 use limiter_common::maps::{
     ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_COUNTERS, MAP_POLICIES, MAP_POLICY_NAMES,
     MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
@@ -145,22 +145,25 @@ impl Limiter {
             .collect::<Result<Vec<u16>, _>>()
             .map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
         let mut acl = BTreeMap::new();
-        let v4 = self.acl_trie::<[u8; 4]>(MAP_ACL_V4)?;
-        for item in v4.iter() {
-            let (key, action) = item.map_err(|source| Error::Map { name: MAP_ACL_V4, source })?;
-            let net =
-                Ipv4Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
-            acl.insert(IpNet::V4(net), action);
-        }
-        let v6 = self.acl_trie::<[u8; 16]>(MAP_ACL_V6)?;
-        for item in v6.iter() {
-            let (key, action) = item.map_err(|source| Error::Map { name: MAP_ACL_V6, source })?;
-            let net =
-                Ipv6Net::new(key.data().into(), key.prefix_len() as u8).map_err(|e| Error::Internal(e.to_string()))?;
-            acl.insert(IpNet::V6(net), action);
-        }
+        self.read_acl::<[u8; 4]>(MAP_ACL_V4, &mut acl)?;
+        self.read_acl::<[u8; 16]>(MAP_ACL_V6, &mut acl)?;
         let routes = Routes { ports, class_policy: self.config()?.class_policy };
         Ok(MapView { policies, routes, acl })
+    }
+
+    /// Adds the entries of one allow/deny trie to `acl`.
+    fn read_acl<K>(&self, name: &'static str, acl: &mut BTreeMap<IpNet, u8>) -> Result<(), Error>
+    where
+        K: aya::Pod,
+        IpAddr: From<K>,
+    {
+        for item in self.acl_trie::<K>(name)?.iter() {
+            let (key, action) = item.map_err(|source| Error::Map { name, source })?;
+            let net = IpNet::new(IpAddr::from(key.data()), key.prefix_len() as u8)
+                .map_err(|e| Error::Internal(format!("{name}: {e}")))?;
+            acl.insert(net, action);
+        }
+        Ok(())
     }
 
     fn set_policy_name(&mut self, id: u16, name: &NameBytes) -> Result<(), Error> {
