@@ -25,7 +25,7 @@ use limiter_common::{
 };
 use limiter_tests::{
     bounds::{Judged, check_overload, check_upper, nanos},
-    daemon::{Ctl, Daemon, limiter_ctl_binary, program_bucket},
+    daemon::{Ctl, Daemon, limiter_ctl_binary},
     flood::{Limits, Sources},
     literals::{gcra, src},
     observe::{fresh_stats, gauge, metrics, policy_stats, stats, value},
@@ -37,7 +37,6 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 const MANY: u64 = 5_000_000;
-const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How fast /metrics must answer, also under a flood.
 const SCRAPE_BUDGET: Duration = Duration::from_millis(100);
 /// The label keys a metric may carry: never one per source.
@@ -346,11 +345,9 @@ fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
     let judged = Judged::between(&before, &rig.daemon.counters(id).expect("counters"));
     eprintln!("top: {}; quiet {}; {judged}", run.report, quiet_run.report);
     // The bucket computation above is the kernel's: exactly the four predicted buckets hold a TAT.
-    let program = rig.daemon.program().expect("program");
-    let base = (config.generation & 1) * (config.bucket_mask + 1);
-    let used: BTreeSet<u32> = (0..=config.bucket_mask)
-        .filter(|b| program_bucket(program, base + b).expect("bucket").iter().any(|&t| t != 0))
-        .collect();
+    let buckets = rig.daemon.current_buckets().expect("buckets");
+    let used: BTreeSet<u32> =
+        (0u32..).zip(&buckets).filter(|(_, tats)| tats.iter().any(|&t| t != 0)).map(|(b, _)| b).collect();
     let sources = [src("198.19.5.0"), src("2001:db8:5::"), quiet4, quiet6];
     let predicted: BTreeSet<u32> = sources.iter().map(|a| bucket(&config, id, *a)).collect();
     assert_eq!(used, predicted, "buckets in use vs predicted");
@@ -473,11 +470,9 @@ fn bucket_occupancy_is_measured_every_15_s() {
     );
     let measured = occupancy(&rig);
     // What the maps say: every (bucket, CPU) whose TAT is set is ahead (30 s window).
-    let (program, config) = (rig.daemon.program().expect("program"), rig.daemon.maps().expect("maps").rules.config);
-    let base = (config.generation & 1) * (config.bucket_mask + 1);
     let (mut ahead, mut pairs) = (0u64, 0u64);
-    for b in 0..=config.bucket_mask {
-        for tat in program_bucket(program, base + b).expect("bucket") {
+    for tats in rig.daemon.current_buckets().expect("buckets") {
+        for tat in tats {
             pairs += 1;
             ahead += u64::from(tat != 0);
         }
@@ -515,8 +510,7 @@ fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
     assert_eq!(admitted + refused, run.sent(&flow));
 
     rig.daemon.kill().expect("SIGKILL");
-    rig.daemon = Daemon::spawn(&rig.net.receiver, &rig.scratch, &args).expect("restart");
-    rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    rig.daemon = Daemon::adopt(&rig.net.receiver, &rig.scratch, &args).unwrap_or_else(|e| panic!("restart: {e:#}")).0;
     let (_, adopted) = metrics(&rig);
     let carried = (packets(&adopted, "p", "admitted"), packets(&adopted, "p", "refused"));
     eprintln!("before the kill: admitted {admitted}, refused {refused}; after adopting: {carried:?}");
@@ -543,8 +537,7 @@ fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
     );
     assert_eq!(packets(&more, "p", "admitted") + packets(&more, "p", "refused"), run.sent(&flow) + run2.sent(&flow));
 
-    let status = rig.daemon.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
-    assert!(status.success(), "{status}");
+    rig.daemon.stop_ok();
     assert!(rig.scratch.pinned(&rig.net.receiver.iface).expect("pins").is_empty(), "a clean stop leaves no pins");
     // Starting waits for " attached " and fails if the daemon adopted instead.
     rig.daemon = Daemon::start(&rig.net.receiver, &rig.scratch, &args)

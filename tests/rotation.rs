@@ -20,26 +20,26 @@ use std::{
 
 use limiter_common::{
     Gcra, SipInit,
-    maps::{CLASS_UDP, Config, Counters, GENERATIONS},
+    maps::{Config, Counters, GENERATIONS},
 };
 use limiter_ctl::{Limiter, policy::PolicySpec, rate::Rate};
 use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper, nanos, since},
     cpu::{flood_cpu, pin_current_thread},
     daemon::{
-        ADOPTED, Ctl, Daemon, Runner, Snapshot, program_counters, program_loaded, write_program_config, xdp_program_id,
+        ADOPTED, Ctl, Daemon, Runner, SIGNAL_TIMEOUT, Snapshot, program_counters, program_loaded, write_program_config,
+        xdp_program_id,
     },
     flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Sources},
     literals::{gcra, src},
     observe::{fresh_stats, metrics, value},
     privileged,
-    reference::kernel::{XDP_DROP, XDP_PASS},
+    reference::kernel::{XDP_DROP, XDP_PASS, udp_limiter},
     rig::{METRICS, Rig, SEC, flow, total},
 };
 
 /// Far more than any flood here sends in its time: the time (or a stop) ends it.
 const MANY: u64 = 5_000_000;
-const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Beyond the longest burst window, the daemon consults the old buckets this much longer.
 const GRACE_MARGIN: Duration = Duration::from_millis(50);
 
@@ -294,8 +294,9 @@ fn sigkill_fails_static_and_a_restart_adopts_the_pinned_limiter() {
 
     // Restart on the same pins and config, the flood still running.
     let restart = Instant::now();
-    rig.daemon = Daemon::spawn(&rig.net.receiver, &rig.scratch, &args).expect("restarting");
-    let line = rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    let (daemon, line) =
+        Daemon::adopt(&rig.net.receiver, &rig.scratch, &args).unwrap_or_else(|e| panic!("restarting: {e:#}"));
+    rig.daemon = daemon;
     let adopted = Instant::now();
     eprintln!("restart took {:?}: {line}", adopted - restart);
     assert!(line.contains(ADOPTED) && line.contains("mode=native"), "{line}");
@@ -412,8 +413,7 @@ fn the_salt_appears_nowhere_but_the_kernel_map() {
         }
     }
     let pid = rig.daemon.pid();
-    let status = rig.daemon.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
-    assert!(status.success(), "{status}");
+    rig.daemon.stop_ok();
     hay.push(("the daemon's log (stdout and stderr)".into(), rig.daemon.output().into_bytes()));
     assert_eq!(salts.len(), 3, "three distinct salts (the first and two rotations) should have been seen");
     eprintln!("searched {} outputs of daemon {pid} for {} salts", hay.len(), salts.len());
@@ -547,18 +547,13 @@ fn a_broken_config_at_start_leaves_the_pinned_limiter_untouched() {
         ("a syntax error", "[[policy]\nname = \"p\"\n", 1),
         ("a bad rate", "[[policy]]\nname = \"p\"\nmatch = \"udp\"\nrate = \"10/d\"\n", 4),
     ] {
-        std::fs::write(&path, text).expect("writing the config");
-        let mut daemon =
-            Daemon::spawn(&rig.net.receiver, &rig.scratch, &["--metrics", "off", "--buckets", "1024"]).expect("spawn");
-        let status = daemon.wait_exit(Duration::from_secs(30)).expect("the daemon should exit");
-        let out = daemon.output();
-        assert_eq!(status.code(), Some(2), "{what}: {status}; output:\n{out}");
+        let out =
+            Daemon::refused_start(&rig.net.receiver, &rig.scratch, &["--metrics", "off", "--buckets", "1024"], text)
+                .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         assert!(out.contains(&format!("{}:{line}:", path.display())), "{what}: no position in:\n{out}");
-        assert!(!out.contains(ADOPTED) && !out.contains(" attached "), "{what}:\n{out}");
         assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), Some(p1), "{what}: the program changed");
         assert_eq!(Snapshot::read(p1).expect("maps"), before, "{what}: the pinned maps changed");
         assert_eq!(rig.scratch.pinned(&iface).expect("pins"), pins, "{what}: the pins changed");
-        assert_eq!(std::fs::read_to_string(&path).expect("config"), text, "{what}: the file was rewritten");
     }
 
     // Still enforcing, unattended.
@@ -618,8 +613,7 @@ fn a_missing_bpffs_is_mounted_and_said() {
     judged.check_against(&run.report);
     check_upper("delivered", run.delivered(&flow(&stream, src("198.19.1.1"))), &limit, judged.cpus.len(), run.window());
 
-    let status = rig.daemon.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
-    assert!(status.success(), "{status}:\n{}", rig.daemon.output());
+    rig.daemon.stop_ok();
     assert!(rig.daemon.output().contains(&format!(" detached iface={iface}")), "{}", rig.daemon.output());
     assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None);
 }
@@ -670,8 +664,7 @@ fn a_recreated_interface_is_reattached_and_enforced() {
     check_upper("delivered after re-creation", run.delivered(&flow), &limit, cpus, run.window());
     check_lower("delivered after re-creation", run.delivered(&flow), &limit, run.report.duration());
 
-    let status = rig.daemon.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
-    assert!(status.success(), "{status}:\n{}", rig.daemon.output());
+    rig.daemon.stop_ok();
     assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None);
     assert!(!rig.scratch.pin_dir(&iface).exists(), "{:?}", rig.scratch.pinned(&iface));
 }
@@ -733,12 +726,9 @@ fn a_hot_path_fault_passes_and_is_counted() {
     pin_current_thread(flood_cpu()).expect("pinning");
     let rate: Rate = "1/s".parse().expect("rate");
     let policy = PolicySpec::any(rate, 1).compile(1).expect("policy");
-    let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
-    limiter.set_salt(limiter_common::SipKey { k0: 1, k1: 2 }).expect("salt");
-    limiter.set_policy(&policy).expect("policy");
-    let mut config = limiter.config().expect("config");
-    config.class_policy[CLASS_UDP] = 1;
-    limiter.write_config(&config).expect("config");
+    let mut limiter =
+        udp_limiter(BUCKETS, limiter_common::SipKey { k0: 1, k1: 2 }, &policy).expect("loading the limiter");
+    let config = limiter.config().expect("config");
     let spec = FrameSpec {
         src_mac: [2, 0, 0, 0, 0, 2],
         dst_mac: [2, 0, 0, 0, 0, 1],

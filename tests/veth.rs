@@ -15,11 +15,7 @@ use std::{
 };
 
 use anyhow::{Context as _, anyhow};
-use limiter_common::{
-    FlowKey, Gcra, SipKey,
-    key::FAMILY_V4,
-    maps::{CLASS_UDP, Counters},
-};
+use limiter_common::{FlowKey, Gcra, SipKey, key::FAMILY_V4, maps::Counters};
 use limiter_ctl::{Limiter, ModeRequest, policy::PolicySpec, rate::Rate};
 use limiter_tests::{
     bounds::{Judged, check_bounds, check_overload, first},
@@ -28,6 +24,7 @@ use limiter_tests::{
     flood::{Frames, Limits, PacketSocket, Prefix, Report, Sources},
     netns::{End, TestNet},
     privileged,
+    reference::kernel::udp_limiter,
     snmp::Snmp,
 };
 
@@ -178,8 +175,7 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
     // The daemon judges every protocol; the fixture keeps the link free of anything but the flood.
     assert_eq!(admitted, delivered.total() + drops, "admitted vs delivered + socket drops");
 
-    let status = daemon.interrupt(Duration::from_secs(10)).expect("stopping the daemon");
-    assert!(status.success(), "limiter-ctl exited with {status}; output:\n{}", daemon.output());
+    daemon.stop_ok();
     let out = daemon.output();
     assert!(out.contains(" stopping ") && out.contains("SIGINT"), "no 'stopping' line:\n{out}");
     assert!(out.contains(&format!(" detached iface={iface}")), "no 'detached' line:\n{out}");
@@ -205,13 +201,7 @@ fn per_sec(rate: &str) -> f64 {
 /// should be nothing) passes unjudged and cannot blur the admitted count.
 fn load_limiter(buckets: u32, rate: &str, burst: u64) -> anyhow::Result<(Limiter, Gcra)> {
     let policy = policy(rate, burst)?;
-    let mut limiter = Limiter::load(buckets)?;
-    limiter.set_salt(SALT)?;
-    limiter.set_policy(&policy)?;
-    let mut config = limiter.config()?;
-    config.class_policy[CLASS_UDP] = POLICY;
-    limiter.write_config(&config)?;
-    Ok((limiter, policy.gcra))
+    Ok((udp_limiter(buckets, SALT, &policy)?, policy.gcra))
 }
 
 /// Attaches from inside the receiver's namespace: interface names and indexes are per namespace.

@@ -44,6 +44,10 @@ use crate::netns::{End, NETNS_DIR, PREFIX, Stale, stale};
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// The start of the line a daemon logs when it adopted a pinned limiter.
 pub const ADOPTED: &str = "adopted the pinned limiter";
+/// How long a daemon gets to exit after SIGINT, or to log the outcome of a signal.
+pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a daemon refusing its config at start gets to exit.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `target/<profile>/limiter-ctl`, next to the running test's `deps/` directory.
 pub fn limiter_ctl_binary() -> anyhow::Result<PathBuf> {
@@ -294,6 +298,30 @@ impl Daemon {
         Ok(daemon)
     }
 
+    /// [`Daemon::spawn`], then [`Daemon::wait_adopted`]: a restart on the pins a killed daemon
+    /// left. Returns the daemon and its "adopted" line.
+    pub fn adopt(end: &End, scratch: &Scratch, extra: &[&str]) -> anyhow::Result<(Self, String)> {
+        let mut daemon = Self::spawn(end, scratch, extra)?;
+        let line = daemon.wait_adopted(end)?;
+        Ok((daemon, line))
+    }
+
+    /// Writes `config` to `scratch`'s config file and spawns a daemon on it ([`Daemon::spawn`]),
+    /// which must refuse it: exit 2 within 30 s, having neither attached nor adopted, the file
+    /// left as written. Returns everything the daemon said (stderr lines tagged `stderr: `).
+    pub fn refused_start(end: &End, scratch: &Scratch, extra: &[&str], config: &str) -> anyhow::Result<String> {
+        let path = scratch.config();
+        std::fs::write(&path, config).with_context(|| format!("writing {}", path.display()))?;
+        let mut daemon = Self::spawn(end, scratch, extra)?;
+        let status = daemon.wait_exit(REFUSAL_TIMEOUT).context("the daemon should exit")?;
+        let out = daemon.output();
+        anyhow::ensure!(status.code() == Some(2), "exit status {status}, expected 2; output:\n{out}");
+        anyhow::ensure!(!out.contains(ADOPTED) && !out.contains(" attached "), "the daemon attached:\n{out}");
+        let now = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        anyhow::ensure!(now == config, "the file was rewritten:\n{now}");
+        Ok(out)
+    }
+
     /// Waits for the "attached" line, and finds the program on `end`'s interface. Returns the line.
     /// A daemon that adopted a pinned limiter instead fails this at once.
     pub fn wait_attached(&mut self, end: &End) -> anyhow::Result<String> {
@@ -395,6 +423,15 @@ impl Daemon {
         self.wait_exit(timeout)
     }
 
+    /// SIGINT by pid; panics, with everything the daemon said, unless it exits 0 within
+    /// [`SIGNAL_TIMEOUT`].
+    #[track_caller]
+    pub fn stop_ok(&mut self) {
+        let pid = self.pid();
+        let status = self.interrupt(SIGNAL_TIMEOUT).unwrap_or_else(|e| panic!("stopping limiter-ctl {pid}: {e:#}"));
+        assert!(status.success(), "limiter-ctl exited with {status}; output:\n{}", self.output());
+    }
+
     /// The exit status once the process exits (SIGKILL and an error if it does not in time);
     /// the rest of its output is collected.
     pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
@@ -456,6 +493,18 @@ impl Daemon {
     /// Every policy id's per-CPU counters.
     pub fn all_counters(&self) -> anyhow::Result<Vec<Vec<Counters>>> {
         read_counters(&program_maps(self.program()?)?)
+    }
+
+    /// The TATs of the current generation's buckets (`Config::generation`'s half of `BUCKETS`),
+    /// per bucket, per CPU: CONFIG and BUCKETS opened once each.
+    pub fn current_buckets(&self) -> anyhow::Result<Vec<Vec<u64>>> {
+        let maps = program_maps(self.program()?)?;
+        let config: Array<_, Config> = Array::try_from(open_map(&maps, MAP_CONFIG)?)?;
+        let config = config.get(&0, 0)?;
+        let buckets: PerCpuArray<_, u64> = PerCpuArray::try_from(open_map(&maps, MAP_BUCKETS)?)?;
+        let count = config.bucket_mask + 1;
+        let base = (config.generation & 1) * count;
+        (base..base + count).map(|i| Ok(buckets.get(&i, 0)?.iter().copied().collect())).collect()
     }
 }
 
@@ -619,12 +668,6 @@ fn acl_entries<K: Pod>(
         out.insert(format!("{}/{}", addr(key.data()), key.prefix_len()), action);
     }
     Ok(out)
-}
-
-/// The TAT of bucket `index` (generation offset included) of loaded program `program`, per CPU.
-pub fn program_bucket(program: u32, index: u32) -> anyhow::Result<Vec<u64>> {
-    let buckets: PerCpuArray<_, u64> = PerCpuArray::try_from(open_map(&program_maps(program)?, MAP_BUCKETS)?)?;
-    Ok(buckets.get(&index, 0)?.iter().copied().collect())
 }
 
 /// Overwrites the CONFIG of loaded program `program` (another process's): for fault injection.

@@ -244,7 +244,7 @@ pub mod kernel {
     };
     use limiter_common::{
         SipKey,
-        maps::{Counters, ParseProbe, Policy},
+        maps::{CLASS_UDP, Counters, ParseProbe, Policy},
     };
     use limiter_ctl::{
         Limiter, objects,
@@ -264,6 +264,18 @@ pub mod kernel {
     /// A policy no test refuses anything under: 10^9 per second, burst 10^6.
     pub fn permissive(key: KeySpec) -> PolicySpec {
         PolicySpec { key, ..PolicySpec::any(Rate { count: 1_000_000_000, period_ns: 1_000_000_000 }, 1_000_000) }
+    }
+
+    /// The real limiter loaded in-process with `salt` and `policy` (compiled under its own id),
+    /// which judges UDP only: anything else passes unjudged.
+    pub fn udp_limiter(buckets: u32, salt: SipKey, policy: &Policy) -> anyhow::Result<Limiter> {
+        let mut limiter = Limiter::load(buckets).context("loading the limiter")?;
+        limiter.set_salt(salt)?;
+        limiter.set_policy(policy)?;
+        let mut config = limiter.config()?;
+        config.class_policy[CLASS_UDP] = policy.id;
+        limiter.write_config(&config)?;
+        Ok(limiter)
     }
 
     /// The errno behind a failed test run, wherever it sits in the error chain.
