@@ -38,7 +38,7 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 1;
+pub const LAYOUT_VERSION: u64 = 2;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// Entries per allow/deny trie (each family).
@@ -145,6 +145,11 @@ pub struct Counters {
     pub unmatched: u64,
     /// The limiter's own faults (a failed map lookup): always passed.
     pub errors: u64,
+    /// TCP/UDP (or a protocol hidden behind too long an IPv6 extension chain) whose destination
+    /// port could not be read although the datagram carries one (a first fragment too short to
+    /// hold its L4 header, RFC 1858; more than `MAX_EXT_HEADERS` IPv6 extension headers):
+    /// dropped while port policies exist, since no policy can tell whether it targets them.
+    pub unreadable_ports: u64,
 }
 
 impl Counters {
@@ -161,6 +166,7 @@ impl Counters {
         self.malformed += o.malformed;
         self.unmatched += o.unmatched;
         self.errors += o.errors;
+        self.unreadable_ports += o.unreadable_ports;
     }
 
     /// Every packet the program saw lands in exactly one of these.
@@ -174,6 +180,7 @@ impl Counters {
             + self.malformed
             + self.unmatched
             + self.errors
+            + self.unreadable_ports
     }
 }
 
@@ -216,7 +223,8 @@ pub struct ParseProbe {
     pub proto: u8,
     /// 1 when the L4 header was present and parsed (ports valid for TCP/UDP).
     pub has_l4: u8,
-    pub _pad: u8,
+    /// 1 when the datagram carries a port the parser could not read (`Packet::ports_hidden`).
+    pub ports_hidden: u8,
     pub sport: u16,
     pub dport: u16,
     pub _pad2: u32,
@@ -254,8 +262,8 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4);
-        assert_eq!(size_of::<Policy>(), 24 + 16 + 8 + 4 + 2 + 2);
-        assert_eq!(size_of::<Counters>(), 12 * 8);
+        assert_eq!(size_of::<Policy>(), 16 + 16 + 8 + 4 + 2 + 2);
+        assert_eq!(size_of::<Counters>(), 13 * 8);
         assert_eq!(size_of::<ParseProbe>(), 4 + 4 + 4 + 4 + 16 + 24);
         assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4);
     }

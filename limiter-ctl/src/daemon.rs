@@ -305,11 +305,9 @@ impl Daemon {
                 return warn!(error = %e, "measuring bucket occupancy failed");
             }
         };
-        let policies: Vec<_> = self.state.policies().map(|e| e.kernel).collect();
         let (count, out, scanning) = (self.limiter.buckets(), self.occupancy.clone(), self.scanning.clone());
         tokio::task::spawn_blocking(move || {
-            let ratio =
-                stats::occupancy(&buckets, config.generation & 1, count, &policies, crate::limiter::monotonic_ns());
+            let ratio = stats::occupancy(&buckets, config.generation & 1, count, crate::limiter::monotonic_ns());
             if let Ok(mut o) = out.lock() {
                 *o = ratio;
             }

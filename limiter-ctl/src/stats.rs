@@ -4,13 +4,12 @@
 //! fast whatever the load.
 
 use std::{
-    collections::BTreeMap,
     sync::{Arc, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use aya::maps::{MapData, PerCpuArray};
-use limiter_common::maps::{Counters, Policy};
+use limiter_common::{gcra, maps::Counters};
 use serde::{Deserialize, Serialize};
 
 use crate::{ipc::PolicyCounters, state::State};
@@ -123,30 +122,15 @@ impl Sampler {
 }
 
 /// Scans the current generation's buckets (on its own thread: it reads every bucket of every
-/// CPU) and returns the fraction whose TAT is ahead of `now` under any policy's clock.
-pub fn occupancy(
-    buckets: &PerCpuArray<MapData, u64>,
-    generation: u32,
-    count: u32,
-    policies: &[Policy],
-    now_ns: u64,
-) -> Option<f64> {
-    let clocks: BTreeMap<u32, u64> = policies.iter().fold(BTreeMap::new(), |mut m, p| {
-        let cap = m.entry(p.gcra.shift).or_insert(0);
-        *cap = (*cap).max(p.gcra.capacity);
-        m
-    });
+/// CPU) and returns the fraction whose TAT is ahead of `now`: every bucket that can refuse a
+/// packet (all policies share one clock, whoever wrote the bucket).
+pub fn occupancy(buckets: &PerCpuArray<MapData, u64>, generation: u32, count: u32, now_ns: u64) -> Option<f64> {
     let (mut ahead, mut total) = (0u64, 0u64);
     for index in generation * count..(generation + 1) * count {
         let values = buckets.get(&index, 0).ok()?;
-        for tat in values.iter() {
+        for &value in values.iter() {
             total += 1;
-            let busy = *tat != 0
-                && clocks.iter().any(|(shift, cap)| {
-                    let d = tat.wrapping_sub(now_ns.wrapping_shl(*shift));
-                    d != 0 && d <= *cap
-                });
-            ahead += u64::from(busy);
+            ahead += u64::from(gcra::ahead_ns(value, now_ns) > 0);
         }
     }
     (total > 0).then(|| ahead as f64 / total as f64)

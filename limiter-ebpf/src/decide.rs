@@ -10,20 +10,32 @@ pub enum Verdict {
     WouldRefuse,
 }
 
+/// Judges a packet of `frame_len` bytes against the bucket `value` (see `limiter_common::gcra`
+/// for what a bucket holds). Returns the verdict and the bucket's new value, if it changes.
+/// `owner_capacity(id)` is the capacity of active policy `id` (0 if none).
 #[inline(always)]
-pub fn decide(policy: &Policy, tat: &mut u64, now_ns: u64, frame_len: u64) -> Verdict {
+pub fn decide(
+    policy: &Policy,
+    value: u64,
+    now_ns: u64,
+    frame_len: u64,
+    owner_capacity: impl FnOnce(u8) -> u64,
+) -> (Verdict, Option<u64>) {
     let weight = if policy.flags & Policy::BYTES != 0 {
         if frame_len > MAX_FRAME_WEIGHT { MAX_FRAME_WEIGHT } else { frame_len }
     } else {
         1
     };
-    if policy.gcra.admit(tat, now_ns, weight) {
+    // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
+    let j = policy.gcra.judge(policy.id as u8, value, now_ns, weight, owner_capacity);
+    let verdict = if j.admit {
         Verdict::Admit
     } else if policy.flags & Policy::DRY_RUN != 0 {
         Verdict::WouldRefuse
     } else {
         Verdict::Refuse
-    }
+    };
+    (verdict, j.store)
 }
 
 #[inline(always)]

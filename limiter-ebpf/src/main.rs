@@ -11,7 +11,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    Gcra,
+    gcra,
     key::FAMILY_V4,
     key::bucket_of,
     maps::{
@@ -83,6 +83,11 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
             };
         }
     }
+    if pkt.ports_hidden && cfg.flags & Config::HAS_PORT_POLICIES != 0 {
+        // A datagram whose port no policy can see might target a port policy's port (RFC 1858).
+        bump(0, |c| c.unreadable_ports += 1);
+        return XDP_DROP;
+    }
     if id == 0 {
         return unmatched();
     }
@@ -94,20 +99,23 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     }
     let words = key_words(pkt, policy);
     let generation = (cfg.generation & 1) as usize;
-    let Some(tat) = BUCKETS.get_ptr_mut(bucket_index(cfg, generation, pkt.family, &words)) else {
+    let Some(bucket) = BUCKETS.get_ptr_mut(bucket_index(cfg, generation, pkt.family, &words)) else {
         return fault();
     };
-    let tat = unsafe { &mut *tat };
     let now = unsafe { bpf_ktime_get_ns() };
+    let mut value = unsafe { *bucket };
     if now < cfg.grace_until_ns {
         // Salt rotation: the source's bucket under the previous salt may be further ahead.
         let previous = generation ^ 1;
         let Some(old) = BUCKETS.get_ptr(bucket_index(cfg, previous, pkt.family, &words)) else {
             return fault();
         };
-        *tat = Gcra::later(*tat, unsafe { *old });
+        value = gcra::later(value, unsafe { *old }, now);
     }
-    let verdict = decide(policy, tat, now, frame_len);
+    let (verdict, store) = decide(policy, value, now, frame_len, owner_capacity);
+    if let Some(v) = store {
+        unsafe { *bucket = v };
+    }
     bump(u32::from(id), |c| count(c, verdict, frame_len));
     if verdict != Verdict::Admit && cfg.flags & Config::SAMPLE_REFUSALS != 0 {
         sample_refusal(cfg, pkt, policy, &words, verdict);
@@ -178,6 +186,16 @@ fn acl(cfg: &Config, pkt: &Packet) -> Option<u8> {
         addr[..8].copy_from_slice(&pkt.src[0].to_le_bytes());
         addr[8..].copy_from_slice(&pkt.src[1].to_le_bytes());
         ACL_V6.get(Key::new(128, addr)).copied()
+    }
+}
+
+/// The capacity of active policy `id`, 0 if none: asked only when another policy's TAT is
+/// beyond the reader's own window (is it a live source of that policy, or stale?).
+#[inline(always)]
+fn owner_capacity(id: u8) -> u64 {
+    match POLICIES.get(u32::from(id)) {
+        Some(p) if p.flags & Policy::ACTIVE != 0 => p.gcra.capacity,
+        _ => 0,
     }
 }
 

@@ -52,6 +52,9 @@ pub struct Packet {
     pub class: usize,
     /// The L4 header was present and parsed: for TCP and UDP, the ports are valid.
     pub has_l4: bool,
+    /// The datagram the stack will deliver carries a destination port this parser could not
+    /// read: judged by its protocol class, and dropped while port policies exist.
+    pub ports_hidden: bool,
     pub sport: u16,
     pub dport: u16,
     /// The source address as two little-endian words (IPv4: low 32 bits of the first).
@@ -114,6 +117,7 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
         proto,
         class: CLASS_OTHER,
         has_l4: false,
+        ports_hidden: false,
         sport: 0,
         dport: 0,
         src: [u64::from(src), 0],
@@ -153,6 +157,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
         proto: unsafe { (*ip).next_hdr },
         class: CLASS_OTHER,
         has_l4: false,
+        ports_hidden: false,
         sport: 0,
         dport: 0,
         src: unsafe { core::ptr::read_unaligned(src) },

@@ -31,6 +31,7 @@ pub fn limiter_probe(ctx: XdpContext) -> u32 {
             rec.family = pkt.family;
             rec.proto = pkt.proto;
             rec.has_l4 = u8::from(pkt.has_l4);
+            rec.ports_hidden = u8::from(pkt.ports_hidden);
             rec.sport = pkt.sport;
             rec.dport = pkt.dport;
             let mut src = [0u8; 16];
