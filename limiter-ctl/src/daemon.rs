@@ -38,7 +38,7 @@ use crate::{
     pins::PinDir,
     policy::Name,
     salt,
-    state::{Entry, State},
+    state::{self, Entry, State},
     stats,
     sync::MapView,
     top::Top,
@@ -59,8 +59,12 @@ pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
         unit: Default::default(),
         mode: Default::default(),
     });
+    // Byte policies must hold the largest frame the interface can carry.
+    let max_frame =
+        crate::limiter::interface_mtu(&args.iface).map_or(state::DEFAULT_MAX_FRAME, state::max_frame_for_mtu);
     let desired = |ids: &BTreeMap<Name, u16>| -> Result<State, Usage> {
-        let state = State::build(&file, ids).map_err(|e| Usage(format!("{}: {}", args.config.display(), e.0)))?;
+        let state = State::build_for(&file, ids, max_frame)
+            .map_err(|e| Usage(format!("{}: {}", args.config.display(), e.0)))?;
         match &default_policy {
             Some(def) => state.with_policy(def.clone()).map_err(|e| Usage(format!("--rate/--burst: {}", e.0))),
             None => Ok(state),
@@ -469,7 +473,7 @@ impl Daemon {
     fn reload(&mut self) {
         let path = self.config_path.display().to_string();
         let next = config::load(&self.config_path).map_err(|e| e.to_string()).and_then(|file: ConfigFile| {
-            State::build(&file, &self.state.ids()).map_err(|e| format!("{path}: {}", e.0))
+            State::build_for(&file, &self.state.ids(), self.state.max_frame()).map_err(|e| format!("{path}: {}", e.0))
         });
         match next.and_then(|next| self.commit(next, false)) {
             Ok(()) => info!(config = %path, policies = self.state.policies().count(), "reloaded"),

@@ -110,6 +110,14 @@ pub fn interface_exists(iface: &str) -> bool {
     if_index(iface).is_some()
 }
 
+/// The interface's MTU, if it exists in this network namespace.
+pub fn interface_mtu(iface: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/sys/class/net/{iface}/mtu")).ok()?.trim().parse().ok()
+}
+
+/// `Config::grace_until_ns` while a rotation is under way: no end yet.
+const GRACE_OPEN: u64 = u64::MAX;
+
 /// CLOCK_MONOTONIC in ns: the clock the XDP program reads (bpf_ktime_get_ns).
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -241,26 +249,35 @@ impl Limiter {
     /// a later TAT, so a source over its limit stays over it. Refused while a previous rotation's
     /// grace runs.
     ///
-    /// `grace` must cover the longest burst window any policy had while the old generation was
-    /// current: then every TAT it holds is behind now when the grace ends, and when it becomes
-    /// current again (a rotation later) its buckets read as idle without being cleared. That
-    /// keeps a rotation to three map writes, whatever the bucket count.
+    /// The other generation is not cleared (that would take one write per bucket and CPU): what
+    /// its buckets still hold is read under the rules of `limiter_common::gcra`, which let no
+    /// stale TAT hold a source for more than one burst window of its own, and `grace` covers the
+    /// longest burst window any policy had while the old generation was current, so the TATs it
+    /// holds are behind now when it becomes current again (a rotation later).
     ///
     /// Each write changes one field, so a packet never sees a torn mix: the new salt goes where
-    /// nothing reads it, the grace period starts, then the switch.
+    /// nothing reads it; the grace opens with no end; the switch; then the grace's end, measured
+    /// from after the switch, so a daemon stalled between two writes can only lengthen it.
     pub fn rotate_salt(&mut self, salt: SipKey, grace: Duration) -> Result<(), Error> {
         let mut config = self.config()?;
         let now = monotonic_ns();
+        if config.grace_until_ns == GRACE_OPEN {
+            // A rotation interrupted between its writes (the daemon died): close its grace first.
+            config.grace_until_ns = now.saturating_add(grace.as_nanos() as u64);
+            self.write_config(&config)?;
+        }
         if now < config.grace_until_ns {
             return Err(Error::RotationBusy { seconds_left: (config.grace_until_ns - now).div_ceil(1_000_000_000) });
         }
         let next = (config.generation & 1) ^ 1;
         config.salts[next as usize] = SipInit::new(&salt);
         self.write_config(&config)?;
-        config.grace_until_ns = monotonic_ns().saturating_add(grace.as_nanos() as u64);
+        config.grace_until_ns = GRACE_OPEN;
         self.write_config(&config)?;
         config.generation = next;
         config.rotated_at_ns = monotonic_ns();
+        self.write_config(&config)?;
+        config.grace_until_ns = monotonic_ns().saturating_add(grace.as_nanos() as u64);
         self.write_config(&config)
     }
 

@@ -85,6 +85,13 @@ impl Collector for Limiter {
         )?;
         counter(
             &mut encoder,
+            "limiter_dropped_packets",
+            "Packets dropped without a policy's judgement, by reason (unreadable_port: a TCP/UDP \
+             datagram whose port could not be read while port policies exist, RFC 1858).",
+            vec![(vec![("reason", "unreadable_port".to_string())], s.unreadable_ports)],
+        )?;
+        counter(
+            &mut encoder,
             "limiter_errors",
             "The limiter's own faults (always passed, never dropped).",
             vec![(vec![], u.errors)],

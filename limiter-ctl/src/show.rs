@@ -94,11 +94,12 @@ pub fn stats(s: &crate::stats::Snapshot) -> String {
     let u = &s.unjudged;
     let occupancy = s.bucket_occupancy.map_or("not measured yet".to_string(), |o| format!("{:.2}%", o * 100.0));
     format!(
-        "{}\npassed unjudged: {} not IP, {} malformed, {} unmatched; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n",
+        "{}\npassed unjudged: {} not IP, {} malformed, {} unmatched; dropped with unreadable ports: {}; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n",
         t.trim_fmt(),
         u.not_ip,
         u.malformed,
         u.unmatched,
+        s.unreadable_ports,
         u.errors,
         s.attach_mode,
         s.salt_age_s,

@@ -6,13 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::IpNet;
 use limiter_common::maps::{
-    CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, MAX_ACL_ENTRIES, MAX_POLICIES, PORT_POLICY_ENTRIES, Policy,
+    CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, MAX_ACL_ENTRIES, MAX_FRAME_WEIGHT, MAX_POLICIES,
+    PORT_POLICY_ENTRIES, Policy,
 };
 
 use crate::{
     config::{ConfigFile, PolicyDef},
     error::Usage,
-    policy::{Match, Name, Ports, Proto},
+    policy::{Match, Name, Ports, Proto, Unit},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
@@ -38,11 +39,32 @@ pub struct Entry {
     pub kernel: Policy,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct State {
     policies: BTreeMap<Name, Entry>,
     allow: BTreeSet<IpNet>,
     deny: BTreeSet<IpNet>,
+    /// The largest frame the program can meet (bytes): a byte policy's burst must hold it, or
+    /// such frames would be refused forever.
+    max_frame: u64,
+}
+
+/// The largest frame on an Ethernet interface with a 1500-byte MTU and two VLAN tags: what a
+/// byte policy's burst must hold when the interface is not known.
+pub const DEFAULT_MAX_FRAME: u64 = 1500 + L2_OVERHEAD;
+/// Ethernet header and two VLAN tags.
+pub const L2_OVERHEAD: u64 = 14 + 8;
+
+impl Default for State {
+    fn default() -> Self {
+        Self { policies: BTreeMap::new(), allow: BTreeSet::new(), deny: BTreeSet::new(), max_frame: DEFAULT_MAX_FRAME }
+    }
+}
+
+/// The largest frame XDP can meet on an interface of this MTU (a byte policy charges at most
+/// `MAX_FRAME_WEIGHT` for one frame).
+pub fn max_frame_for_mtu(mtu: u64) -> u64 {
+    (mtu + L2_OVERHEAD).min(MAX_FRAME_WEIGHT)
 }
 
 /// The longest burst window of these policies.
@@ -68,7 +90,12 @@ impl State {
     /// Validates a whole config. Policies named in `ids` keep those ids (and so their buckets and
     /// counters); new names take free ones.
     pub fn build(config: &ConfigFile, ids: &BTreeMap<Name, u16>) -> Result<State, Usage> {
-        let mut state = State::default();
+        Self::build_for(config, ids, DEFAULT_MAX_FRAME)
+    }
+
+    /// [`State::build`] for an interface whose largest frame is `max_frame` bytes.
+    pub fn build_for(config: &ConfigFile, ids: &BTreeMap<Name, u16>, max_frame: u64) -> Result<State, Usage> {
+        let mut state = State { max_frame, ..State::default() };
         for net in &config.allow {
             state.add_net(List::Allow, *net)?;
         }
@@ -159,8 +186,21 @@ impl State {
         Ok(next)
     }
 
+    /// The largest frame byte policies must hold (see [`State::build_for`]).
+    pub fn max_frame(&self) -> u64 {
+        self.max_frame
+    }
+
     fn insert(&mut self, def: PolicyDef, id: u16) -> Result<(), Usage> {
-        let kernel = def.spec().compile(id).map_err(|e| Usage(format!("policy '{}': {e}", def.name)))?;
+        let spec = def.spec();
+        if spec.unit == Unit::Bytes && spec.burst < self.max_frame {
+            return Err(Usage(format!(
+                "policy '{}': a byte policy's burst ({} bytes) must hold the largest frame it can meet ({} bytes: \
+                 the MTU plus Ethernet and VLAN headers), or such frames are refused forever; use --burst {} or more",
+                def.name, spec.burst, self.max_frame, self.max_frame
+            )));
+        }
+        let kernel = spec.compile(id).map_err(|e| Usage(format!("policy '{}': {e}", def.name)))?;
         self.policies.insert(def.name.clone(), Entry { id, def, kernel });
         Ok(())
     }
@@ -338,6 +378,28 @@ mod tests {
         let s = s.with_net(List::Deny, net("2001:db8::/32")).unwrap();
         assert_eq!(s.to_config().deny, vec![net("2001:db8::/32")]);
         assert!(s.without_net(List::Allow, net("198.18.1.0/24")).is_err());
+    }
+
+    #[test]
+    fn a_byte_policy_burst_must_hold_the_largest_frame() {
+        let bytes = |burst: Option<u64>| PolicyDef {
+            unit: Unit::Bytes,
+            burst,
+            rate: "1000000/s".parse().unwrap(),
+            ..def("bulk", "udp")
+        };
+        let err = State::default().with_policy(bytes(Some(1000))).unwrap_err().0;
+        assert!(err.contains("1522") && err.contains("'bulk'") && !err.contains('\n'), "{err}");
+        State::default().with_policy(bytes(Some(1522))).unwrap();
+        State::default().with_policy(bytes(None)).unwrap();
+        // A jumbo-frame interface needs a larger burst; the cap is the largest weight charged.
+        let config = ConfigFile { policies: vec![bytes(Some(1522))], ..ConfigFile::default() };
+        let jumbo = max_frame_for_mtu(9000);
+        assert_eq!(jumbo, 9022);
+        assert!(State::build_for(&config, &BTreeMap::new(), jumbo).unwrap_err().0.contains("9022"));
+        assert_eq!(max_frame_for_mtu(65_536), MAX_FRAME_WEIGHT);
+        // Packet policies are not concerned.
+        State::default().with_policy(PolicyDef { burst: Some(1), ..def("p", "tcp") }).unwrap();
     }
 
     #[test]

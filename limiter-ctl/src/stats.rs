@@ -50,6 +50,10 @@ pub struct Snapshot {
     pub interval_s: f64,
     pub policies: Vec<PolicyStats>,
     pub unjudged: Unjudged,
+    /// TCP/UDP whose destination port could not be read (tiny first fragments, over-long IPv6
+    /// extension chains), dropped while port policies exist.
+    #[serde(default)]
+    pub unreadable_ports: u64,
     pub attach_mode: String,
     pub salt_age_s: f64,
     /// Fraction of buckets (over CPUs) whose TAT is ahead of now: the chance that a newcomer
@@ -114,6 +118,7 @@ impl Sampler {
             interval_s: interval,
             policies,
             unjudged,
+            unreadable_ports: global.unreadable_ports,
             attach_mode: attach_mode.to_string(),
             salt_age_s: salt_age.as_secs_f64(),
             bucket_occupancy: occupancy,
