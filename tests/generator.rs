@@ -70,7 +70,12 @@ fn check(l4: L4, first: IpAddr) -> anyhow::Result<()> {
     let captured = capture.finish()?;
     let after = Snmp::read(&net.receiver)?;
 
-    assert_eq!(report.sent, frames, "{l4:?} from {first}: the generator stopped early");
+    assert_eq!(
+        report.sent, frames,
+        "{l4:?} from {first}: the generator sent {} of {frames} frames in the 10 s it had ({report}): the machine \
+         was too slow",
+        report.sent
+    );
     let mut per_source: BTreeMap<IpAddr, u64> = BTreeMap::new();
     for s in &captured.seen {
         assert_eq!(s.flow.l4, l4, "{l4:?}: a frame of another protocol: {:?}", s.flow);

@@ -31,9 +31,8 @@ use limiter_tests::{
 const POLICY: u16 = 1;
 /// A fixed salt, so the test can predict every source's bucket.
 const SALT: SipKey = SipKey { k0: 0x6c69_6d69_7465_7221, k1: 0x7665_7468_2d74_6573 };
+/// Every flood here lasts this long (bounded by time: [`Limits::timed`]).
 const FLOOD_TIME: Duration = Duration::from_secs(2);
-/// Far more than 2 s at any rate this VM reaches; the duration is what normally stops the flood.
-const FLOOD_PACKETS: u64 = 2_000_000;
 
 // ---------------------------------------------------------------------------------------------
 // Tests
@@ -64,8 +63,8 @@ fn single_source_flood_is_held_to_the_bound() {
     assert_eq!(delivered.sources(), vec![IpAddr::from(net.sender.v4)], "datagrams from unexpected sources");
     judged.check_against(&report);
     let window = delivered.window(&report);
-    check_bounds("delivered", delivered.total(), &gcra, judged.cpus.len(), window, report.duration());
-    judged.check_admitted(&gcra, counters_read - first(&report), report.duration());
+    check_bounds("delivered", delivered.total(), &gcra, judged.cpus.len(), window, &report);
+    judged.check_admitted(&gcra, counters_read - first(&report), &report);
     let admitted = judged.total.admitted_packets;
     assert_eq!(
         admitted,
@@ -121,7 +120,7 @@ fn spoofed_sources_share_allowances_by_predicted_bucket() {
     for (bucket, members) in &groups {
         let got: u64 = members.iter().map(|a| delivered.from(a)).sum();
         let what = format!("bucket {bucket} ({} sources)", members.len());
-        check_bounds(&what, got, &gcra, judged.cpus.len(), window, report.duration());
+        check_bounds(&what, got, &gcra, judged.cpus.len(), window, &report);
     }
     let strays: Vec<IpAddr> =
         delivered.sources().into_iter().filter(|a| !groups.values().any(|m| m.contains(a))).collect();
@@ -162,15 +161,8 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
     let gcra = policy(rate, burst).expect("policy").gcra;
     check_overload(&report, per_sec(rate), 1);
     judged.check_against(&report);
-    check_bounds(
-        "delivered",
-        delivered.total(),
-        &gcra,
-        judged.cpus.len(),
-        delivered.window(&report),
-        report.duration(),
-    );
-    judged.check_admitted(&gcra, counters_read - first(&report), report.duration());
+    check_bounds("delivered", delivered.total(), &gcra, judged.cpus.len(), delivered.window(&report), &report);
+    judged.check_admitted(&gcra, counters_read - first(&report), &report);
     let admitted = judged.total.admitted_packets;
     // The daemon judges every protocol; the fixture keeps the link free of anything but the flood.
     assert_eq!(admitted, delivered.total() + drops, "admitted vs delivered + socket drops");
@@ -255,7 +247,7 @@ fn assert_quiet(limiter: &Limiter) {
 fn flood(net: &TestNet, sources: Sources, port: u16) -> anyhow::Result<Report> {
     let spec = net.frames_to(false, port);
     let frames = Frames::build(&spec, &sources)?;
-    let limits = Limits { packets: FLOOD_PACKETS, duration: FLOOD_TIME, cpu: Some(flood_cpu()) };
+    let limits = Limits::timed(FLOOD_TIME).on_cpu(flood_cpu());
     let iface = &net.sender.iface;
     net.sender.run(|| frames.send(&mut PacketSocket::open(iface)?, &limits))?
 }

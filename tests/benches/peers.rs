@@ -27,7 +27,7 @@ use anyhow::{Context as _, bail};
 use limiter_common::Gcra;
 use limiter_tests::{
     cpu::pin_current_thread,
-    flood::{FrameSpec, Frames, L4, Limits, PacketSocket, Sources},
+    flood::{FrameSpec, Frames, L4, Limits, PacketSocket, Sources, cap},
     livegen::{LiveGen, LiveSources},
     netns::TestNet,
     peers::{self, PORT, PerSource, System},
@@ -44,7 +44,6 @@ const FLOOD: Duration = Duration::from_secs(3);
 fn quick() -> bool {
     std::env::args().any(|a| a == "--quick")
 }
-const MAX_FRAMES: u64 = 20_000_000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Workload {
@@ -128,7 +127,8 @@ fn flood(system: System, workload: Workload, gcra: &Gcra) -> anyhow::Result<Run>
     let cpu_before = peers::busy_cpu()?;
     let report = net.sender.run(move || -> anyhow::Result<_> {
         pin_current_thread(SENDER_CPU)?;
-        generator.send(&sender, MAX_FRAMES, flood_time())
+        // Bounded by time: the packet cap is far beyond what any machine sends in it.
+        generator.send(&sender, cap(flood_time()), flood_time())
     })??;
     // Let the receiver's queue drain before reading.
     std::thread::sleep(Duration::from_millis(100));
@@ -201,7 +201,8 @@ fn boundary_burst(system: System) -> anyhow::Result<Vec<f64>> {
     let start = net.sender.run(move || -> anyhow::Result<f64> {
         pin_current_thread(SENDER_CPU)?;
         let mut socket = PacketSocket::open(&sender)?;
-        let limits = Limits { packets: burst, duration: Duration::from_secs(1), cpu: None };
+        // Bounded in packets (a burst of exactly this many), and in time.
+        let limits = Limits::counted(burst, Duration::from_secs(1));
         let (start, wall) = (Instant::now(), SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64());
         wait_until(start + Duration::from_millis(990));
         frames.send(&mut socket, &limits)?;

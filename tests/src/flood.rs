@@ -4,6 +4,17 @@
 //! Frames are built up front ([`Frames`]), so the send loop does nothing but hand the next frame
 //! to a [`Transmit`]. [`PacketSocket`] (an AF_PACKET raw socket) is the one transmitter today;
 //! a PACKET_TX_RING or BPF_PROG_TEST_RUN transmitter plugs in through the same trait.
+//!
+//! Floods are bounded by time first ([`Limits::timed`]): machines of one kind differ 2-4x in
+//! speed from one session to the next, so a flood bounded by a packet count would last however
+//! long the machine took. A packet count is a safety cap ([`cap`]) no machine reaches in the
+//! duration, unless the count is the point of the flood ([`Limits::counted`]). What a flood did
+//! ([`Report`]) says how long it took and how long the sender stalled, so bounds can be held to
+//! what was actually sent, and when.
+//!
+//! Two environment variables, for `cargo xtask test --stress`: [`THROTTLE_ENV`] slows every
+//! generator down (each send is followed by a busy wait as long as it took, for half speed),
+//! and [`FLOOD_LOG_ENV`] names a file every flood appends its report to.
 
 use std::{
     collections::BTreeMap,
@@ -263,6 +274,15 @@ fn is_transient(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::EAGAIN))
 }
 
+/// Far above what any generator here reaches (the live-frames one: about 10 Mpps on the fastest
+/// machines of this kind): the packet cap of a flood bounded by time is its duration at this rate.
+pub const CAP_PPS: u64 = 100_000_000;
+
+/// The packet cap of a flood of `duration`: `duration` x [`CAP_PPS`], so time always stops it.
+pub fn cap(duration: Duration) -> u64 {
+    ((duration.as_secs_f64() * CAP_PPS as f64).ceil() as u64).max(1)
+}
+
 /// When a flood stops: whichever limit comes first.
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -272,14 +292,122 @@ pub struct Limits {
     pub cpu: Option<usize>,
 }
 
+impl Limits {
+    /// A flood stopped by time: `duration`, with a packet cap no machine reaches in it ([`cap`]).
+    pub fn timed(duration: Duration) -> Self {
+        Self { packets: cap(duration), duration, cpu: None }
+    }
+
+    /// A flood whose point is its packet count (all of them captured, a sweep that covers a
+    /// prefix, ...), still stopped by `duration` at the latest: check [`Report::sent`].
+    pub fn counted(packets: u64, duration: Duration) -> Self {
+        Self { packets, duration, cpu: None }
+    }
+
+    /// The same limits, the sender pinned to `cpu`.
+    pub fn on_cpu(self, cpu: usize) -> Self {
+        Self { cpu: Some(cpu), ..self }
+    }
+}
+
+/// A gap between two sends longer than this (beyond the pace, for a paced flood) is a stall of
+/// the sender: the machine, not the system under test, stopped the flood for that long.
+pub const STALL: Duration = Duration::from_micros(200);
+
+/// The sender's stalls ([`STALL`]) during a flood.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stalls {
+    /// How long each one lasted (beyond the pace, if paced), in order.
+    pub each: Vec<Duration>,
+}
+
+impl Stalls {
+    /// Accounts a gap of `gap` between two sends that were due `due` apart.
+    pub fn gap(&mut self, gap: Duration, due: Duration) {
+        let excess = gap.saturating_sub(due);
+        if excess > STALL {
+            self.each.push(excess);
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.each.len()
+    }
+
+    pub fn total(&self) -> Duration {
+        self.each.iter().sum()
+    }
+
+    pub fn longest(&self) -> Duration {
+        self.each.iter().max().copied().unwrap_or_default()
+    }
+}
+
+/// Environment variable: run every flood generator at this fraction of its speed (`0.5`: half).
+/// After each send (live frames: each batch) the sender busy-waits `(1/f - 1)` times as long as
+/// the send took, so it is slowed as a slower machine would be, paced floods included (those stay
+/// on pace as long as the slowed sender still keeps up).
+pub const THROTTLE_ENV: &str = "LIMITER_FLOOD_THROTTLE";
+
+/// Environment variable: a file every flood appends one line to (its engine and [`Report`]).
+pub const FLOOD_LOG_ENV: &str = "LIMITER_FLOOD_LOG";
+
+/// Slows a sender down by [`THROTTLE_ENV`].
+#[derive(Clone, Copy, Debug)]
+pub struct Throttle {
+    /// The fraction of full speed.
+    pub fraction: f64,
+}
+
+impl Throttle {
+    /// The throttle [`THROTTLE_ENV`] asks for, if any; panics on a value that is not a fraction
+    /// in (0, 1] (a stress run must not silently run at full speed).
+    pub fn from_env() -> Option<Self> {
+        let v = std::env::var(THROTTLE_ENV).ok()?;
+        let fraction: f64 = v.trim().parse().unwrap_or(f64::NAN);
+        assert!(fraction > 0.0 && fraction <= 1.0, "{THROTTLE_ENV}={v:?}: expected a fraction in (0, 1], e.g. 0.5");
+        (fraction < 1.0).then_some(Self { fraction })
+    }
+
+    /// Busy-waits after a send that took `busy`, long enough that the sender runs at `fraction`
+    /// of its speed.
+    pub fn after(&self, busy: Duration) {
+        let until = Instant::now() + busy.mul_f64(1.0 / self.fraction - 1.0);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Appends `engine` and `report` to the file [`FLOOD_LOG_ENV`] names, if it does.
+pub fn log_flood(engine: &str, report: &Report) {
+    use std::io::Write as _;
+    let Some(path) = std::env::var_os(FLOOD_LOG_ENV) else { return };
+    let line = format!("{engine} {report}\n");
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("warning: could not append the flood report to {}: {e}", std::path::Path::new(&path).display());
+    }
+}
+
 /// What a flood did. `first` is taken before the first send, `last` after the last one.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Report {
     pub sent: u64,
     /// Sends the kernel refused for lack of room (not counted in `sent`).
     pub refused: u64,
     pub first: Option<Instant>,
     pub last: Option<Instant>,
+    /// How long the sender stalled (the live-frames generator does not measure it).
+    pub stalls: Stalls,
+    /// The fraction of its speed the sender was throttled to ([`THROTTLE_ENV`]), if it was.
+    pub throttled: Option<f64>,
+    /// The rate the flood was paced at, if it was.
+    pub paced: Option<f64>,
 }
 
 impl Report {
@@ -304,7 +432,18 @@ impl fmt::Display for Report {
             self.refused,
             self.duration().as_secs_f64(),
             self.pps()
-        )
+        )?;
+        if self.stalls.count() > 0 {
+            let (count, total, longest) = (self.stalls.count(), self.stalls.total(), self.stalls.longest());
+            write!(f, " stalls={count} stalled={:.3}s longest={:.3}s", total.as_secs_f64(), longest.as_secs_f64())?;
+        }
+        if let Some(rate) = self.paced {
+            write!(f, " paced={rate:.0}")?;
+        }
+        if let Some(fraction) = self.throttled {
+            write!(f, " throttled={fraction}")?;
+        }
+        Ok(())
     }
 }
 
@@ -407,7 +546,19 @@ pub struct Steer<'a> {
 
 impl Frames {
     /// [`Frames::send`], paced and/or stopped early as `steer` says; `limits` still bound it.
+    /// Slowed down by [`THROTTLE_ENV`] if set; the report goes to [`FLOOD_LOG_ENV`] if set.
     pub fn send_steered(&self, tx: &mut impl Transmit, limits: &Limits, steer: &Steer) -> anyhow::Result<Report> {
+        self.send_throttled(tx, limits, steer, Throttle::from_env())
+    }
+
+    /// [`Frames::send_steered`] with an explicit throttle (`None`: full speed).
+    pub fn send_throttled(
+        &self,
+        tx: &mut impl Transmit,
+        limits: &Limits,
+        steer: &Steer,
+        throttle: Option<Throttle>,
+    ) -> anyhow::Result<Report> {
         use std::sync::atomic::Ordering;
         ensure!(self.count() > 0, "no frames to send");
         if let Some(rate) = steer.per_sec {
@@ -416,10 +567,11 @@ impl Frames {
         if let Some(cpu) = limits.cpu {
             crate::cpu::pin_current_thread(cpu).with_context(|| format!("pinning the sender to CPU {cpu}"))?;
         }
-        let mut report = Report::default();
+        let mut report = Report { paced: steer.per_sec, throttled: throttle.map(|t| t.fraction), ..Report::default() };
+        let due_gap = steer.per_sec.map_or(Duration::ZERO, |rate| Duration::from_secs_f64(1.0 / rate));
         let start = Instant::now();
         report.first = Some(start);
-        let (mut i, mut attempts) = (0, 0u64);
+        let (mut i, mut attempts, mut previous) = (0, 0u64, start);
         while report.sent < limits.packets {
             if steer.per_sec.is_some() || attempts.is_multiple_of(64) {
                 if start.elapsed() >= limits.duration || steer.stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
@@ -434,8 +586,19 @@ impl Frames {
                 }
             }
             attempts += 1;
-            match tx.transmit(self.get(i).0) {
-                Ok(()) => report.sent += 1,
+            let before = Instant::now();
+            let sent = tx.transmit(self.get(i).0);
+            let now = Instant::now();
+            if let Some(t) = throttle {
+                t.after(now - before);
+            }
+            match sent {
+                Ok(()) => {
+                    // The first frame's gap runs from the start: a sender slow to begin stalled.
+                    report.stalls.gap(now - previous, if report.sent == 0 { Duration::ZERO } else { due_gap });
+                    previous = now;
+                    report.sent += 1;
+                }
                 Err(e) if is_transient(&e) => {
                     report.refused += 1;
                     continue;
@@ -445,6 +608,7 @@ impl Frames {
             i = if i + 1 == self.count() { 0 } else { i + 1 };
         }
         report.last = Some(Instant::now());
+        log_flood("socket", &report);
         Ok(report)
     }
 }
@@ -534,7 +698,7 @@ mod tests {
         let prefix: Prefix = "198.19.0.0/24".parse().unwrap();
         let frames =
             Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
-        let limits = Limits { packets: 1000, duration: Duration::from_secs(60), cpu: None };
+        let limits = Limits::counted(1000, Duration::from_secs(60));
         let mut tx = Flaky(0, BTreeMap::new());
         let report = frames.send(&mut tx, &limits).unwrap();
         assert_eq!(report.sent, 1000);
@@ -557,7 +721,7 @@ mod tests {
         let prefix: Prefix = "198.19.0.0/24".parse().unwrap();
         let frames =
             Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
-        let limits = Limits { packets: 50, duration: Duration::from_secs(10), cpu: None };
+        let limits = Limits::counted(50, Duration::from_secs(10));
         let mut tx = Count(0);
         let report = frames.send_steered(&mut tx, &limits, &Steer { per_sec: Some(1000.0), stop: None }).unwrap();
         assert_eq!((report.sent, tx.0), (50, 50));
@@ -566,6 +730,64 @@ mod tests {
         let stop = std::sync::atomic::AtomicBool::new(true);
         let report = frames.send_steered(&mut Count(0), &limits, &Steer { per_sec: None, stop: Some(&stop) }).unwrap();
         assert_eq!(report.sent, 0, "a set stop flag sends nothing");
+    }
+
+    #[test]
+    fn timed_floods_are_capped_far_above_what_their_duration_needs() {
+        // 10 Mpps is the fastest generator on the fastest machine of this kind.
+        for ms in [1, 300, 2500, 10_000] {
+            let d = Duration::from_millis(ms);
+            let limits = Limits::timed(d);
+            assert_eq!(limits.duration, d);
+            assert!(limits.packets as f64 >= 5.0 * 10e6 * d.as_secs_f64(), "{ms} ms: cap {}", limits.packets);
+        }
+        assert_eq!(Limits::counted(7, Duration::from_secs(1)).on_cpu(1).cpu, Some(1));
+    }
+
+    #[test]
+    fn a_throttle_halves_the_rate_and_stalls_are_measured() {
+        /// Takes 20 us a frame, like a slow transmitter.
+        struct Slow;
+        impl Transmit for Slow {
+            fn transmit(&mut self, _: &[u8]) -> io::Result<()> {
+                let until = Instant::now() + Duration::from_micros(20);
+                while Instant::now() < until {}
+                Ok(())
+            }
+        }
+        let prefix: Prefix = "198.19.0.0/24".parse().unwrap();
+        let frames =
+            Frames::build(&spec(Ipv4Addr::new(198, 18, 0, 1).into()), &Sources::Spoofed { prefix, count: 3 }).unwrap();
+        let limits = Limits::timed(Duration::from_millis(200));
+        let steer = Steer::default();
+        // Best of three each: a loaded machine only makes either slower.
+        let best = |throttle: Option<Throttle>| {
+            (0..3)
+                .map(|_| frames.send_throttled(&mut Slow, &limits, &steer, throttle).unwrap())
+                .max_by(|a, b| a.pps().total_cmp(&b.pps()))
+                .unwrap()
+        };
+        let full = best(None);
+        let half = best(Some(Throttle { fraction: 0.5 }));
+        let ratio = half.pps() / full.pps();
+        assert!((0.4..=0.6).contains(&ratio), "throttled {half} vs full {full}: ratio {ratio:.2}, expected 0.5");
+        assert_eq!(half.throttled, Some(0.5));
+        assert!(half.duration() >= Duration::from_millis(200), "{half}");
+
+        let mut stalls = Stalls::default();
+        stalls.gap(Duration::from_micros(50), Duration::ZERO);
+        stalls.gap(Duration::from_millis(3), Duration::ZERO);
+        stalls.gap(Duration::from_micros(10_100), Duration::from_millis(10));
+        stalls.gap(Duration::from_millis(5), Duration::from_millis(1));
+        assert_eq!(
+            stalls.each,
+            vec![Duration::from_millis(3), Duration::from_millis(4)],
+            "gaps beyond the pace longer than {STALL:?}"
+        );
+        assert_eq!(
+            (stalls.count(), stalls.total(), stalls.longest()),
+            (2, Duration::from_millis(7), Duration::from_millis(4))
+        );
     }
 
     #[test]

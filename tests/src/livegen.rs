@@ -21,10 +21,11 @@ use aya::{
 use limiter_common::maps::GenConfig;
 use limiter_ctl::objects;
 
-use crate::flood::{FrameSpec, L4, Report, ifindex};
+use crate::flood::{FrameSpec, L4, Report, Throttle, ifindex, log_flood};
 
 const PROGRAM: &str = "limiter_gen";
-/// Frames per BPF_PROG_TEST_RUN call: the deadline is checked between calls.
+/// Frames per BPF_PROG_TEST_RUN call at most: the deadline is checked between calls (which are
+/// made smaller on a machine slow enough that one takes more than 2 ms).
 const CHUNK: u32 = 1 << 15;
 /// Frames the kernel builds and flushes at a time.
 const BATCH: u32 = 64;
@@ -97,32 +98,56 @@ impl LiveGen {
         Ok(Self { ebpf, frame })
     }
 
-    /// Sends `frames` out of `iface` (in the calling thread's namespace), stopping early at
-    /// `max_time`. Returns what was handed to the interface (nothing is refused: `refused` is 0).
+    /// Sends out of `iface` (in the calling thread's namespace) until `max_time` is up, or
+    /// `frames` are sent if that comes first: a flood bounded by time passes
+    /// [`crate::flood::cap`]`(max_time)`, one whose count is its point (every source so many
+    /// times) the count. Returns what was handed to the interface (nothing is refused: `refused`
+    /// is 0). Slowed down by [`crate::flood::THROTTLE_ENV`] (after each batch, a busy wait as
+    /// long as the batch took, for half speed); reported to [`crate::flood::FLOOD_LOG_ENV`].
     pub fn send(&self, iface: &str, frames: u64, max_time: Duration) -> anyhow::Result<Report> {
         let ifindex = ifindex(iface)?;
         // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
         let ctx: Vec<u8> =
             [0, self.frame.len() as u32, 0, ifindex, 0, 0].iter().flat_map(|w: &u32| w.to_ne_bytes()).collect();
         let program: &Xdp = self.ebpf.program(PROGRAM).context("no generator program")?.try_into()?;
+        let throttle = Throttle::from_env();
         let first = Instant::now();
         let deadline = first + max_time;
         let mut sent = 0u64;
+        let mut chunk = CHUNK;
         while sent < frames && Instant::now() < deadline {
-            let chunk = (frames - sent).min(u64::from(CHUNK)) as u32;
+            let n = (frames - sent).min(u64::from(chunk)) as u32;
             let opts = TestRunOptions {
                 data_in: Some(&self.frame),
                 ctx_in: Some(&ctx),
-                repeat: chunk,
+                repeat: n,
                 attrs: TestRunAttrs::new().xdp_live_frames(BATCH),
                 ..TestRunOptions::default()
             };
+            let before = Instant::now();
             program.test_run(opts).context("BPF_PROG_TEST_RUN (live frames)")?;
-            sent += u64::from(chunk);
+            let took = before.elapsed();
+            sent += u64::from(n);
+            // Calls of about a millisecond: the deadline is overshot by no more than that, on
+            // any machine.
+            if took > Duration::from_millis(2) && chunk > BATCH {
+                chunk /= 2;
+            }
+            if let Some(t) = throttle {
+                t.after(took);
+            }
         }
         if sent == 0 {
             bail!("sent nothing: max_time {max_time:?} too short");
         }
-        Ok(Report { sent, refused: 0, first: Some(first), last: Some(Instant::now()) })
+        let report = Report {
+            sent,
+            first: Some(first),
+            last: Some(Instant::now()),
+            throttled: throttle.map(|t| t.fraction),
+            ..Report::default()
+        };
+        log_flood("live", &report);
+        Ok(report)
     }
 }

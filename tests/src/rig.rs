@@ -103,33 +103,16 @@ impl Rig {
 
     /// Starts a capture on the receiver, then `streams` (interleaved) from the sender's
     /// namespace on a thread pinned to [`flood_cpu`], at `per_sec` if given (else full speed),
-    /// until `duration`, `packets` or [`Flooding::stop`].
-    pub fn start_flood(
-        &self,
-        streams: &[Stream],
-        duration: Duration,
-        packets: u64,
-        per_sec: Option<f64>,
-    ) -> anyhow::Result<Flooding> {
+    /// until `limits` ([`Limits::timed`] or [`Limits::counted`]; their CPU is ignored) or
+    /// [`Flooding::stop`].
+    pub fn start_flood(&self, streams: &[Stream], limits: Limits, per_sec: Option<f64>) -> anyhow::Result<Flooding> {
         let capture = Capture::start(&self.net.receiver)?;
-        Ok(Flooding::start(
-            &self.net.sender,
-            streams,
-            Limits { packets, duration, cpu: Some(flood_cpu()) },
-            per_sec,
-            Some(capture),
-        ))
+        Ok(Flooding::start(&self.net.sender, streams, limits.on_cpu(flood_cpu()), per_sec, Some(capture)))
     }
 
     /// A flood run to its end (see [`Rig::start_flood`]).
-    pub fn flood(
-        &self,
-        streams: &[Stream],
-        duration: Duration,
-        packets: u64,
-        per_sec: Option<f64>,
-    ) -> anyhow::Result<Run> {
-        self.start_flood(streams, duration, packets, per_sec)?.finish()
+    pub fn flood(&self, streams: &[Stream], limits: Limits, per_sec: Option<f64>) -> anyhow::Result<Run> {
+        self.start_flood(streams, limits, per_sec)?.finish()
     }
 
     /// [`Rig::start_flood`] with every policy's per-CPU counters read first: the baseline of
@@ -137,12 +120,11 @@ impl Rig {
     pub fn start_counted_flood(
         &self,
         streams: &[Stream],
-        duration: Duration,
-        packets: u64,
+        limits: Limits,
         per_sec: Option<f64>,
     ) -> anyhow::Result<Flooding> {
         let counted = self.daemon.all_counters().context("reading the daemon's counters")?;
-        let mut flooding = self.start_flood(streams, duration, packets, per_sec)?;
+        let mut flooding = self.start_flood(streams, limits, per_sec)?;
         flooding.counted = Some(counted);
         Ok(flooding)
     }

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use limiter_tests::{
     flood::{
-        DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, L4, Limits, PacketSocket, Prefix, Sources, iface_mac,
+        DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, L4, Limits, PacketSocket, Prefix, Sources, cap, iface_mac,
         parse_mac,
     },
     livegen::{LiveGen, LiveSources},
@@ -56,9 +56,10 @@ struct Args {
     /// Send from every address of this prefix in turn.
     #[arg(long)]
     sweep: Option<Prefix>,
-    /// Stop after this many packets.
-    #[arg(long, default_value_t = 10_000_000)]
-    count: u64,
+    /// Stop after this many packets [default: none the duration can reach, a safety cap of the
+    /// duration at 100 Mpps]: the duration is what stops a flood.
+    #[arg(long)]
+    count: Option<u64>,
     /// Stop after this many seconds (fractions allowed).
     #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
     duration: f64,
@@ -106,19 +107,20 @@ fn run(args: &Args) -> anyhow::Result<()> {
         payload: args.payload,
     };
     let duration = Duration::from_secs_f64(args.duration);
+    let count = args.count.unwrap_or_else(|| cap(duration));
     if args.engine == Engine::Live {
         let sources = live_sources(&args.sources())?;
         let generator = LiveGen::new(&spec, L4::Udp, sources)?;
         if let Some(cpu) = args.cpu {
             limiter_tests::cpu::pin_current_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
         }
-        let report = generator.send(&args.iface, args.count, duration).context("flooding")?;
+        let report = generator.send(&args.iface, count, duration).context("flooding")?;
         println!("flood {report} sources={} engine=live", sources.count);
         return Ok(());
     }
     let frames = Frames::build(&spec, &args.sources())?;
     let mut socket = PacketSocket::open(&args.iface)?;
-    let limits = Limits { packets: args.count, duration, cpu: args.cpu };
+    let limits = Limits { packets: count, duration, cpu: args.cpu };
     let report = frames.send(&mut socket, &limits).context("flooding")?;
     println!("flood {report} sources={} engine=socket", frames.count());
     Ok(())
