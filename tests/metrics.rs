@@ -10,6 +10,7 @@ use std::{
     collections::BTreeSet,
     io::Read as _,
     net::IpAddr,
+    os::unix::process::CommandExt as _,
     process::Stdio,
     sync::{
         Arc,
@@ -692,7 +693,18 @@ fn stats_watch_redraws_until_stopped() {
     rig.ctl_ok(&["policy", "set", "p", "--match", "udp", "--rate", "1000/s"]);
     fresh_stats(&rig);
     let bin = limiter_ctl_binary().expect("limiter-ctl");
-    let mut child = Ctl::command(&bin, &rig.scratch.socket(), &["stats", "--watch"])
+    let mut cmd = Ctl::command(&bin, &rig.scratch.socket(), &["stats", "--watch"]);
+    // SIGINT as a terminal sends it: a test run started in the background (where SIGINT is
+    // ignored, and children inherit that) must still stop the CLI with it.
+    // SAFETY: signal() is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::signal::signal(Signal::SIGINT, nix::sys::signal::SigHandler::SigDfl)
+                .map(drop)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
