@@ -245,7 +245,10 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     fresh_stats(&rig);
     let (_, samples) = metrics(&rig);
     let age2 = gauge(&samples, "limiter_salt_age_seconds", &[]);
-    assert!(age2 < 1.5 && age2 < age, "salt age after a rotation: {age2} s (was {age} s)");
+    assert!(
+        age2 < 1.5 && age2 < age,
+        "salt age after a rotation: {age2} s, expected under 1.5 s and under the {age} s before it"
+    );
 }
 
 /// /metrics and the control socket keep answering within 100 ms while the daemon rotates the
@@ -315,9 +318,18 @@ fn metrics_and_stats_answer_within_100_ms_during_a_salt_rotation() {
     assert!(!scrapes.is_empty() && !stats_calls.is_empty(), "no scrape or no `stats` call was made");
     let failed: Vec<&String> = stats_answers.iter().filter_map(|(_, o)| o.as_ref().err()).collect();
     assert!(failed.is_empty(), "{} of {} `stats` calls failed: {failed:#?}", failed.len(), stats_calls.len());
-    assert!(worst(&scrapes) <= SCRAPE_BUDGET, "/metrics took {:?} during a salt rotation", worst(&scrapes));
+    assert!(
+        worst(&scrapes) <= SCRAPE_BUDGET,
+        "/metrics took {:?} during a salt rotation (of {took:?}), over the budget of {SCRAPE_BUDGET:?}: {scrapes:?}",
+        worst(&scrapes)
+    );
     // The CLI is a process of its own (start-up included): a looser budget.
-    assert!(worst(&stats_calls) <= 3 * SCRAPE_BUDGET, "`stats` took {:?} during a salt rotation", worst(&stats_calls));
+    assert!(
+        worst(&stats_calls) <= 3 * SCRAPE_BUDGET,
+        "`stats` took {:?} during a salt rotation (of {took:?}), over the budget of {:?}: {stats_calls:?}",
+        worst(&stats_calls),
+        3 * SCRAPE_BUDGET
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
