@@ -1,7 +1,9 @@
 //! Differential test of the XDP parser: the probe program (the limiter's own parser and key
 //! builder, compiled for BPF) against the independent userspace reference, field by field, on
 //! every cut of every fixture and on at least 100,000 mutated and random frames. The real
-//! limiter program runs on each frame too and must count it in the reference's class.
+//! limiter program runs on each frame too, with a policy per protocol class and one port policy,
+//! and must count it where the reference says: not IP, malformed, dropped for hidden ports, or
+//! admitted by the port policy or its class's policy.
 //!
 //! The generator is a seeded `StdRng`: the seed is printed, and `LIMITER_DIFF_SEED=<n>` replays
 //! (or varies) a run.
@@ -12,7 +14,7 @@ use limiter_tests::{
     privileged::require,
     reference::{
         self, MAX_EXT_HEADERS, MAX_VLAN_TAGS, PROBE_KEY, Parsed,
-        kernel::{Judge, Probe, errno},
+        kernel::{Judge, Landed, Probe, errno},
     },
 };
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
@@ -21,6 +23,14 @@ use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
 const RANDOM_FRAMES: usize = 100_000;
 const DEFAULT_SEED: u64 = 0x1100_17e5;
 const SALT: SipKey = SipKey { k0: 0x1111_2222_3333_4444, k1: 0x5555_6666_7777_8888 };
+/// Shares of the run the rarer paths must reach (about half of what the default seed reaches).
+const COVER_CUT_L4: f64 = 0.05;
+const COVER_HIDDEN: f64 = 0.02;
+const COVER_CUT_CHAIN: f64 = 0.02;
+const COVER_LONG_CHAIN: f64 = 0.004;
+const COVER_PORT_POLICY: f64 = 0.02;
+const COVER_MID_CHAIN: f64 = 0.005;
+const COVER_MAX_CHAIN: f64 = 0.008;
 /// Mismatches printed in full; the rest are only counted.
 const SHOWN: usize = 20;
 
@@ -135,7 +145,8 @@ impl Frame {
         let at = match self.version() {
             Some(4) => self.l3 + 9,
             Some(6) if rng.random() => self.l3 + 6,
-            _ => self.l3 + 40 + 8 * rng.random_range(0..8),
+            // Extension headers of 8 bytes, as far as the longest chains of the fixtures.
+            _ => self.l3 + 40 + 8 * rng.random_range(0..=MAX_EXT_HEADERS + 1),
         };
         if let Some(b) = self.bytes.get_mut(at) {
             *b = *PROTOS.choose(rng).expect("non-empty");
@@ -204,11 +215,18 @@ struct Coverage {
     tcp: usize,
     udp: usize,
     icmp: usize,
-    /// IP without an L4 header (another protocol, or a later fragment).
+    /// IP without an L4 header (another protocol, a later fragment, a cut header).
     no_l4: usize,
+    /// IP of TCP, UDP or ICMP whose header is cut (not a later fragment, no long chain).
+    cut_l4: usize,
     non_first_fragment: usize,
+    ports_hidden: usize,
+    cut_chain: usize,
+    long_chain: usize,
+    /// Landed on the port policy.
+    port_policy: usize,
     /// IP packets by how many IPv6 extension headers were walked.
-    ext_headers: [usize; MAX_EXT_HEADERS + 1],
+    ext_headers: Vec<usize>,
     /// Frames (any class) by how many VLAN tags were read.
     tags: [usize; MAX_VLAN_TAGS + 1],
 }
@@ -232,10 +250,18 @@ impl Coverage {
         } else {
             self.ip_v6 += 1
         }
+        self.ext_headers.resize(MAX_EXT_HEADERS + 1, 0);
         self.ext_headers[parsed.path.ext_headers] += 1;
         self.non_first_fragment += usize::from(parsed.path.non_first_fragment);
+        self.ports_hidden += usize::from(p.ports_hidden != 0);
+        self.cut_chain += usize::from(parsed.path.cut_chain);
+        self.long_chain += usize::from(parsed.path.long_chain);
+        self.port_policy += usize::from(Judge::expected(parsed) == Landed::Policy(Judge::PORT_POLICY));
         if p.has_l4 == 0 {
             self.no_l4 += 1;
+            let path = &parsed.path;
+            let chain_ended = !path.non_first_fragment && !path.cut_chain && !path.long_chain;
+            self.cut_l4 += usize::from(chain_ended && matches!(p.proto, 6 | 17 | 1 | 58) && parsed.class != 3);
             return;
         }
         self.with_l4 += 1;
@@ -259,7 +285,12 @@ impl Coverage {
             ("    UDP", self.udp),
             ("    ICMP/ICMPv6", self.icmp),
             ("  no L4", self.no_l4),
+            ("    cut L4 header", self.cut_l4),
             ("  later fragments", self.non_first_fragment),
+            ("  ports hidden", self.ports_hidden),
+            ("  cut IPv6 chain", self.cut_chain),
+            ("  IPv6 chain > max", self.long_chain),
+            ("  port policy", self.port_policy),
         ] {
             eprintln!("{name:<20} {n:>7} {:>5.1}%", pct(n));
         }
@@ -283,10 +314,22 @@ impl Coverage {
         at_least("ICMP", self.icmp, 0.005);
         at_least("IP without L4", self.no_l4, 0.05);
         at_least("later fragments", self.non_first_fragment, 0.02);
+        at_least("cut L4 headers", self.cut_l4, COVER_CUT_L4);
+        at_least("ports hidden", self.ports_hidden, COVER_HIDDEN);
+        at_least("cut IPv6 chains", self.cut_chain, COVER_CUT_CHAIN);
+        at_least("IPv6 chains past the max", self.long_chain, COVER_LONG_CHAIN);
+        at_least("port policy", self.port_policy, COVER_PORT_POLICY);
         at_least("2 VLAN tags", self.tags[2], 0.03);
-        for (n, &count) in self.ext_headers.iter().enumerate().skip(1) {
+        for (n, &count) in self.ext_headers.iter().enumerate().take(7).skip(1) {
             at_least(&format!("IP after {n} extension headers"), count, 0.002);
         }
+        let between: usize = self.ext_headers[7..MAX_EXT_HEADERS].iter().sum();
+        at_least(&format!("IP after 7..{MAX_EXT_HEADERS} extension headers"), between, COVER_MID_CHAIN);
+        at_least(
+            &format!("IP after {MAX_EXT_HEADERS} extension headers"),
+            self.ext_headers[MAX_EXT_HEADERS],
+            COVER_MAX_CHAIN,
+        );
         at_least("frames shorter than Ethernet", self.too_short, 0.005);
     }
 }
@@ -295,7 +338,8 @@ struct Mismatch {
     frame: Vec<u8>,
     reference: ParseProbe,
     probe: ParseProbe,
-    limiter_class: u32,
+    landed: Landed,
+    expected: Landed,
 }
 
 impl std::fmt::Display for Mismatch {
@@ -303,7 +347,7 @@ impl std::fmt::Display for Mismatch {
         writeln!(f, "frame ({} bytes) {}", self.frame.len(), hex(&self.frame))?;
         writeln!(f, "  reference     {:?}", self.reference)?;
         writeln!(f, "  probe         {:?}", self.probe)?;
-        write!(f, "  limiter class {} (1 not IP, 2 malformed, 3 IP)", self.limiter_class)
+        write!(f, "  limiter       landed {:?}, reference says {:?}", self.landed, self.expected)
     }
 }
 
@@ -324,10 +368,11 @@ impl Harness {
         let want = reference::parse(frame);
         let failed = |what: &str, e: anyhow::Error| -> ! { panic!("{what} test run on {}: {e:#}", hex(frame)) };
         let probe = self.probe.run(frame).unwrap_or_else(|e| failed("probe", e));
-        let limiter_class = self.judge.classify(frame).unwrap_or_else(|e| failed("limiter", e));
+        let landed = self.judge.classify(frame).unwrap_or_else(|e| failed("limiter", e));
+        let expected = Judge::expected(&want);
         self.coverage.record(&want);
-        if probe != want.probe || limiter_class != want.probe.verdict {
-            self.mismatches.push(Mismatch { frame: frame.to_vec(), reference: want.probe, probe, limiter_class });
+        if probe != want.probe || landed != expected {
+            self.mismatches.push(Mismatch { frame: frame.to_vec(), reference: want.probe, probe, landed, expected });
         }
         true
     }

@@ -1,9 +1,51 @@
 //! Header parsing with explicit bounds checks, every loop bounded by a small constant.
 //!
 //! Accepts Ethernet with up to two VLAN tags (802.1Q, 802.1ad), IPv4 honouring IHL and total
-//! length, IPv6 skipping up to [`MAX_EXT_HEADERS`] hop-by-hop, routing, fragment and
-//! destination-options headers, then TCP, UDP, ICMP and ICMPv6 headers. A non-first fragment
-//! carries no L4 header. Every header must lie inside both the frame and the IP datagram.
+//! length, IPv6 walking up to [`MAX_EXT_HEADERS`] hop-by-hop, routing, fragment and
+//! destination-options headers, then TCP, UDP, ICMP and ICMPv6 headers.
+//!
+//! The rule: any IP packet whose source can be read is judged, at least against the policies
+//! that need no port (its protocol class, then `any`). Only the frame and the IP header decide
+//! whether a frame is judged at all:
+//!
+//! 1. **Malformed** (passes unjudged): a VLAN tag or the fixed IP header cut by the frame, IPv4
+//!    version != 4, IHL < 5 or total length < IHL, IPv6 version != 6, or a datagram (IPv4 total
+//!    length, IPv6 40 + payload length) longer than the frame. A later header that the
+//!    datagram holds but the frame does not is the same case (the frame is shorter than its
+//!    datagram). The stack drops all of these itself.
+//! 2. **IP without L4** (`has_l4 == false`, judged by class): everything after the fixed IP
+//!    header that the datagram does not hold. An L4 header the datagram's end cuts (TCP needs 20
+//!    bytes and a data offset >= 5 that ends inside the datagram; UDP, ICMP over IPv4 and ICMPv6
+//!    over IPv6 need 8), or an IPv6 extension header running past the datagram's end. Each is
+//!    checked against the datagram's end before the frame's, so Ethernet padding never changes
+//!    a verdict. The class comes from the protocol (`class_of`); `proto` is the last next
+//!    header the parser could follow (for a cut chain, the number of the header that is cut,
+//!    so class OTHER).
+//! 3. **Ports hidden** (`ports_hidden`, judged by class, dropped by the limiter while any port
+//!    policy exists): the datagram the stack will reassemble carries a port this parser cannot
+//!    see. Tiny-fragment attacks (RFC 1858) split the L4 header over fragments so that the first
+//!    one carries no port; Linux reassembles them and delivers the ports. Concretely:
+//!    - an IPv4 first fragment (offset 0, MF set) of TCP or UDP whose L4 header is cut as in 2;
+//!    - an IPv6 first fragment (a fragment header with offset 0 and M set) of TCP or UDP whose
+//!      L4 header is cut as in 2, or whose chain after that fragment header runs past the
+//!      datagram's end (Linux's RFC 7112 check, `ipv6frag_thdr_truncated`, lets a first
+//!      fragment through when it cannot walk the chain; the upper protocol is then unknown, so
+//!      class OTHER);
+//!    - an IPv6 chain longer than [`MAX_EXT_HEADERS`] (RFC 8200 sets no limit and Linux walks
+//!      any length): class OTHER, `proto` the number of the first header not walked.
+//!
+//!    A packet that is not a fragment with a cut L4 header is not hidden: the stack drops it.
+//! 4. IPv4 non-first fragments (offset != 0): no L4 header, class from the IP protocol field.
+//!    Linux keys IPv4 reassembly on (source, destination, id, protocol), so the protocol a later
+//!    fragment states is the one of the datagram it joins.
+//! 5. IPv6 non-first fragments (a fragment header with offset != 0 ends the walk): no L4
+//!    header, class OTHER. Linux keys IPv6 reassembly on (source, destination, id) and takes
+//!    the upper protocol from the first fragment only, so the next header a later fragment
+//!    states is the sender's free choice and must not choose the policy. `proto` still holds
+//!    that stated next header (for the probe; nothing decides on it).
+//!
+//! [`MAX_EXT_HEADERS`] is 32: a legitimate chain has at most a handful (one of each kind, a
+//! second destination-options header), and the bound only keeps the verifier's walk finite.
 
 use core::mem::size_of;
 
@@ -18,8 +60,13 @@ use network_types::{
     vlan::VlanHdr,
 };
 
-/// IPv6 extension headers skipped before giving up on a chain (one of each kind and a spare).
-pub const MAX_EXT_HEADERS: usize = 6;
+/// IPv6 extension headers walked; a longer chain hides its ports (module docs, rule 3).
+pub const MAX_EXT_HEADERS: usize = 32;
+
+/// No L4 header starts further into a frame than this: XDP's linear frame is at most a page, so
+/// an offset past it means the frame is shorter than its datagram (malformed). It also lets the
+/// verifier see that packet offsets stay far below its 0xffff limit.
+const MAX_L4_OFFSET: usize = 0x3fff;
 
 // Ethertypes as they sit in memory (network order), compared without swapping.
 const ETH_IPV4: u16 = 0x0800u16.to_be();
@@ -122,12 +169,14 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
         dport: 0,
         src: [u64::from(src), 0],
     };
-    let frag_offset = u16::from_be_bytes(unsafe { (*ip).frags }) & 0x1fff;
-    let pkt = if frag_offset != 0 {
+    let frags = u16::from_be_bytes(unsafe { (*ip).frags });
+    let pkt = if frags & 0x1fff != 0 {
+        // Not the first fragment: no L4 header here; the protocol is the datagram's (rule 4).
         pkt.class = class_of(FAMILY_V4, proto);
         pkt
     } else {
-        parse_l4(ctx, pkt, l3 + ihl, l3 + total)?
+        let first_fragment = frags & 0x2000 != 0;
+        parse_l4(ctx, pkt, l3 + ihl, l3 + total, first_fragment)?
     };
     datagram_fits(ctx, l3 + total)?;
     Ok(pkt)
@@ -167,39 +216,66 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
     Ok(pkt)
 }
 
-#[inline(always)]
+/// Walks the extension headers from `off`; `pkt.proto` is the next header to read.
+///
+/// A function of its own (a BPF-to-BPF call): inlined, the verifier carried every exit of the
+/// 32-step walk, each with its own offset range, through the whole limiter and gave up past a
+/// million instructions; called, the limiter verifies in under 100k
+/// (`fixtures::the_programs_pass_the_verifier` prints the count).
+#[inline(never)]
 fn walk_v6_chain(ctx: &XdpContext, mut pkt: Packet, mut off: usize, end: usize) -> Result<Packet, Skip> {
+    // A first-fragment header was walked: what the datagram cannot show, the reassembly will.
+    let mut first_fragment = false;
     for _ in 0..MAX_EXT_HEADERS {
         let nh = pkt.proto;
         if !is_extension_header(nh) {
             break;
         }
-        // Every extension header is at least 8 bytes: next header, length, 6 more.
-        let ext: *const [u8; 8] = ptr_at(ctx, off)?;
+        // Every extension header is at least 8 bytes: next header, length, 6 more. The
+        // datagram's end first (rule 2), then the frame's (a cut frame is malformed).
         if off + 8 > end {
-            return Err(Skip::Malformed);
+            return Ok(cut_chain(pkt, first_fragment));
         }
+        let ext: *const [u8; 8] = ptr_at(ctx, off)?;
         let ext = unsafe { *ext };
-        pkt.proto = ext[0];
         if nh == IPPROTO_FRAGMENT {
             off += 8;
-            if u16::from_be_bytes([ext[2], ext[3]]) >> 3 != 0 {
-                // Not the first fragment: no L4 header here.
-                pkt.class = class_of(FAMILY_V6, pkt.proto);
+            pkt.proto = ext[0];
+            let offset_flags = u16::from_be_bytes([ext[2], ext[3]]);
+            if offset_flags >> 3 != 0 {
+                // Not the first fragment: no L4 header, and the stated next header is the
+                // sender's choice (rule 5).
+                pkt.class = CLASS_OTHER;
                 return Ok(pkt);
             }
+            first_fragment |= offset_flags & 1 != 0;
         } else {
             off += (usize::from(ext[1]) + 1) * 8;
+            if off > end {
+                return Ok(cut_chain(pkt, first_fragment));
+            }
+            pkt.proto = ext[0];
         }
-        if off > end {
+        if off > MAX_L4_OFFSET {
             return Err(Skip::Malformed);
         }
     }
     if is_extension_header(pkt.proto) {
-        // More than MAX_EXT_HEADERS: a chain this long is not worth following.
-        return Err(Skip::Malformed);
+        // More than MAX_EXT_HEADERS: whatever follows is not read here (rule 3).
+        pkt.class = CLASS_OTHER;
+        pkt.ports_hidden = true;
+        return Ok(pkt);
     }
-    parse_l4(ctx, pkt, off, end)
+    parse_l4(ctx, pkt, off, end, first_fragment)
+}
+
+/// An extension header runs past the datagram's end: judged as IP of class OTHER (`proto` is
+/// the cut header's number), hiding ports if a first fragment's reassembly will complete it.
+#[inline(always)]
+fn cut_chain(mut pkt: Packet, first_fragment: bool) -> Packet {
+    pkt.class = CLASS_OTHER;
+    pkt.ports_hidden = first_fragment;
+    pkt
 }
 
 #[inline(always)]
@@ -218,27 +294,30 @@ fn class_of(family: u8, proto: u8) -> usize {
     }
 }
 
-/// Reads the L4 header at `l4`, which must end by `end` (the datagram's end).
+/// Reads the L4 header at `l4`, which must end by `end` (the datagram's end). A header the
+/// datagram cuts leaves the packet without L4 (rule 2), its ports hidden if the datagram is a
+/// first fragment of TCP or UDP (rule 3).
 #[inline(always)]
-fn parse_l4(ctx: &XdpContext, mut pkt: Packet, l4: usize, end: usize) -> Result<Packet, Skip> {
+fn parse_l4(ctx: &XdpContext, mut pkt: Packet, l4: usize, end: usize, first_fragment: bool) -> Result<Packet, Skip> {
     pkt.class = class_of(pkt.family, pkt.proto);
     let need = match pkt.class {
         CLASS_TCP => 20,
         CLASS_UDP | CLASS_ICMP => 8,
         _ => return Ok(pkt),
     };
+    let cut = Packet { ports_hidden: first_fragment && pkt.class != CLASS_ICMP, ..pkt };
+    if l4 + need > end {
+        return Ok(cut);
+    }
     let hdr: *const [u8; 20] = match pkt.class {
         // Only the first 8 bytes are read for UDP and ICMP; check those alone.
         CLASS_TCP => ptr_at(ctx, l4)?,
         _ => ptr_at::<[u8; 8]>(ctx, l4)?.cast(),
     };
-    if l4 + need > end {
-        return Err(Skip::Malformed);
-    }
     if pkt.class == CLASS_TCP {
         let doff = usize::from(unsafe { (*hdr)[12] } >> 4) * 4;
         if doff < 20 || l4 + doff > end {
-            return Err(Skip::Malformed);
+            return Ok(cut);
         }
     }
     if pkt.class != CLASS_ICMP {

@@ -258,9 +258,11 @@ fn one_past_the_end(datagram: &mut [u8], at: usize, fixed: usize) {
 pub enum Expect {
     NotIp,
     Malformed,
-    /// IP; `l4` says whether the L4 header is parsed (ports, or an ICMP header).
+    /// IP; `l4` says whether the L4 header is parsed (ports, or an ICMP header), `hidden`
+    /// whether the datagram the stack will reassemble carries ports the parser cannot read.
     Ip {
         l4: bool,
+        hidden: bool,
     },
 }
 
@@ -289,7 +291,17 @@ pub struct Fixture {
 impl Fixture {
     fn new(name: &'static str, expect: Expect, tags: &[Tag], ether_type: EtherType, payload: Vec<u8>) -> Self {
         let l3 = ETH_LEN + TAG_LEN * tags.len().min(2);
-        Self { name, frame: ethernet(tags, ether_type, &payload), expect, l3, padding: 0 }
+        // A datagram whose length field says less than the bytes after it: those are padding.
+        let length = |at: usize, fixed: usize| {
+            payload.get(at..at + 2).map(|b| fixed + usize::from(u16::from_be_bytes([b[0], b[1]])))
+        };
+        let datagram = match ether_type {
+            EtherType::IPV4 => length(V4_TOTAL_LEN, 0),
+            EtherType::IPV6 => length(V6_PAYLOAD_LEN, 40),
+            _ => None,
+        };
+        let padding = datagram.map_or(0, |d| payload.len().saturating_sub(d));
+        Self { name, frame: ethernet(tags, ether_type, &payload), expect, l3, padding }
     }
 
     /// An untagged IPv4 frame.
@@ -304,8 +316,9 @@ impl Fixture {
 
     /// Pads the frame with zeros to `len` bytes, as a NIC pads short frames to 60.
     fn padded(mut self, len: usize) -> Self {
-        self.padding = len.saturating_sub(self.frame.len());
-        self.frame.resize(self.frame.len() + self.padding, 0);
+        let extra = len.saturating_sub(self.frame.len());
+        self.padding += extra;
+        self.frame.resize(self.frame.len() + extra, 0);
         self
     }
 
@@ -327,8 +340,10 @@ impl Fixture {
     }
 }
 
-const IP_L4: Expect = Expect::Ip { l4: true };
-const IP_NO_L4: Expect = Expect::Ip { l4: false };
+const IP_L4: Expect = Expect::Ip { l4: true, hidden: false };
+const IP_NO_L4: Expect = Expect::Ip { l4: false, hidden: false };
+/// IP without L4 whose ports are hidden: dropped while port policies exist.
+const IP_HIDDEN: Expect = Expect::Ip { l4: false, hidden: true };
 const MALFORMED: Expect = Expect::Malformed;
 const NOT_IP: Expect = Expect::NotIp;
 
@@ -413,14 +428,37 @@ fn v4_fixtures() -> Vec<Fixture> {
             }),
         ),
         Fixture::v4("v4_header_cut", MALFORMED, tcp_dgram.clone()).cut(ETH_LEN + 12),
-        // The frame holds the whole TCP header, the datagram only 12 bytes of it.
-        Fixture::v4("v4_tcp_past_datagram", MALFORMED, tcp_with(|d| set_u16(d, V4_TOTAL_LEN, 32))),
-        Fixture::v4("v4_tcp_doff_4", MALFORMED, tcp_with(|d| d[20 + 12] = 0x40)),
-        Fixture::v4("v4_tcp_doff_past_datagram", MALFORMED, tcp_with(|d| d[20 + 12] = 0xf0)),
-        // A first fragment must carry the whole L4 header.
-        Fixture::v4("v4_first_fragment_cut_tcp", MALFORMED, first_frag.datagram(&raw(P::TCP, &tcp(1, 2).bytes[..8]))),
-        Fixture::v4("v4_udp_7_bytes", MALFORMED, src.datagram(&raw(P::UDP, &[0, 53, 0, 53, 0, 7, 0]))),
-        Fixture::v4("v4_icmp_4_bytes", MALFORMED, src.datagram(&raw(P::ICMP, &[8, 0, 0, 0]))),
+        // Past the IP header, what the datagram does not hold is IP without L4, never malformed.
+        // The frame holds the whole TCP header, the datagram only 12 bytes of it: the stack
+        // drops such a datagram itself, so no port is hidden.
+        Fixture::v4("v4_tcp_past_datagram", IP_NO_L4, tcp_with(|d| set_u16(d, V4_TOTAL_LEN, 32))),
+        Fixture::v4("v4_tcp_doff_4", IP_NO_L4, tcp_with(|d| d[20 + 12] = 0x40)),
+        Fixture::v4("v4_tcp_doff_past_datagram", IP_NO_L4, tcp_with(|d| d[20 + 12] = 0xf0)),
+        Fixture::v4("v4_udp_7_bytes", IP_NO_L4, src.datagram(&raw(P::UDP, &[0, 53, 0, 53, 0, 7, 0]))),
+        // The padding holds 20 bytes after the IP header: the datagram's end decides, not the frame's.
+        Fixture::v4("v4_udp_7_bytes_padded", IP_NO_L4, src.datagram(&raw(P::UDP, &[0, 53, 0, 53, 0, 7, 0]))).padded(60),
+        Fixture::v4("v4_icmp_4_bytes", IP_NO_L4, src.datagram(&raw(P::ICMP, &[8, 0, 0, 0]))),
+        // Tiny first fragments (RFC 1858): the reassembled datagram has ports nobody read.
+        Fixture::v4(
+            "v4_first_fragment_8_bytes_of_tcp",
+            IP_HIDDEN,
+            first_frag.datagram(&raw(P::TCP, &tcp(1, 2).bytes[..8])),
+        ),
+        Fixture::v4(
+            "v4_first_fragment_8_bytes_of_tcp_padded",
+            IP_HIDDEN,
+            first_frag.datagram(&raw(P::TCP, &tcp(1, 80).bytes[..8])),
+        )
+        .padded(60),
+        Fixture::v4(
+            "v4_first_fragment_doff_past_fragment",
+            IP_HIDDEN,
+            patched(first_frag.datagram(&tcp(1, 2)), |d| d[20 + 12] = 0xf0),
+        ),
+        Fixture::v4("v4_first_fragment_4_bytes_of_udp", IP_HIDDEN, first_frag.datagram(&raw(P::UDP, &[0, 53, 0, 53]))),
+        Fixture::v4("v4_first_fragment_no_l4_bytes_tcp", IP_HIDDEN, first_frag.datagram(&raw(P::TCP, &[]))),
+        // ICMP has no ports to hide.
+        Fixture::v4("v4_first_fragment_4_bytes_of_icmp", IP_NO_L4, first_frag.datagram(&raw(P::ICMP, &[8, 0, 0, 0]))),
         // Changing only the protocol turns the TCP header into a valid UDP one: still IP.
         Fixture::v4("v4_tcp_bytes_as_udp", IP_L4, tcp_with(|d| d[V4_PROTO] = 17)),
     ]
@@ -433,7 +471,13 @@ fn v6_fixtures() -> Vec<Fixture> {
     let hbh = HopByHop { len: 0 };
     let dst = DestOpts { len: 0 };
     let first = Fragment { offset: 0, more: true };
+    let atomic = Fragment { offset: 0, more: false };
     let later = Fragment { offset: 100, more: true };
+    let dsts_then = |n: usize, last: Ext| -> Vec<Ext> {
+        let mut exts = vec![dst; n];
+        exts.push(last);
+        exts
+    };
     let tcp_dgram = ipv6(src, &[], &tcp(40_000, 443));
     let tcp_with = |f: fn(&mut Vec<u8>)| patched(tcp_dgram.clone(), f);
     let udp_after_hbh = |f: fn(&mut Vec<u8>)| patched(ipv6(src, &[hbh], &udp(1, 2, 0)), f);
@@ -467,17 +511,51 @@ fn v6_fixtures() -> Vec<Fixture> {
         Fixture::v6("v6_version_4", MALFORMED, tcp_with(|d| d[0] = 0x40)),
         Fixture::v6("v6_header_cut", MALFORMED, tcp_dgram.clone()).cut(ETH_LEN + 39),
         Fixture::v6("v6_payload_len_past_frame", MALFORMED, tcp_with(|d| one_past_the_end(d, V6_PAYLOAD_LEN, 40))),
-        Fixture::v6("v6_tcp_past_datagram", MALFORMED, tcp_with(|d| set_u16(d, V6_PAYLOAD_LEN, 12))),
-        Fixture::v6("v6_tcp_doff_3", MALFORMED, tcp_with(|d| d[40 + 12] = 0x30)),
-        Fixture::v6("v6_udp_cut", MALFORMED, ipv6(src, &[], &raw(P::UDP, &[0, 1, 0, 2]))),
-        Fixture::v6("v6_icmpv6_cut", MALFORMED, ipv6(src, &[dst], &raw(P::IPV6_ICMP, &[128, 0]))),
-        Fixture::v6("v6_seven_exts_tcp", MALFORMED, ipv6(src, &[hbh, dst, Routing, first, dst, dst, dst], &tcp(5, 6))),
-        Fixture::v6("v6_endless_hop_by_hop", MALFORMED, ipv6(src, &[hbh; 16], &udp(1, 2, 0))),
+        // Past the IPv6 header, what the datagram does not hold is IP without L4.
+        Fixture::v6("v6_tcp_past_datagram", IP_NO_L4, tcp_with(|d| set_u16(d, V6_PAYLOAD_LEN, 12))),
+        Fixture::v6("v6_tcp_doff_3", IP_NO_L4, tcp_with(|d| d[40 + 12] = 0x30)),
+        Fixture::v6("v6_udp_cut", IP_NO_L4, ipv6(src, &[], &raw(P::UDP, &[0, 1, 0, 2]))),
+        Fixture::v6("v6_icmpv6_cut", IP_NO_L4, ipv6(src, &[dst], &raw(P::IPV6_ICMP, &[128, 0]))),
         // Hdr Ext Len 255 announces 2048 bytes; the datagram has 16.
-        Fixture::v6("v6_ext_len_past_datagram", MALFORMED, udp_after_hbh(|d| d[40 + 1] = 255)),
+        Fixture::v6("v6_ext_len_past_datagram", IP_NO_L4, udp_after_hbh(|d| d[40 + 1] = 255)),
         // Hop-by-hop fits the frame, not the datagram (payload length 0, as in a jumbogram).
-        Fixture::v6("v6_payload_len_0_with_ext", MALFORMED, udp_after_hbh(|d| set_u16(d, V6_PAYLOAD_LEN, 0))),
-        Fixture::v6("v6_fragment_header_cut", MALFORMED, ipv6(src, &[], &raw(P::IPV6_FRAGMENTATION_HEADER, &[17, 0]))),
+        Fixture::v6("v6_payload_len_0_with_ext", IP_NO_L4, udp_after_hbh(|d| set_u16(d, V6_PAYLOAD_LEN, 0))),
+        Fixture::v6("v6_fragment_header_cut", IP_NO_L4, ipv6(src, &[], &raw(P::IPV6_FRAGMENTATION_HEADER, &[17, 0]))),
+        // An atomic fragment (offset 0, M clear) is a whole datagram: a cut UDP header hides nothing.
+        Fixture::v6("v6_atomic_fragment_cut_udp", IP_NO_L4, ipv6(src, &[atomic], &raw(P::UDP, &[0, 1, 0, 2]))),
+        // Long chains: RFC 8200 sets no limit, so up to MAX_EXT_HEADERS (32) are walked.
+        Fixture::v6("v6_seven_exts_tcp", IP_L4, ipv6(src, &[hbh, dst, Routing, first, dst, dst, dst], &tcp(5, 6))),
+        Fixture::v6("v6_sixteen_hop_by_hop_udp", IP_L4, ipv6(src, &[hbh; 16], &udp(1, 2, 0))),
+        Fixture::v6("v6_32_dest_opts_udp", IP_L4, ipv6(src, &[dst; 32], &udp(1, 53, 4))),
+        Fixture::v6("v6_31_dest_opts_first_fragment_tcp", IP_L4, ipv6(src, &dsts_then(31, first), &tcp(1, 443))),
+        // One more than MAX_EXT_HEADERS: whatever follows is not read, its ports are hidden.
+        Fixture::v6("v6_33_dest_opts_udp", IP_HIDDEN, ipv6(src, &[dst; 33], &udp(1, 53, 4))),
+        Fixture::v6(
+            "v6_32_dest_opts_then_non_first_fragment",
+            IP_HIDDEN,
+            ipv6(src, &dsts_then(32, later), &raw(P::UDP, &[1; 8])),
+        ),
+        // A later fragment's next header is the sender's claim: class OTHER whatever it says.
+        Fixture::v6("v6_non_first_fragment_claims_tcp", IP_NO_L4, ipv6(src, &[later], &tcp(1, 443))),
+        // Tiny first fragments: Linux drops a first fragment without the 8 bytes of a UDP (or 20
+        // of a TCP) header (RFC 7112), not one whose TCP options or extension chain run on.
+        Fixture::v6(
+            "v6_first_fragment_7_bytes_of_udp",
+            IP_HIDDEN,
+            ipv6(src, &[first], &raw(P::UDP, &[0, 1, 0, 53, 0, 9, 0])),
+        ),
+        Fixture::v6(
+            "v6_first_fragment_doff_past_fragment",
+            IP_HIDDEN,
+            patched(ipv6(src, &[first], &tcp(1, 443)), |d| d[48 + 12] = 0xf0),
+        ),
+        // A destination-options header of 16 bytes, 8 of them in this fragment.
+        Fixture::v6(
+            "v6_first_fragment_cut_chain",
+            IP_HIDDEN,
+            ipv6(src, &[first], &raw(P::IPV6_DESTINATION_OPTIONS, &[17, 1, 1, 4, 0, 0, 0, 0])),
+        ),
+        Fixture::v6("v6_first_fragment_icmpv6_cut", IP_NO_L4, ipv6(src, &[first], &raw(P::IPV6_ICMP, &[128, 0]))),
     ]
 }
 

@@ -6,14 +6,24 @@
 //! The spec, as implemented here:
 //! - Ethernet II, then at most [`MAX_VLAN_TAGS`] tags (TPID 0x8100 or 0x88a8); a third tag is
 //!   malformed, any ethertype other than IPv4/IPv6 after the tags is not IP.
-//! - IPv4: version 4, IHL >= 5, total length >= IHL, the datagram fits in the frame. A non-first
-//!   fragment (offset != 0) carries no L4 header.
-//! - IPv6: version 6, the datagram (40 + payload length) fits in the frame; at most
-//!   [`MAX_EXT_HEADERS`] hop-by-hop / routing / fragment / destination-options headers are
-//!   walked, one more is malformed. A non-first fragment ends the walk with no L4 header.
-//! - Every header lies inside both the frame and the datagram. TCP needs 20 bytes and a data
-//!   offset >= 5 whose header fits; UDP, ICMP (over IPv4 only) and ICMPv6 (over IPv6 only) need
-//!   8. Any other protocol is IP without an L4 header.
+//! - Malformed: the fixed IP header is cut by the frame or invalid (IPv4: version 4, IHL >= 5,
+//!   total length >= IHL; IPv6: version 6), or the datagram does not fit in the frame.
+//! - Everything after the fixed header is read from the datagram only (never the padding after
+//!   it). What the datagram does not hold leaves the packet IP without an L4 header, never
+//!   malformed: a cut or invalid L4 header (TCP needs 20 bytes and a data offset >= 5 whose
+//!   header fits; UDP, ICMP over IPv4 and ICMPv6 over IPv6 need 8), or an IPv6 extension header
+//!   (hop-by-hop, routing, fragment, destination options) running past the datagram's end.
+//! - The class follows the protocol (TCP, UDP, ICMP for the family's ICMP, else OTHER), except
+//!   for IPv6 non-first fragments (class OTHER, whatever their fragment header states). `proto`
+//!   is the last next header followed: a cut extension header's own number; for an IPv6
+//!   non-first fragment, the next header its fragment header states.
+//! - IPv4: a non-first fragment (offset != 0) carries no L4 header.
+//! - IPv6: at most [`MAX_EXT_HEADERS`] extension headers are walked; a non-first fragment header
+//!   ends the walk with no L4 header.
+//! - Ports hidden: an IPv4 first fragment (offset 0, MF) of TCP/UDP with a cut L4 header; an
+//!   IPv6 datagram whose walk passed a first-fragment header (offset 0, M) and then found a cut
+//!   TCP/UDP header or a cut extension header; an IPv6 chain longer than [`MAX_EXT_HEADERS`]
+//!   (`proto` the first header not walked).
 //!
 //! [`kernel`] runs the same frames through the real programs for comparison.
 
@@ -24,12 +34,12 @@ use etherparse::{
 use limiter_common::{
     FlowKey,
     key::{FAMILY_V4, FAMILY_V6},
-    maps::ParseProbe,
+    maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, ParseProbe},
 };
 use limiter_ctl::policy::KeySpec;
 
 pub const MAX_VLAN_TAGS: usize = 2;
-pub const MAX_EXT_HEADERS: usize = 6;
+pub const MAX_EXT_HEADERS: usize = 32;
 
 /// The probe program's fixed policy key: /24, /48 and the destination port.
 pub const PROBE_KEY: KeySpec =
@@ -39,6 +49,8 @@ pub const PROBE_KEY: KeySpec =
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Parsed {
     pub probe: ParseProbe,
+    /// The protocol class (`CLASS_*`) an IP packet is judged under; 0 for anything else.
+    pub class: usize,
     pub path: Path,
 }
 
@@ -46,8 +58,13 @@ pub struct Parsed {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Path {
     pub tags: usize,
+    /// IPv6 extension headers walked (read whole), at most [`MAX_EXT_HEADERS`].
     pub ext_headers: usize,
     pub non_first_fragment: bool,
+    /// An IPv6 extension header ran past the datagram's end.
+    pub cut_chain: bool,
+    /// The IPv6 chain went on past [`MAX_EXT_HEADERS`].
+    pub long_chain: bool,
 }
 
 enum Skip {
@@ -63,6 +80,8 @@ struct Ip {
     /// IPv4 in the first 4 bytes, the rest zero.
     src: [u8; 16],
     l4: Option<L4>,
+    class: usize,
+    ports_hidden: bool,
 }
 
 /// A parsed L4 header: ports for TCP and UDP, none for ICMP.
@@ -74,12 +93,12 @@ enum L4 {
 
 pub fn parse(frame: &[u8]) -> Parsed {
     let mut path = Path::default();
-    let probe = match parse_frame(frame, &mut path) {
-        Ok(ip) => ip.probe(),
-        Err(Skip::NotIp) => ParseProbe { verdict: ParseProbe::NOT_IP, ..ParseProbe::default() },
-        Err(Skip::Malformed) => ParseProbe { verdict: ParseProbe::MALFORMED, ..ParseProbe::default() },
+    let (probe, class) = match parse_frame(frame, &mut path) {
+        Ok(ip) => (ip.probe(), ip.class),
+        Err(Skip::NotIp) => (ParseProbe { verdict: ParseProbe::NOT_IP, ..ParseProbe::default() }, 0),
+        Err(Skip::Malformed) => (ParseProbe { verdict: ParseProbe::MALFORMED, ..ParseProbe::default() }, 0),
     };
-    Parsed { probe, path }
+    Parsed { probe, class, path }
 }
 
 /// Any header etherparse cannot read from the bytes it is given is a malformed frame.
@@ -118,13 +137,13 @@ fn parse_ipv4(l3: &[u8], path: &mut Path) -> Result<Ip, Skip> {
     let payload = datagram.get(header.header_len()..).ok_or(Skip::Malformed)?;
     let mut src = [0u8; 16];
     src[..4].copy_from_slice(&header.source);
-    let mut ip = Ip { family: FAMILY_V4, proto: header.protocol, src, l4: None };
+    let ip = Ip::new(FAMILY_V4, header.protocol, src);
     if header.fragment_offset.value() != 0 {
+        // Linux reassembles IPv4 by protocol: a later fragment's protocol is the datagram's.
         path.non_first_fragment = true;
         return Ok(ip);
     }
-    ip.l4 = parse_l4(FAMILY_V4, header.protocol, payload)?;
-    Ok(ip)
+    Ok(ip.with_l4(payload, header.more_fragments))
 }
 
 fn is_walked_ext(n: IpNumber) -> bool {
@@ -142,56 +161,102 @@ fn parse_ipv6(l3: &[u8], path: &mut Path) -> Result<Ip, Skip> {
     let (header, _) = Ipv6Header::from_slice(l3).map_err(malformed)?;
     let datagram = l3.get(..Ipv6Header::LEN + usize::from(header.payload_length)).ok_or(Skip::Malformed)?;
     let mut rest = &datagram[Ipv6Header::LEN..];
-    let mut ip = Ip { family: FAMILY_V6, proto: header.next_header, src: header.source, l4: None };
+    let mut ip = Ip::new(FAMILY_V6, header.next_header, header.source);
+    let mut first_fragment = false;
     // Extension headers are read by hand, not with Ipv6Extensions: that one insists on RFC 8200
     // order (hop-by-hop first, one of each), which the spec does not.
     while is_walked_ext(ip.proto) {
         if path.ext_headers == MAX_EXT_HEADERS {
-            return Err(Skip::Malformed);
+            path.long_chain = true;
+            ip.class = class_of(FAMILY_V6, ip.proto);
+            ip.ports_hidden = true;
+            return Ok(ip);
         }
+        let after = if ip.proto == IpNumber::IPV6_FRAGMENTATION_HEADER {
+            Ipv6FragmentHeader::from_slice(rest).ok().map(|(frag, after)| {
+                (frag.next_header, after, Some((frag.fragment_offset.value(), frag.more_fragments)))
+            })
+        } else {
+            Ipv6RawExtHeader::from_slice(rest).ok().map(|(ext, after)| (ext.next_header, after, None))
+        };
+        let Some((next, after, fragment)) = after else {
+            // Cut by the datagram: class OTHER (proto stays the cut header's number).
+            path.cut_chain = true;
+            ip.class = class_of(FAMILY_V6, ip.proto);
+            ip.ports_hidden = first_fragment;
+            return Ok(ip);
+        };
         path.ext_headers += 1;
-        if ip.proto == IpNumber::IPV6_FRAGMENTATION_HEADER {
-            let (frag, after) = Ipv6FragmentHeader::from_slice(rest).map_err(malformed)?;
-            ip.proto = frag.next_header;
-            rest = after;
-            if frag.fragment_offset.value() != 0 {
+        ip.proto = next;
+        rest = after;
+        match fragment {
+            Some((offset, _)) if offset != 0 => {
+                // Linux takes the upper protocol from the first fragment: this one's is a claim.
                 path.non_first_fragment = true;
+                ip.class = CLASS_OTHER;
                 return Ok(ip);
             }
-        } else {
-            let (ext, after) = Ipv6RawExtHeader::from_slice(rest).map_err(malformed)?;
-            ip.proto = ext.next_header;
-            rest = after;
+            Some((_, more)) => first_fragment |= more,
+            None => {}
         }
     }
-    ip.l4 = parse_l4(FAMILY_V6, ip.proto, rest)?;
-    Ok(ip)
+    Ok(ip.with_l4(rest, first_fragment))
 }
 
-/// The L4 header at the start of `payload` (the rest of the datagram, never past the frame).
-fn parse_l4(family: u8, proto: IpNumber, payload: &[u8]) -> Result<Option<L4>, Skip> {
-    match proto {
-        IpNumber::TCP => {
-            let (h, _) = TcpHeader::from_slice(payload).map_err(malformed)?;
-            Ok(Some(L4::Ports { sport: h.source_port, dport: h.destination_port }))
-        }
-        IpNumber::UDP => {
-            let (h, _) = UdpHeader::from_slice(payload).map_err(malformed)?;
-            Ok(Some(L4::Ports { sport: h.source_port, dport: h.destination_port }))
-        }
+/// The L4 header at the start of `payload` (the rest of the datagram, never past the frame), or
+/// why there is none to read.
+enum L4Read {
+    Parsed(L4),
+    /// TCP, UDP or the family's ICMP, but the header is cut or invalid.
+    Cut,
+    /// Any other protocol: nothing to read.
+    None,
+}
+
+fn read_l4(family: u8, proto: IpNumber, payload: &[u8]) -> L4Read {
+    let parsed = match proto {
+        IpNumber::TCP => TcpHeader::from_slice(payload)
+            .map(|(h, _)| L4::Ports { sport: h.source_port, dport: h.destination_port })
+            .ok(),
+        IpNumber::UDP => UdpHeader::from_slice(payload)
+            .map(|(h, _)| L4::Ports { sport: h.source_port, dport: h.destination_port })
+            .ok(),
         // Only the 8-byte fixed part counts (etherparse's ICMPv4 parser wants more for
         // timestamp messages, the spec does not).
-        IpNumber::ICMP if family == FAMILY_V4 => icmp(payload, Icmpv4Header::MIN_LEN),
-        IpNumber::IPV6_ICMP if family == FAMILY_V6 => icmp(payload, Icmpv6Header::MIN_LEN),
-        _ => Ok(None),
-    }
+        IpNumber::ICMP if family == FAMILY_V4 => (payload.len() >= Icmpv4Header::MIN_LEN).then_some(L4::Icmp),
+        IpNumber::IPV6_ICMP if family == FAMILY_V6 => (payload.len() >= Icmpv6Header::MIN_LEN).then_some(L4::Icmp),
+        _ => return L4Read::None,
+    };
+    parsed.map_or(L4Read::Cut, L4Read::Parsed)
 }
 
-fn icmp(payload: &[u8], fixed: usize) -> Result<Option<L4>, Skip> {
-    if payload.len() < fixed { Err(Skip::Malformed) } else { Ok(Some(L4::Icmp)) }
+/// The class of `proto` over `family`.
+pub fn class_of(family: u8, proto: IpNumber) -> usize {
+    match proto {
+        IpNumber::TCP => CLASS_TCP,
+        IpNumber::UDP => CLASS_UDP,
+        IpNumber::ICMP if family == FAMILY_V4 => CLASS_ICMP,
+        IpNumber::IPV6_ICMP if family == FAMILY_V6 => CLASS_ICMP,
+        _ => CLASS_OTHER,
+    }
 }
 
 impl Ip {
+    fn new(family: u8, proto: IpNumber, src: [u8; 16]) -> Self {
+        Self { family, proto, src, l4: None, class: class_of(family, proto), ports_hidden: false }
+    }
+
+    /// The L4 header read from `payload`; a cut TCP/UDP header of a first fragment hides ports.
+    fn with_l4(mut self, payload: &[u8], first_fragment: bool) -> Self {
+        self.class = class_of(self.family, self.proto);
+        match read_l4(self.family, self.proto, payload) {
+            L4Read::Parsed(l4) => self.l4 = Some(l4),
+            L4Read::Cut => self.ports_hidden = first_fragment && matches!(self.proto, IpNumber::TCP | IpNumber::UDP),
+            L4Read::None => {}
+        }
+        self
+    }
+
     fn probe(&self) -> ParseProbe {
         let (sport, dport) = match self.l4 {
             Some(L4::Ports { sport, dport }) => (sport, dport),
@@ -203,6 +268,7 @@ impl Ip {
             family: self.family,
             proto: self.proto.0,
             has_l4: u8::from(self.l4.is_some()),
+            ports_hidden: u8::from(self.ports_hidden),
             sport,
             dport,
             src: self.src,
@@ -244,7 +310,7 @@ pub mod kernel {
     };
     use limiter_common::{
         SipKey,
-        maps::{CLASS_UDP, Counters, ParseProbe, Policy},
+        maps::{CLASS_TCP, CLASS_UDP, Counters, ParseProbe, Policy},
     };
     use limiter_ctl::{
         Limiter, objects,
@@ -252,7 +318,7 @@ pub mod kernel {
         rate::Rate,
     };
 
-    use super::PROBE_KEY;
+    use super::{PROBE_KEY, Parsed};
 
     pub const XDP_DROP: u32 = 1;
     pub const XDP_PASS: u32 = 2;
@@ -332,56 +398,101 @@ pub mod kernel {
         }
     }
 
-    /// The real limiter with one permissive policy for every class: the class a frame lands in
-    /// is read from which counter moved.
+    /// Where the real limiter counted a frame.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Landed {
+        NotIp,
+        Malformed,
+        /// Dropped: its ports are hidden while a port policy exists (`unreadable_ports`).
+        Unreadable,
+        /// Admitted under this policy.
+        Policy(u16),
+    }
+
+    /// The real limiter with a permissive policy per protocol class (id = class + 1) and one
+    /// port policy ([`Judge::PORT_POLICY`] on TCP [`Judge::TCP_PORT`] and UDP
+    /// [`Judge::UDP_PORT`]): where a frame lands says its verdict, its class, whether its port
+    /// was read and whether its ports are hidden.
     pub struct Judge {
         pub limiter: Limiter,
-        seen: [Counters; 2],
+        seen: Vec<Counters>,
     }
 
     impl Judge {
-        pub const POLICY: u16 = 1;
+        pub const PORT_POLICY: u16 = 5;
+        pub const TCP_PORT: u16 = 443;
+        pub const UDP_PORT: u16 = 53;
+
+        /// The policy of protocol class `class` (`CLASS_*`).
+        pub fn class_policy(class: usize) -> u16 {
+            class as u16 + 1
+        }
 
         pub fn load(buckets: u32, salt: SipKey, key: KeySpec) -> anyhow::Result<Self> {
             let mut limiter = Limiter::load(buckets).context("loading the limiter")?;
             limiter.set_salt(salt)?;
-            let policy = permissive(key).compile(Self::POLICY).map_err(|e| anyhow!("{e}"))?;
-            limiter.set_policy(&policy)?;
-            limiter.set_default_policy(Self::POLICY)?;
-            let mut judge = Self { limiter, seen: [Counters::default(); 2] };
+            for id in 1..=Self::PORT_POLICY {
+                let policy = permissive(key).compile(id).map_err(|e| anyhow!("{e}"))?;
+                limiter.set_policy(&policy)?;
+            }
+            let old = limiter.read_view()?;
+            let mut new = old.clone();
+            new.routes.class_policy = std::array::from_fn(Self::class_policy);
+            new.routes.ports[(CLASS_TCP << 16) | usize::from(Self::TCP_PORT)] = Self::PORT_POLICY;
+            new.routes.ports[(CLASS_UDP << 16) | usize::from(Self::UDP_PORT)] = Self::PORT_POLICY;
+            limiter.apply(&old, &new)?;
+            let mut judge = Self { limiter, seen: Vec::new() };
             judge.seen = judge.read()?;
             Ok(judge)
         }
 
-        /// Counters of "no policy" (0) and of the policy, summed over CPUs.
-        fn read(&self) -> anyhow::Result<[Counters; 2]> {
-            let sum =
-                |id| -> anyhow::Result<Counters> { Ok(crate::bounds::total(&self.limiter.counters_per_cpu(id)?)) };
-            Ok([sum(0)?, sum(Self::POLICY)?])
+        /// Counters of "no policy" (0) and of every policy, summed over CPUs.
+        fn read(&self) -> anyhow::Result<Vec<Counters>> {
+            (0..=Self::PORT_POLICY).map(|id| Ok(crate::bounds::total(&self.limiter.counters_per_cpu(id)?))).collect()
         }
 
-        /// Runs `frame` and says where it was counted: `ParseProbe::{NOT_IP, MALFORMED, IP}`
-        /// (IP: admitted under the policy). Anything but one pass counted once is an error.
-        pub fn classify(&mut self, frame: &[u8]) -> anyhow::Result<u32> {
+        /// Where the limiter must count a frame the reference parsed as `parsed`.
+        pub fn expected(parsed: &Parsed) -> Landed {
+            let p = &parsed.probe;
+            match p.verdict {
+                ParseProbe::NOT_IP => Landed::NotIp,
+                ParseProbe::MALFORMED => Landed::Malformed,
+                _ if p.ports_hidden != 0 => Landed::Unreadable,
+                _ if p.has_l4 != 0
+                    && ((parsed.class == CLASS_TCP && p.dport == Self::TCP_PORT)
+                        || (parsed.class == CLASS_UDP && p.dport == Self::UDP_PORT)) =>
+                {
+                    Landed::Policy(Self::PORT_POLICY)
+                }
+                _ => Landed::Policy(Self::class_policy(parsed.class)),
+            }
+        }
+
+        /// Runs `frame` and says where it was counted. Anything but one packet counted once,
+        /// dropped if and only if unreadable, is an error.
+        pub fn classify(&mut self, frame: &[u8]) -> anyhow::Result<Landed> {
             let action = self.limiter.test_run(frame)?;
             let now = self.read()?;
-            let [b0, b1] = self.seen;
-            let [a0, a1] = now;
-            self.seen = now;
-            let total = a0.packets() + a1.packets() - b0.packets() - b1.packets();
-            let class = if a0.not_ip == b0.not_ip + 1 {
-                ParseProbe::NOT_IP
+            let before = std::mem::replace(&mut self.seen, now.clone());
+            let total: u64 =
+                now.iter().map(Counters::packets).sum::<u64>() - before.iter().map(Counters::packets).sum::<u64>();
+            let (b0, a0) = (&before[0], &now[0]);
+            let landed = if a0.not_ip == b0.not_ip + 1 {
+                Some(Landed::NotIp)
             } else if a0.malformed == b0.malformed + 1 {
-                ParseProbe::MALFORMED
-            } else if a1.admitted_packets == b1.admitted_packets + 1 {
-                ParseProbe::IP
+                Some(Landed::Malformed)
+            } else if a0.unreadable_ports == b0.unreadable_ports + 1 {
+                Some(Landed::Unreadable)
             } else {
-                0
+                (1..=Self::PORT_POLICY)
+                    .find(|&id| now[usize::from(id)].admitted_packets == before[usize::from(id)].admitted_packets + 1)
+                    .map(Landed::Policy)
             };
-            if action != XDP_PASS || total != 1 || class == 0 {
-                bail!("action {action}, {total} packets counted; before {b0:?} / {b1:?}, after {a0:?} / {a1:?}");
+            let want_action = if landed == Some(Landed::Unreadable) { XDP_DROP } else { XDP_PASS };
+            match landed {
+                Some(landed) if action == want_action && total == 1 => Ok(landed),
+                _ => bail!("action {action}, {total} packets counted; before {before:?}, after {now:?}"),
             }
-            Ok(class)
         }
     }
 }
@@ -396,8 +507,8 @@ mod tests {
         for f in frames::fixtures() {
             let p = parse(&f.frame).probe;
             assert_eq!(p.verdict, f.expect.verdict(), "{}: {p:?}", f.name);
-            if let Expect::Ip { l4 } = f.expect {
-                assert_eq!(p.has_l4 == 1, l4, "{}: {p:?}", f.name);
+            if let Expect::Ip { l4, hidden } = f.expect {
+                assert_eq!((p.has_l4 == 1, p.ports_hidden == 1), (l4, hidden), "{}: {p:?}", f.name);
             }
         }
     }
@@ -433,12 +544,48 @@ mod tests {
         assert_eq!(flow_key(9, &none, FAMILY_V6, &[0xff; 16], 0).addr, [0; 16]);
     }
 
+    fn by_name(n: &str) -> frames::Fixture {
+        frames::fixtures().into_iter().find(|f| f.name == n).expect("fixture")
+    }
+
     #[test]
-    fn six_extension_headers_are_walked_and_seven_are_not() {
-        let by_name = |n: &str| frames::fixtures().into_iter().find(|f| f.name == n).expect("fixture");
-        let six = parse(&by_name("v6_six_exts_tcp").frame);
-        assert_eq!((six.probe.verdict, six.path.ext_headers), (ParseProbe::IP, 6));
+    fn thirty_two_extension_headers_are_walked_and_thirty_three_hide_the_ports() {
         let seven = parse(&by_name("v6_seven_exts_tcp").frame);
-        assert_eq!((seven.probe.verdict, seven.path.ext_headers), (ParseProbe::MALFORMED, 6));
+        assert_eq!((seven.probe.verdict, seven.probe.has_l4, seven.path.ext_headers), (ParseProbe::IP, 1, 7));
+        let max = parse(&by_name("v6_32_dest_opts_udp").frame);
+        assert_eq!((max.probe.verdict, max.probe.has_l4, max.path.ext_headers), (ParseProbe::IP, 1, MAX_EXT_HEADERS));
+        let over = parse(&by_name("v6_33_dest_opts_udp").frame);
+        assert_eq!((over.probe.verdict, over.probe.has_l4, over.probe.ports_hidden), (ParseProbe::IP, 0, 1));
+        assert_eq!((over.path.ext_headers, over.path.long_chain, over.class), (MAX_EXT_HEADERS, true, CLASS_OTHER));
+        assert_eq!(over.probe.proto, IpNumber::IPV6_DESTINATION_OPTIONS.0);
+    }
+
+    #[test]
+    fn a_later_v6_fragment_claiming_tcp_is_class_other() {
+        let lying = parse(&by_name("v6_non_first_fragment_claims_tcp").frame);
+        assert_eq!((lying.probe.proto, lying.class, lying.probe.has_l4), (6, CLASS_OTHER, 0));
+        // IPv4 keys reassembly on the protocol: its later fragments keep their class.
+        let v4 = parse(&by_name("v4_non_first_fragment").frame);
+        assert_eq!((v4.probe.proto, v4.class), (17, CLASS_UDP));
+    }
+
+    #[test]
+    fn tiny_first_fragments_hide_their_ports_and_whole_datagrams_do_not() {
+        for (name, hidden) in [
+            ("v4_first_fragment_8_bytes_of_tcp", true),
+            ("v4_first_fragment_doff_past_fragment", true),
+            ("v6_first_fragment_7_bytes_of_udp", true),
+            ("v6_first_fragment_cut_chain", true),
+            ("v4_tcp_past_datagram", false),
+            ("v4_udp_7_bytes", false),
+            ("v6_atomic_fragment_cut_udp", false),
+        ] {
+            let p = parse(&by_name(name).frame);
+            assert_eq!(
+                (p.probe.verdict, p.probe.has_l4, p.probe.ports_hidden == 1),
+                (ParseProbe::IP, 0, hidden),
+                "{name}"
+            );
+        }
     }
 }
