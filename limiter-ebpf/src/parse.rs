@@ -27,10 +27,11 @@
 //!    one carries no port; Linux reassembles them and delivers the ports. Concretely:
 //!    - an IPv4 first fragment (offset 0, MF set) of TCP or UDP whose L4 header is cut as in 2;
 //!    - an IPv6 first fragment (a fragment header with offset 0 and M set) of TCP or UDP whose
-//!      L4 header is cut as in 2, or whose chain after that fragment header runs past the
-//!      datagram's end (Linux's RFC 7112 check, `ipv6frag_thdr_truncated`, lets a first
-//!      fragment through when it cannot walk the chain; the upper protocol is then unknown, so
-//!      class OTHER);
+//!      L4 header is cut as in 2 (Linux's RFC 7112 check, `ipv6frag_thdr_truncated`, wants
+//!      only the 8 bytes of UDP or the 20 of TCP, so a data offset past the fragment passes it),
+//!      or whose chain after that fragment header runs past the datagram's end (the upper
+//!      protocol, and so whether a port follows, is unknown: class OTHER; Linux drops such a
+//!      first fragment itself, but the limiter does not rely on the stack behind it);
 //!    - an IPv6 chain longer than [`MAX_EXT_HEADERS`] (RFC 8200 sets no limit and Linux walks
 //!      any length): class OTHER, `proto` the number of the first header not walked.
 //!
