@@ -1,0 +1,108 @@
+//! What a bucket holds never traps a source beyond one burst window of its own: the two kernel
+//! cases of the report, end to end on a veth pair with the real daemon and program. Both were
+//! refused without end before every policy's TATs shared one clock (0 of 20,000 admitted in
+//! the first, 1988 of 5000 in the second).
+
+use std::time::{Duration, Instant};
+
+use limiter_common::Gcra;
+use limiter_tests::{
+    bounds::{check_lower_during, check_upper},
+    flood::{L4, Limits, Sources},
+    privileged,
+    rig::{Rig, SEC, flow_of},
+};
+
+/// Long enough to see a rate of 1000/s well, short enough for a quick suite.
+const FLOOD: Duration = Duration::from_secs(1);
+
+/// A policy at 20,000/s with a burst of 2 s admits a flood from one source until its TAT runs
+/// far ahead of now; lowered to 1000/s burst 100, the same source, still flooding, is admitted at
+/// the new rate from one burst window (100 ms) after the change on, not refused until the old
+/// TAT is reached (nor, as before every policy shared one clock, for the host's uptime).
+#[test]
+fn a_lowered_rate_admits_the_same_source_at_the_new_rate() {
+    if !privileged::require("a_lowered_rate_admits_the_same_source_at_the_new_rate") {
+        return;
+    }
+    let rig = Rig::start(&[]).expect("starting the rig");
+    rig.ctl_ok(&["policy", "set", "changing", "--match", "udp:7000", "--rate", "20000/s", "--burst", "40000"]);
+    let old_t = Duration::from_micros(50);
+    let stream = rig.stream(L4::Udp, 7000, "198.19.1.1");
+    let flow = flow_of(&stream);
+    let first = rig.flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_millis(600)), None);
+    let first = first.expect("the first flood");
+    let ended = Instant::now();
+    let filled = first.delivered(&flow);
+    eprintln!("at 20000/s burst 40000: {}; delivered {filled}", first.report);
+
+    rig.ctl_ok(&["policy", "set", "changing", "--match", "udp:7000", "--rate", "1000/s", "--burst", "100"]);
+    let new = Gcra::new(1000, SEC, 100, 1).expect("valid");
+    let window = Duration::from_nanos(new.window_ns());
+    let flooding = rig.start_counted_flood(std::slice::from_ref(&stream), Limits::timed(FLOOD), None);
+    let flooding = flooding.expect("starting the second flood");
+    // The old TAT must still be beyond the new window when the second flood starts, or this
+    // test would not test the clamp: how far ahead it ended, less the time since.
+    let ahead = (old_t * filled as u32).saturating_sub(first.report.duration());
+    let gap = flooding.started - ended;
+    assert!(
+        ahead > gap + window,
+        "the old bucket was {ahead:?} ahead at the first flood's end and {gap:?} passed before the second: not \
+         beyond the new {window:?} window, so the machine was too slow to test this (first flood: {})",
+        first.report
+    );
+    let run = flooding.finish().expect("the second flood");
+    run.check_capture();
+    let delivered = run.delivered(&flow);
+    let cpus = rig.judged(&run, rig.policy_id("changing")).cpus.len();
+    eprintln!(
+        "at 1000/s burst 100 ({ahead:?} of old TAT left at the change, less {gap:?}): {}; delivered {delivered}",
+        run.report
+    );
+    check_upper("after the change", delivered, &new, cpus, run.window());
+    // The old TAT is clamped to the new window at the first packet: the new burst is spent, the
+    // rate is not. From one window on, the source gets the full rate.
+    check_lower_during(
+        "after the change",
+        delivered,
+        &new,
+        run.report.duration().saturating_sub(window),
+        &run.report,
+        1,
+    );
+}
+
+/// A byte policy at 10^7 B/s sees one frame from each of 60,000 sources; a 100/s packet policy
+/// then takes its port. 5000 fresh sources sending one packet each are all admitted: what the
+/// byte policy left in the buckets (its TATs, written under its own rate) holds nobody.
+#[test]
+fn a_packet_policy_after_a_byte_policy_admits_every_fresh_source() {
+    if !privileged::require("a_packet_policy_after_a_byte_policy_admits_every_fresh_source") {
+        return;
+    }
+    let rig = Rig::start(&[]).expect("starting the rig");
+    rig.ctl_ok(&["policy", "set", "bulk", "--match", "udp:7000", "--rate", "10000000/s", "--unit", "bytes"]);
+    let many = rig.udp(Sources::Spoofed { prefix: "198.18.0.0/16".parse().expect("prefix"), count: 60_000 }, 7000);
+    let seeded = rig.flood(&[many], Limits::counted(60_000, Duration::from_secs(30)), None).expect("the byte flood");
+    eprintln!("byte policy seeded: {}", seeded.report);
+    assert_eq!(seeded.report.sent, 60_000, "the seeding flood was cut short by its time limit: {}", seeded.report);
+
+    rig.ctl_ok(&["policy", "rm", "bulk"]);
+    rig.ctl_ok(&["policy", "set", "dns", "--match", "udp:7000", "--rate", "100/s", "--burst", "100"]);
+    let fresh = rig.udp(Sources::Spoofed { prefix: "198.19.0.0/16".parse().expect("prefix"), count: 5000 }, 7000);
+    // Paced, so the capture sees every frame.
+    let run = rig
+        .start_counted_flood(&[fresh], Limits::counted(5000, Duration::from_secs(30)), Some(20_000.0))
+        .and_then(|f| f.finish())
+        .expect("the fresh sources");
+    run.check_capture();
+    assert_eq!(run.report.sent, 5000, "the fresh sources were cut short by the time limit: {}", run.report);
+    let judged = rig.judged(&run, rig.policy_id("dns"));
+    eprintln!("fresh sources: {}; {judged}", run.report);
+    let delivered = run.captured.packets(|_| true);
+    assert_eq!(
+        (judged.total.admitted_packets, judged.total.refused_packets, delivered),
+        (5000, 0, 5000),
+        "5000 fresh sources, one packet each, under 100/s burst 100: (admitted, refused, delivered)"
+    );
+}
