@@ -360,3 +360,58 @@ fn the_programs_pass_the_verifier() {
     eprintln!("limiter: {:?} instructions verified", info.verified_instruction_count());
     reference::kernel::Probe::load().expect("the probe passes the verifier");
 }
+
+/// Hidden ports are dropped only where a policy could miss them. With `any` alone, a datagram
+/// whose port (or protocol) is hidden is judged by `any`; with a `tcp` policy beside `any` and no
+/// port policy, a tiny first fragment whose protocol is known is judged by the `tcp` policy, and a
+/// chain too long to show its protocol is dropped, since it might be TCP.
+#[test]
+fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
+    if !require("hidden_ports_are_dropped_only_where_a_policy_could_miss_them") {
+        return;
+    }
+    let fixture = |name: &str| {
+        frames::fixtures().into_iter().find(|f| f.name == name).unwrap_or_else(|| panic!("no fixture {name}")).frame
+    };
+    let (tiny_tcp, long_chain) = (fixture("v4_first_fragment_no_l4_bytes_tcp"), fixture("v6_33_dest_opts_udp"));
+    let (any, tcp) = (1u16, 2u16);
+    for with_tcp_policy in [false, true] {
+        let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
+        limiter.set_salt(SALT).expect("salt");
+        for id in [any, tcp] {
+            limiter.set_policy(&reference::kernel::permissive(PROBE_KEY).compile(id).expect("policy")).expect("policy");
+        }
+        let old = limiter.read_view().expect("view");
+        let mut new = old.clone();
+        new.routes.class_policy = [any; 4];
+        if with_tcp_policy {
+            new.routes.class_policy[CLASS_TCP] = tcp;
+        }
+        limiter.apply(&old, &new).expect("routes");
+        let run = |frame: &[u8]| {
+            let before = counters(&limiter);
+            let action = limiter.test_run(frame).expect("test run");
+            let after = counters(&limiter);
+            let moved: Vec<String> = differences(&after, &before);
+            (action, after[0].unreadable_ports - before[0].unreadable_ports, moved)
+        };
+        let (action, unreadable, moved) = run(&tiny_tcp);
+        let judged_by = if with_tcp_policy { tcp } else { any };
+        assert_eq!(
+            (action, unreadable),
+            (XDP_PASS, 0),
+            "tiny TCP first fragment, tcp policy {with_tcp_policy}: {moved:?}"
+        );
+        assert!(
+            moved.len() == 1 && moved[0].starts_with(&format!("policy {judged_by}:")),
+            "tiny TCP first fragment judged by policy {judged_by}: {moved:?}"
+        );
+        let (action, unreadable, moved) = run(&long_chain);
+        if with_tcp_policy {
+            assert_eq!((action, unreadable), (XDP_DROP, 1), "33-header chain beside a tcp policy: {moved:?}");
+        } else {
+            assert_eq!((action, unreadable), (XDP_PASS, 0), "33-header chain, any alone: {moved:?}");
+            assert!(moved.len() == 1 && moved[0].starts_with("policy 1:"), "judged by any: {moved:?}");
+        }
+    }
+}

@@ -15,8 +15,8 @@ use limiter_common::{
     key::FAMILY_V4,
     key::bucket_of,
     maps::{
-        ACL_ALLOW, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES, MAX_POLICIES,
-        POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES, RefusalSample,
+        ACL_ALLOW, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES,
+        MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES, RefusalSample,
     },
 };
 use limiter_ebpf::{
@@ -83,8 +83,7 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
             };
         }
     }
-    if pkt.ports_hidden && cfg.flags & Config::HAS_PORT_POLICIES != 0 {
-        // A datagram whose port no policy can see might target a port policy's port (RFC 1858).
+    if pkt.ports_hidden && hides_from_a_policy(cfg, pkt) {
         bump(0, |c| c.unreadable_ports += 1);
         return XDP_DROP;
     }
@@ -168,6 +167,17 @@ fn policy_id(cfg: &Config, pkt: &Packet) -> Option<u16> {
         }
     }
     Some(cfg.class_policy[pkt.class & 3])
+}
+
+/// A datagram that hides its port (or, past the extension headers walked, its protocol) might
+/// be meant for a policy that cannot see it: a port policy (RFC 1858), or, when even the
+/// protocol is unknown, a TCP or UDP policy other than `any`. Such datagrams are dropped; with
+/// no such policy they are judged like any packet of their class.
+#[inline(always)]
+fn hides_from_a_policy(cfg: &Config, pkt: &Packet) -> bool {
+    let any = cfg.class_policy[CLASS_OTHER];
+    cfg.flags & Config::HAS_PORT_POLICIES != 0
+        || (pkt.class == CLASS_OTHER && (cfg.class_policy[CLASS_TCP] != any || cfg.class_policy[CLASS_UDP] != any))
 }
 
 /// The allow/deny verdict for the packet's source, if a listed prefix covers it.
