@@ -21,8 +21,8 @@
 //!    a verdict. The class comes from the protocol (`class_of`); `proto` is the last next
 //!    header the parser could follow (for a cut chain, the number of the header that is cut,
 //!    so class OTHER).
-//! 3. **Ports hidden** (`ports_hidden`, judged by class, dropped by the limiter while any port
-//!    policy exists): the datagram the stack will reassemble carries a port this parser cannot
+//! 3. **Ports hidden** (`ports_hidden`, judged by class; dropped by the limiter while a policy
+//!    could miss it: any port policy, or, for class OTHER, a TCP or UDP policy other than `any`): the datagram the stack will reassemble carries a port this parser cannot
 //!    see. Tiny-fragment attacks (RFC 1858) split the L4 header over fragments so that the first
 //!    one carries no port; Linux reassembles them and delivers the ports. Concretely:
 //!    - an IPv4 first fragment (offset 0, MF set) of TCP or UDP whose L4 header is cut as in 2;
