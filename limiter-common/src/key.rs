@@ -49,6 +49,22 @@ impl FlowKey {
         [le_word(&b[0..8]), le_word(&b[8..16]), le_word(&b[16..24])]
     }
 
+    /// The key the kernel's words (as [`FlowKey::words`] lays them out) stand for: the one
+    /// decoder of the layout, used by the kernel for refusal samples and by the tests.
+    #[inline(always)]
+    pub fn from_words(family: u8, words: &[u64; 3]) -> Self {
+        let mut addr = [0u8; 16];
+        let (policy, dport) = if family == FAMILY_V4 {
+            addr[0..4].copy_from_slice(&(words[0] as u32).to_le_bytes());
+            ((words[0] >> 32) as u16, (words[0] >> 48) as u16)
+        } else {
+            addr[0..8].copy_from_slice(&words[0].to_le_bytes());
+            addr[8..16].copy_from_slice(&words[1].to_le_bytes());
+            (words[2] as u16, (words[2] >> 16) as u16)
+        };
+        Self { addr, policy, dport, family }
+    }
+
     /// The bucket this key lands in, computed over [`FlowKey::bytes`] by the byte-wise SipHash,
     /// independently of the word-wise code the kernel runs.
     pub fn bucket(&self, salt: &SipKey, bucket_mask: u32) -> u32 {
@@ -135,6 +151,7 @@ mod tests {
                 [lo, hi, v6_meta_word(key.policy, key.dport)]
             };
             assert_eq!(words, key.words());
+            assert_eq!(FlowKey::from_words(family, &words), key, "decoding the words");
             let mask = (1 << rng.random_range(4..24)) - 1;
             assert_eq!(bucket_of(&SipInit::new(&salt), family, &words, mask), key.bucket(&salt, mask));
         }

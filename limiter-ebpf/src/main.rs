@@ -11,7 +11,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use limiter_common::{
-    gcra,
+    FlowKey, gcra,
     key::FAMILY_V4,
     key::bucket_of,
     maps::{
@@ -134,16 +134,10 @@ fn sample_refusal(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3],
         dry_run: u8::from(verdict == Verdict::WouldRefuse),
         ..RefusalSample::default()
     };
-    if pkt.family == FAMILY_V4 {
-        sample.addr[..4].copy_from_slice(&(words[0] as u32).to_le_bytes());
-        sample.prefix_len = policy.v4_prefix;
-        sample.dport = (words[0] >> 48) as u16;
-    } else {
-        sample.addr[..8].copy_from_slice(&words[0].to_le_bytes());
-        sample.addr[8..].copy_from_slice(&words[1].to_le_bytes());
-        sample.prefix_len = policy.v6_prefix;
-        sample.dport = (words[2] >> 16) as u16;
-    }
+    let key = FlowKey::from_words(pkt.family, words);
+    sample.addr = key.addr;
+    sample.dport = key.dport;
+    sample.prefix_len = if pkt.family == FAMILY_V4 { policy.v4_prefix } else { policy.v6_prefix };
     // A full ring drops the sample, never the packet's verdict.
     let _ = REFUSALS.output::<RefusalSample>(&sample, 0);
 }
