@@ -317,16 +317,18 @@ pub const STALL: Duration = Duration::from_micros(200);
 /// The sender's stalls ([`STALL`]) during a flood.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stalls {
-    /// How long each one lasted (beyond the pace, if paced), in order.
-    pub each: Vec<Duration>,
+    /// When each one began (from the flood's start) and how long it lasted (beyond the pace, if
+    /// paced), in order.
+    pub each: Vec<(Duration, Duration)>,
 }
 
 impl Stalls {
-    /// Accounts a gap of `gap` between two sends that were due `due` apart.
-    pub fn gap(&mut self, gap: Duration, due: Duration) {
+    /// Accounts a gap of `gap` between two sends that were due `due` apart, the second one sent
+    /// `at` (from the flood's start).
+    pub fn gap(&mut self, at: Duration, gap: Duration, due: Duration) {
         let excess = gap.saturating_sub(due);
         if excess > STALL {
-            self.each.push(excess);
+            self.each.push((at.saturating_sub(excess), excess));
         }
     }
 
@@ -335,11 +337,11 @@ impl Stalls {
     }
 
     pub fn total(&self) -> Duration {
-        self.each.iter().sum()
+        self.each.iter().map(|(_, len)| *len).sum()
     }
 
     pub fn longest(&self) -> Duration {
-        self.each.iter().max().copied().unwrap_or_default()
+        self.each.iter().map(|(_, len)| *len).max().unwrap_or_default()
     }
 }
 
@@ -605,7 +607,8 @@ impl Frames {
             match sent {
                 Ok(()) => {
                     // The first frame's gap runs from the start: a sender slow to begin stalled.
-                    report.stalls.gap(now - previous, if report.sent == 0 { Duration::ZERO } else { due_gap });
+                    let due = if report.sent == 0 { Duration::ZERO } else { due_gap };
+                    report.stalls.gap(now - start, now - previous, due);
                     previous = now;
                     report.sent += 1;
                 }
@@ -783,19 +786,13 @@ mod tests {
         eprintln!("full speed: {full}; half speed: {half}");
 
         let mut stalls = Stalls::default();
-        stalls.gap(Duration::from_micros(50), Duration::ZERO);
-        stalls.gap(Duration::from_millis(3), Duration::ZERO);
-        stalls.gap(Duration::from_micros(10_100), Duration::from_millis(10));
-        stalls.gap(Duration::from_millis(5), Duration::from_millis(1));
-        assert_eq!(
-            stalls.each,
-            vec![Duration::from_millis(3), Duration::from_millis(4)],
-            "gaps beyond the pace longer than {STALL:?}"
-        );
-        assert_eq!(
-            (stalls.count(), stalls.total(), stalls.longest()),
-            (2, Duration::from_millis(7), Duration::from_millis(4))
-        );
+        let ms = Duration::from_millis;
+        stalls.gap(ms(1), Duration::from_micros(50), Duration::ZERO);
+        stalls.gap(ms(10), ms(3), Duration::ZERO);
+        stalls.gap(ms(30), Duration::from_micros(10_100), ms(10));
+        stalls.gap(ms(40), ms(5), ms(1));
+        assert_eq!(stalls.each, vec![(ms(7), ms(3)), (ms(36), ms(4))], "gaps beyond the pace longer than {STALL:?}");
+        assert_eq!((stalls.count(), stalls.total(), stalls.longest()), (2, ms(7), ms(4)));
     }
 
     #[test]
