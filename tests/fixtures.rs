@@ -10,7 +10,10 @@ use limiter_common::{
     key::{FAMILY_V4, FAMILY_V6},
     maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Counters, GENERATIONS, ParseProbe, Policy},
 };
-use limiter_ctl::{Limiter, policy::PolicySpec, rate::Rate};
+use limiter_ctl::{
+    Limiter,
+    config::{PolicySpec, Rate},
+};
 use limiter_tests::{
     cpu::pin_current_thread,
     frames::{self, ETH_LEN, Expect, Tag, V4, ethernet, hex, ipv6, tcp, udp},

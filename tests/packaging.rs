@@ -21,7 +21,7 @@ use std::{
     sync::OnceLock,
 };
 
-use limiter_ctl::{config, state::State};
+use limiter_ctl::config::{self, State};
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -405,10 +405,10 @@ fn daemonset_has_what_a_kubelet_needs() {
 /// read-only ConfigMap mount turns into a failed start.
 fn check_config(name: &str, text: &str) -> config::ConfigFile {
     let file = config::parse(Path::new(name), text).unwrap_or_else(|e| panic!("{e}"));
-    let state = State::build(&file, &BTreeMap::new()).unwrap_or_else(|e| panic!("{name}: {}", e.0));
+    let state = State::build(&file, &BTreeMap::new()).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(state.to_config(), file, "{name} is not in canonical order (policies by name, lists sorted)");
     assert!(
-        file.policies.iter().all(|p| p.mode == limiter_ctl::policy::Mode::DryRun),
+        file.policies.iter().all(|p| p.mode == limiter_ctl::config::Mode::DryRun),
         "{name}: shipped policies are dry-run, so installing the package drops nothing"
     );
     file

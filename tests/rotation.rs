@@ -22,7 +22,10 @@ use limiter_common::{
     Gcra, SipInit,
     maps::{Config, Counters, GENERATIONS},
 };
-use limiter_ctl::{Limiter, policy::PolicySpec, rate::Rate};
+use limiter_ctl::{
+    Limiter,
+    config::{PolicySpec, Rate},
+};
 use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper, nanos, since},
     cpu::{flood_cpu, pin_current_thread},
@@ -614,7 +617,7 @@ fn a_missing_bpffs_is_mounted_and_said() {
     let dir = rig.scratch.pin_dir(&iface);
     let listed = private(&["ls", "-1", "--", &dir.to_string_lossy()]);
     let found: BTreeSet<&str> = listed.lines().collect();
-    let expected: BTreeSet<&str> = limiter_ctl::pins::map_names().chain(["link"]).collect();
+    let expected: BTreeSet<&str> = limiter_ctl::kernel::map_names().chain(["link"]).collect();
     assert_eq!(found, expected, "the pins in the daemon's private bpffs under {}", dir.display());
 
     let limit = gcra(1000, 100);

@@ -16,7 +16,10 @@ use std::{
 
 use anyhow::{Context as _, anyhow};
 use limiter_common::{FlowKey, Gcra, SipKey, key::FAMILY_V4, maps::Counters};
-use limiter_ctl::{Limiter, ModeRequest, policy::PolicySpec, rate::Rate};
+use limiter_ctl::{
+    Limiter, ModeRequest,
+    config::{PolicySpec, Rate},
+};
 use limiter_tests::{
     bounds::{Judged, check_bounds, check_overload, first},
     cpu::flood_cpu,

@@ -27,9 +27,8 @@ use aya::{
 };
 use limiter_ctl::{
     Limiter,
-    config::PolicyDef,
+    config::{List, PolicyDef, State},
     objects,
-    state::{List, State},
 };
 use limiter_tests::{flood::FrameSpec, netns};
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
@@ -106,7 +105,7 @@ const ADMIT_ALL: (&str, &str, u64) = ("any", "1000000000/s", 1_000_000_000);
 
 fn limiter(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
     let mut limiter = Limiter::load(buckets)?;
-    limiter.set_salt(limiter_ctl::salt::draw()?)?;
+    limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
     let mut state = State::default();
     for (i, (matches, rate, burst)) in policies.iter().enumerate() {
         state = state
@@ -119,10 +118,10 @@ fn limiter(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyh
                 unit: Default::default(),
                 mode: Default::default(),
             })
-            .map_err(|e| anyhow::anyhow!(e.0))?;
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     for net in allow {
-        state = state.with_net(List::Allow, net.parse()?).map_err(|e| anyhow::anyhow!(e.0))?;
+        state = state.with_net(List::Allow, net.parse()?).map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     limiter.sync(&State::default(), &state)?;
     Ok(limiter)

@@ -13,7 +13,11 @@ use aya::{
     maps::{MapData, PerCpuArray},
     programs::{Xdp, XdpMode},
 };
-use limiter_ctl::{Limiter, ModeRequest, config::PolicyDef, objects, state::State};
+use limiter_ctl::{
+    Limiter, ModeRequest,
+    config::{PolicyDef, State},
+    objects,
+};
 
 use crate::netns::{End, TestNet};
 
@@ -73,7 +77,7 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
     match system {
         System::Limiter => {
             let mut limiter = Limiter::load(limiter_common::maps::DEFAULT_BUCKETS)?;
-            limiter.set_salt(limiter_ctl::salt::draw()?)?;
+            limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
             let def = PolicyDef {
                 name: "flood".parse()?,
                 matches: "udp:9".parse()?,
@@ -83,7 +87,7 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
                 unit: Default::default(),
                 mode: Default::default(),
             };
-            let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!(e.0))?;
+            let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!("{e}"))?;
             limiter.sync(&State::default(), &state)?;
             let iface = r.iface.clone();
             let limiter = r.run(move || -> anyhow::Result<Limiter> {

@@ -36,7 +36,7 @@ use limiter_common::{
     key::{FAMILY_V4, FAMILY_V6},
     maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, ParseProbe},
 };
-use limiter_ctl::policy::KeySpec;
+use limiter_ctl::config::KeySpec;
 
 pub const MAX_VLAN_TAGS: usize = 2;
 pub const MAX_EXT_HEADERS: usize = 32;
@@ -313,9 +313,9 @@ pub mod kernel {
         maps::{CLASS_TCP, CLASS_UDP, Counters, ParseProbe, Policy},
     };
     use limiter_ctl::{
-        Limiter, objects,
-        policy::{KeySpec, PolicySpec},
-        rate::Rate,
+        Limiter,
+        config::{KeySpec, PolicySpec, Rate},
+        objects,
     };
 
     use super::{PROBE_KEY, Parsed};

@@ -1,4 +1,5 @@
-//! Bringing the kernel's maps from one state to another, touching only what differs.
+//! Bringing the kernel's maps from one state to another, touching only what differs (a diff,
+//! not a lock: the daemon's loop is the only writer).
 //!
 //! A [`MapView`] is what the maps say, in the terms that matter for a diff: it is computed from
 //! a [`State`], or read back from the maps of a pinned limiter a restarted daemon adopts.
@@ -12,12 +13,8 @@ use limiter_common::maps::{
     MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
 };
 
-use crate::{
-    Error, Limiter,
-    error::Usage,
-    policy::Name,
-    state::{List, Routes, State, longest_window},
-};
+use super::{Error, Limiter};
+use crate::config::{List, Name, Routes, State, longest_window};
 
 type NameBytes = [u8; POLICY_NAME_LEN];
 
@@ -37,8 +34,8 @@ fn name_bytes(name: &Name) -> NameBytes {
 }
 
 impl MapView {
-    pub fn of(state: &State) -> Result<Self, Usage> {
-        let routes = state.routes()?;
+    pub fn of(state: &State) -> Self {
+        let routes = state.routes().clone();
         let policies = state.policies().map(|e| (e.id, (e.kernel, name_bytes(&e.def.name)))).collect();
         let acl = state
             .list(List::Allow)
@@ -46,7 +43,7 @@ impl MapView {
             .map(|n| (*n, ACL_ALLOW))
             .chain(state.list(List::Deny).iter().map(|n| (*n, ACL_DENY)))
             .collect();
-        Ok(Self { policies, routes, acl })
+        Self { policies, routes, acl }
     }
 
     /// The longest burst window of the policies in this view.
@@ -70,9 +67,7 @@ impl MapView {
 impl Limiter {
     /// Makes the maps say what `new` says, given that they say what `old` says.
     pub fn sync(&mut self, old: &State, new: &State) -> Result<(), Error> {
-        let old = MapView::of(old).map_err(|e| Error::Internal(e.0))?;
-        let new = MapView::of(new).map_err(|e| Error::Internal(e.0))?;
-        self.apply(&old, &new)
+        self.apply(&MapView::of(old), &MapView::of(new))
     }
 
     /// Applies the difference between two views. The order keeps packets in flight consistent:
@@ -82,7 +77,7 @@ impl Limiter {
         for (id, (policy, name)) in &new.policies {
             let before = old.policies.get(id);
             if before.map(|b| &b.0) != Some(policy) {
-                self.set_policy(policy)?;
+                self.store_policy(policy)?;
             }
             if before.map(|b| &b.1) != Some(name) {
                 self.set_policy_name(*id, name)?;
@@ -103,7 +98,7 @@ impl Limiter {
                 table.set(i as u32, is, 0).map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
             }
         }
-        let mut config = self.config()?;
+        let mut config = self.read_config()?;
         config.class_policy = new.routes.class_policy;
         config.flags &= !(Config::HAS_PORT_POLICIES | Config::HAS_ACL_V4 | Config::HAS_ACL_V6);
         if new.routes.has_ports() {
@@ -115,12 +110,12 @@ impl Limiter {
         if new.acl.keys().any(|n| matches!(n, IpNet::V6(_))) {
             config.flags |= Config::HAS_ACL_V6;
         }
-        self.write_config(&config)?;
+        self.store_config(&config)?;
         for net in old.acl.keys().filter(|n| !new.acl.contains_key(n)) {
             self.acl_remove(*net)?;
         }
         for id in old.policies.keys().filter(|id| !new.policies.contains_key(id)) {
-            self.set_policy(&Policy { id: *id, ..Policy::default() })?;
+            self.store_policy(&Policy { id: *id, ..Policy::default() })?;
             self.set_policy_name(*id, &[0; POLICY_NAME_LEN])?;
             self.zero_counters(*id)?;
         }
@@ -147,7 +142,7 @@ impl Limiter {
         let mut acl = BTreeMap::new();
         self.read_acl::<[u8; 4]>(MAP_ACL_V4, &mut acl)?;
         self.read_acl::<[u8; 16]>(MAP_ACL_V6, &mut acl)?;
-        let routes = Routes { ports, class_policy: self.config()?.class_policy };
+        let routes = Routes { ports, class_policy: self.read_config()?.class_policy };
         Ok(MapView { policies, routes, acl })
     }
 
@@ -160,7 +155,7 @@ impl Limiter {
         for item in self.acl_trie::<K>(name)?.iter() {
             let (key, action) = item.map_err(|source| Error::Map { name, source })?;
             let net = IpNet::new(IpAddr::from(key.data()), key.prefix_len() as u8)
-                .map_err(|e| Error::Internal(format!("{name}: {e}")))?;
+                .map_err(|error| Error::AclEntry { map: name, error })?;
             acl.insert(net, action);
         }
         Ok(())
@@ -202,7 +197,7 @@ impl Limiter {
         LpmTrie::try_from(self.map_mut(name)?).map_err(|source| Error::Map { name, source })
     }
 
-    pub(crate) fn zero_counters(&mut self, id: u16) -> Result<(), Error> {
+    fn zero_counters(&mut self, id: u16) -> Result<(), Error> {
         let zeros = per_cpu_zeros::<Counters>()?;
         let mut counters = PerCpuArray::<_, Counters>::try_from(self.map_mut(MAP_COUNTERS)?)
             .map_err(|source| Error::Map { name: MAP_COUNTERS, source })?;
@@ -211,8 +206,8 @@ impl Limiter {
 }
 
 fn per_cpu_zeros<T: aya::Pod + Default>() -> Result<PerCpuValues<T>, Error> {
-    let cpus = aya::util::nr_cpus().map_err(|(what, e)| Error::Internal(format!("{what}: {e}")))?;
-    PerCpuValues::try_from(vec![T::default(); cpus]).map_err(|e| Error::Internal(format!("per-CPU values: {e}")))
+    let cpus = aya::util::nr_cpus().map_err(|(what, error)| Error::Cpus { what, error })?;
+    PerCpuValues::try_from(vec![T::default(); cpus]).map_err(Error::PerCpuValues)
 }
 
 fn acl_map_name(net: IpNet) -> &'static str {

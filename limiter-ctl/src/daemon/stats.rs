@@ -12,7 +12,8 @@ use aya::maps::{MapData, PerCpuArray};
 use limiter_common::{gcra, maps::Counters};
 use serde::{Deserialize, Serialize};
 
-use crate::{ipc::PolicyCounters, state::State};
+use super::ipc::PolicyCounters;
+use crate::config::State;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rates {

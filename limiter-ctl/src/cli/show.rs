@@ -3,7 +3,7 @@
 use comfy_table::{Cell, CellAlignment, Table, presets::NOTHING};
 use ipnet::IpNet;
 
-use crate::ipc::PolicyStatus;
+use crate::daemon::{ipc::PolicyStatus, stats, top};
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -15,7 +15,7 @@ fn right(v: u64) -> Cell {
     Cell::new(v).set_alignment(CellAlignment::Right)
 }
 
-pub fn policies(all: &[PolicyStatus]) -> String {
+pub(super) fn policies(all: &[PolicyStatus]) -> String {
     let mut t = table(&["NAME", "MATCH", "RATE", "BURST", "KEY", "UNIT", "MODE", "ADMITTED", "REFUSED", "DRY-RUN"]);
     for p in all {
         let d = &p.def;
@@ -35,7 +35,7 @@ pub fn policies(all: &[PolicyStatus]) -> String {
     t.trim_fmt() + "\n"
 }
 
-pub fn policy(p: &PolicyStatus) -> String {
+pub(super) fn policy(p: &PolicyStatus) -> String {
     let d = &p.def;
     let c = &p.counters;
     let rows = [
@@ -61,11 +61,11 @@ pub fn policy(p: &PolicyStatus) -> String {
     t.trim_fmt() + "\n"
 }
 
-pub fn nets(nets: &[IpNet]) -> String {
+pub(super) fn nets(nets: &[IpNet]) -> String {
     nets.iter().map(|n| format!("{n}\n")).collect()
 }
 
-pub fn stats(s: &crate::stats::Snapshot) -> String {
+pub(super) fn stats(s: &stats::Snapshot) -> String {
     let mut t = table(&[
         "POLICY",
         "ADMITTED/S",
@@ -107,7 +107,7 @@ pub fn stats(s: &crate::stats::Snapshot) -> String {
     )
 }
 
-pub fn top(r: &crate::top::Report) -> String {
+pub(super) fn top(r: &top::Report) -> String {
     let mut t = table(&["PREFIX", "POLICY", "DPORT", "SAMPLES", "EST. REFUSED/S", "MODE"]);
     for e in &r.entries {
         t.add_row(vec![

@@ -18,13 +18,14 @@
 use std::{
     fs,
     io::{self, Write as _},
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::{
+use super::{
+    Error,
     policy::{KeySpec, Match, Mode, Name, PolicySpec, Unit},
     rate::Rate,
 };
@@ -81,21 +82,11 @@ pub struct ConfigFile {
     pub policies: Vec<PolicyDef>,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{path}:{line}:{column}: {message}")]
-    Parse { path: PathBuf, line: usize, column: usize, message: String },
-    #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
-    #[error("writing {path}: {source}")]
-    Write { path: PathBuf, source: io::Error },
-}
-
 /// Parses config text; errors carry the line and column they were found at.
-pub fn parse(path: &Path, text: &str) -> Result<ConfigFile, ConfigError> {
+pub fn parse(path: &Path, text: &str) -> Result<ConfigFile, Error> {
     toml::from_str(text).map_err(|e| {
         let (line, column) = e.span().map_or((1, 1), |span| line_column(text, span.start));
-        ConfigError::Parse { path: path.to_path_buf(), line, column, message: e.message().trim().replace('\n', " ") }
+        Error::Parse { path: path.to_path_buf(), line, column, message: e.message().trim().replace('\n', " ") }
     })
 }
 
@@ -107,17 +98,17 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 }
 
 /// Loads the config; a missing file is an empty config.
-pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
+pub fn load(path: &Path) -> Result<ConfigFile, Error> {
     match fs::read_to_string(path) {
         Ok(text) => parse(path, &text),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ConfigFile::default()),
-        Err(source) => Err(ConfigError::Read { path: path.to_path_buf(), source }),
+        Err(source) => Err(Error::Read { path: path.to_path_buf(), source }),
     }
 }
 
 /// Writes the config so that a crash leaves either the old file or the new one, never a mix.
-pub fn save(path: &Path, config: &ConfigFile) -> Result<(), ConfigError> {
-    let werr = |source| ConfigError::Write { path: path.to_path_buf(), source };
+pub fn save(path: &Path, config: &ConfigFile) -> Result<(), Error> {
+    let werr = |source| Error::Write { path: path.to_path_buf(), source };
     let body = toml::to_string_pretty(config).map_err(|e| werr(io::Error::other(e)))?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(werr)?;
@@ -188,7 +179,7 @@ mode = "dry-run"
         ];
         for (text, line, what) in cases {
             match parse(p, text) {
-                Err(ConfigError::Parse { line: l, message, .. }) => {
+                Err(Error::Parse { line: l, message, .. }) => {
                     assert_eq!(l, line, "{text:?}: {message}");
                     assert!(message.contains(what), "{text:?}: {message}");
                     assert!(!message.contains('\n'));

@@ -1,26 +1,20 @@
 //! The daemon's control socket: a Unix socket (mode 0600), one JSON request line in, one JSON
-//! response line out, per connection.
-
-use std::{
-    io::{self, BufRead as _, BufReader, Write as _},
-    os::unix::net::UnixStream,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+//! response line out, per connection. These are its wire types, which the CLI's client side
+//! (`cli::client`) uses too.
 
 use ipnet::IpNet;
 use limiter_common::maps::Counters;
 use serde::{Deserialize, Serialize};
 
-use crate::{config::PolicyDef, policy::Name, state::List};
+use crate::config::{List, Name, PolicyDef};
 
-pub const DEFAULT_SOCKET: &str = "/run/limiter/ctl.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "/run/limiter/ctl.sock";
 /// Requests are small; anything longer is not ours.
-pub const MAX_REQUEST: usize = 64 * 1024;
+pub(crate) const MAX_REQUEST: usize = 64 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
-pub enum Request {
+pub(crate) enum Request {
     PolicySet { policy: PolicyDef },
     PolicyRm { name: Name },
     PolicyList,
@@ -35,7 +29,7 @@ pub enum Request {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "kebab-case")]
-pub enum Response {
+pub(crate) enum Response {
     Ok {
         #[serde(default)]
         data: serde_json::Value,
@@ -49,7 +43,7 @@ pub enum Response {
 /// A policy as `policy list` and `policy show` report it: its definition with the burst
 /// resolved, its id and its counters since it was created.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PolicyStatus {
+pub(crate) struct PolicyStatus {
     pub id: u16,
     #[serde(flatten)]
     pub def: PolicyDef,
@@ -57,7 +51,7 @@ pub struct PolicyStatus {
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PolicyCounters {
+pub(crate) struct PolicyCounters {
     pub admitted_packets: u64,
     pub admitted_bytes: u64,
     pub refused_packets: u64,
@@ -81,35 +75,6 @@ impl From<&Counters> for PolicyCounters {
             denied_packets: c.denied_packets,
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("no daemon is listening on {0} (start one with `limiter-ctl daemon --iface IFACE`, or pass --socket)")]
-    NoDaemon(PathBuf),
-    #[error("permission denied on {0}: the control socket is root-only (mode 0600); run as root")]
-    Permission(PathBuf),
-    #[error("talking to the daemon on {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
-    #[error("the daemon on {path} sent an unreadable response: {source}")]
-    Protocol { path: PathBuf, source: serde_json::Error },
-}
-
-/// Sends one request and waits (up to 30 s) for its response.
-pub fn call(socket: &Path, request: &Request) -> Result<Response, ClientError> {
-    let io_err = |source| ClientError::Io { path: socket.to_path_buf(), source };
-    let stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NoDaemon(socket.to_path_buf()),
-        io::ErrorKind::PermissionDenied => ClientError::Permission(socket.to_path_buf()),
-        _ => io_err(e),
-    })?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(io_err)?;
-    let mut line = serde_json::to_string(request).map_err(|e| io_err(io::Error::other(e)))?;
-    line.push('\n');
-    (&stream).write_all(line.as_bytes()).map_err(io_err)?;
-    let mut reply = String::new();
-    BufReader::new(&stream).read_line(&mut reply).map_err(io_err)?;
-    serde_json::from_str(&reply).map_err(|source| ClientError::Protocol { path: socket.to_path_buf(), source })
 }
 
 #[cfg(test)]

@@ -1,13 +1,7 @@
-//! `limiter-ctl daemon`: validate the config, load the program, make its maps say what the
-//! config says, attach, then serve the control socket until SIGINT or SIGTERM, re-reading the
-//! config on SIGHUP.
-//!
-//! Every change is validated whole before anything moves; then the kernel's maps are updated,
-//! then the config file is written (atomically). If the write fails the maps are put back.
-//! One log line per state change. The salt is drawn here and written to the kernel map only.
+//! The daemon's loop: signals, the control socket's server side (one request, one response),
+//! the refusal ring, scheduled salt rotations, interface watching and the once-a-second stats.
 
 use std::{
-    collections::BTreeMap,
     io,
     os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
@@ -18,7 +12,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context as _;
 use aya::maps::{MapData, RingBuf};
 use limiter_common::maps::{Counters, RefusalSample};
 use tokio::{
@@ -28,127 +21,19 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-use crate::{
-    Limiter,
-    cli::DaemonArgs,
-    config::{self, ConfigFile, PolicyDef},
-    error::Usage,
+use super::{
+    Error, Options, Rollback,
     ipc::{MAX_REQUEST, PolicyStatus, Request, Response},
-    metrics,
-    pins::PinDir,
-    policy::Name,
-    salt,
-    state::{self, Entry, State},
     stats,
-    sync::MapView,
     top::Top,
 };
-
-/// The policy the daemon's `--rate` installs (matching everything).
-pub const DEFAULT_POLICY: &str = "default";
-
-pub async fn run(args: DaemonArgs, socket: &Path) -> anyhow::Result<()> {
-    // Everything the operator gave is checked before anything is loaded or bound.
-    let file = config::load(&args.config).map_err(|e| Usage(e.to_string()))?;
-    let default_policy = args.rate.map(|rate| PolicyDef {
-        name: Name::from_static(DEFAULT_POLICY),
-        matches: Default::default(),
-        rate,
-        burst: args.burst,
-        key: Default::default(),
-        unit: Default::default(),
-        mode: Default::default(),
-    });
-    // Byte policies must hold the largest frame the interface can carry.
-    let max_frame =
-        crate::limiter::interface_mtu(&args.iface).map_or(state::DEFAULT_MAX_FRAME, state::max_frame_for_mtu);
-    let desired = |ids: &BTreeMap<Name, u16>| -> Result<State, Usage> {
-        let state = State::build_for(&file, ids, max_frame)
-            .map_err(|e| Usage(format!("{}: {}", args.config.display(), e.0)))?;
-        match &default_policy {
-            Some(def) => state.with_policy(def.clone()).map_err(|e| Usage(format!("--rate/--burst: {}", e.0))),
-            None => Ok(state),
-        }
-    };
-    desired(&BTreeMap::new())?;
-    if !crate::limiter::interface_exists(&args.iface) {
-        return Err(Usage(format!("interface '{}' does not exist (see `ip link`)", args.iface)).into());
-    }
-    let listener = bind(socket)?;
-    let shared = stats::Shared::default();
-    if let Some(addr) = args.metrics.0 {
-        metrics::serve(addr, shared.clone()).await?;
-        info!(address = %addr, "serving metrics at /metrics");
-    }
-
-    let pins = PinDir::new(&args.pin_dir, &args.iface);
-    if let Some(note) = pins.prepare()? {
-        info!(note, "bpffs");
-    }
-    let mut limiter = Limiter::open(args.buckets, Some(pins.clone()))?;
-    // What the maps hold now: a pinned predecessor's state, or nothing.
-    let before = if limiter.adopted() {
-        limiter.read_view()?
-    } else {
-        limiter.set_salt(salt::draw()?)?;
-        MapView::of(&State::default())?
-    };
-    let state = desired(&before.ids())?;
-    // An adopted limiter's buckets may hold TATs of its policies, which this daemon never saw.
-    let longest_window = before.max_window().max(state.max_window());
-    limiter.apply(&before, &MapView::of(&state)?)?;
-    limiter.set_sampling(args.sample_refusals)?;
-    // SAFETY: the ring owns its descriptor and keeps it open for as long as the AsyncFd lives.
-    let refusals = unsafe { AsyncFd::register(limiter.take_refusals()?) }
-        .map_err(|e| anyhow::anyhow!("watching the refusal ring: {}", e.into_parts().1))?;
-    // From here on a failure must not leave the program attached (only a crash does that).
-    let attached = limiter.attach(&args.iface, args.mode)?;
-    if let Some(reason) = &attached.fallback {
-        warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
-    }
-    info!(
-        iface = %args.iface,
-        mode = %attached.mode,
-        policies = state.policies().count(),
-        buckets = args.buckets,
-        config = %args.config.display(),
-        socket = %socket.display(),
-        pins = %pins.dir().display(),
-        "{}",
-        if attached.replaced { "adopted the pinned limiter: program replaced in place, buckets, counters and salt kept" } else { "attached" }
-    );
-    let mut daemon = Daemon {
-        limiter,
-        state,
-        config_path: args.config.clone(),
-        iface: args.iface.clone(),
-        mode: args.mode,
-        shared,
-        sampler: stats::Sampler::default(),
-        occupancy: Arc::default(),
-        scanning: Arc::default(),
-        top: Top::new(args.sample_refusals.max(1)),
-        longest_window,
-    };
-    let result = match daemon.start_up(&file) {
-        Ok(()) => daemon.serve(listener, refusals, &args).await,
-        Err(e) => Err(e),
-    };
-    let hand_over = matches!(result, Ok(Exit::HandOver));
-    if let Err(e) = std::fs::remove_file(socket) {
-        warn!(socket = %socket.display(), error = %e, "could not remove the control socket");
-    }
-    if hand_over {
-        // Fail static on purpose: the next daemon adopts the program, its state and its salt.
-        info!(iface = %daemon.iface, pins = %pins.dir().display(), "handing over: left attached and pinned for the next daemon");
-    } else if let Some(iface) = daemon.limiter.detach()? {
-        info!(iface = %iface, "detached");
-    }
-    result.map(|_| ())
-}
+use crate::{
+    config::{self, ConfigFile, Entry, PolicyDef, State},
+    kernel::{self, Limiter, ModeRequest},
+};
 
 /// How the daemon leaves.
-enum Exit {
+pub(super) enum Exit {
     /// SIGINT, SIGTERM: detach and remove the pins.
     Detach,
     /// SIGUSR2: leave the program attached and pinned, for a new daemon to adopt (upgrades).
@@ -156,35 +41,34 @@ enum Exit {
 }
 
 /// Binds the control socket, refusing to take it from a running daemon.
-fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+pub(super) fn bind(path: &Path) -> Result<UnixListener, Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| Error::CreateSocketDir { dir: dir.to_path_buf(), source })?;
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        anyhow::bail!("another daemon is already listening on {}; stop it or pass --socket", path.display());
+        return Err(Error::SocketTaken { path: path.to_path_buf() });
     }
     match std::fs::symlink_metadata(path) {
         // Left by a daemon that died: nothing answers on it.
-        Ok(meta) if meta.file_type().is_socket() => {
-            std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?
-        }
-        Ok(_) => anyhow::bail!("{} exists and is not a socket; remove it or pass --socket", path.display()),
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)
+            .map_err(|source| Error::RemoveStaleSocket { path: path.to_path_buf(), source })?,
+        Ok(_) => return Err(Error::NotASocket { path: path.to_path_buf() }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("checking {}", path.display())),
+        Err(source) => return Err(Error::CheckSocket { path: path.to_path_buf(), source }),
     }
     // Created 0755 at worst (no one else may write to it, so no one else may connect), then 0600.
-    let listener = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    let listener = UnixListener::bind(path).map_err(|source| Error::Bind { path: path.to_path_buf(), source })?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("restricting {} to root", path.display()))?;
+        .map_err(|source| Error::RestrictSocket { path: path.to_path_buf(), source })?;
     Ok(listener)
 }
 
-struct Daemon {
+pub(super) struct Daemon {
     limiter: Limiter,
     state: State,
     config_path: PathBuf,
     iface: String,
-    mode: crate::limiter::ModeRequest,
+    mode: ModeRequest,
     /// The latest snapshot, read by `stats` and the metrics endpoint.
     shared: stats::Shared,
     sampler: stats::Sampler,
@@ -205,23 +89,53 @@ const OCCUPANCY_EVERY: Duration = Duration::from_secs(15);
 const GRACE_MARGIN: Duration = Duration::from_millis(50);
 
 impl Daemon {
-    async fn serve(
+    pub(super) fn new(
+        limiter: Limiter,
+        state: State,
+        args: &Options,
+        shared: stats::Shared,
+        longest_window: Duration,
+    ) -> Self {
+        Self {
+            limiter,
+            state,
+            config_path: args.config.clone(),
+            iface: args.iface.clone(),
+            mode: args.mode,
+            shared,
+            sampler: stats::Sampler::default(),
+            occupancy: Arc::default(),
+            scanning: Arc::default(),
+            top: Top::new(args.sample_refusals.max(1)),
+            longest_window,
+        }
+    }
+
+    /// Detaches from the interface and removes the pins; says from which interface.
+    pub(super) fn detach(&mut self) -> Result<Option<String>, kernel::Error> {
+        self.limiter.detach()
+    }
+
+    pub(super) async fn serve(
         &mut self,
         listener: UnixListener,
         mut refusals: AsyncFd<RingBuf<MapData>>,
-        args: &DaemonArgs,
-    ) -> anyhow::Result<Exit> {
-        let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-        let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-        let mut sigusr2 = signal(SignalKind::user_defined2()).context("installing the SIGUSR2 handler")?;
+        args: &Options,
+    ) -> Result<Exit, Error> {
+        let install = |kind: SignalKind, signal_name: &'static str| {
+            signal(kind).map_err(|source| Error::Signal { signal: signal_name, source })
+        };
+        let mut sigint = install(SignalKind::interrupt(), "SIGINT")?;
+        let mut sigterm = install(SignalKind::terminate(), "SIGTERM")?;
+        let mut sighup = install(SignalKind::hangup(), "SIGHUP")?;
+        let mut sigusr2 = install(SignalKind::user_defined2(), "SIGUSR2")?;
         let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
         let mut rotation =
-            args.rotate_every.0.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
+            args.rotate_every.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
         let mut second = tokio::time::interval(Duration::from_secs(1));
         let mut occupancy = tokio::time::interval(OCCUPANCY_EVERY);
-        let mut if_index = crate::limiter::if_index(&self.iface);
+        let mut if_index = kernel::if_index(&self.iface);
         let (signal_name, exit) = loop {
             tokio::select! {
                 _ = sigint.recv() => break ("SIGINT", Exit::Detach),
@@ -277,16 +191,16 @@ impl Daemon {
         Ok(exit)
     }
 
-    fn start_up(&mut self, file: &ConfigFile) -> anyhow::Result<()> {
+    pub(super) fn start_up(&mut self, file: &ConfigFile) -> Result<(), Error> {
         self.snapshot()?;
         if self.state.to_config() != *file {
-            self.save().context("writing the config")?;
+            self.save().map_err(Error::SaveConfig)?;
         }
         Ok(())
     }
 
     /// Reads the counters into a new snapshot for `stats` and `/metrics`.
-    fn snapshot(&mut self) -> Result<(), crate::Error> {
+    fn snapshot(&mut self) -> Result<(), kernel::Error> {
         let counters = self.limiter.counters()?;
         let occupancy = self.occupancy.lock().ok().and_then(|o| *o);
         let mode = self.limiter.attach_mode()?;
@@ -302,7 +216,7 @@ impl Daemon {
         if self.scanning.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (buckets, config) = match (self.limiter.open_buckets(), self.limiter.config()) {
+        let (buckets, config) = match (self.limiter.open_buckets(), self.limiter.read_config()) {
             (Ok(b), Ok(c)) => (b, c),
             (Err(e), _) | (_, Err(e)) => {
                 self.scanning.store(false, Ordering::Release);
@@ -311,7 +225,7 @@ impl Daemon {
         };
         let (count, out, scanning) = (self.limiter.buckets(), self.occupancy.clone(), self.scanning.clone());
         tokio::task::spawn_blocking(move || {
-            let ratio = stats::occupancy(&buckets, config.generation & 1, count, crate::limiter::monotonic_ns());
+            let ratio = stats::occupancy(&buckets, config.generation & 1, count, kernel::monotonic_ns());
             if let Ok(mut o) = out.lock() {
                 *o = ratio;
             }
@@ -321,13 +235,13 @@ impl Daemon {
 
     /// Draws a new salt; for the longest burst window (plus a margin) packets are also judged
     /// against their old buckets, so a rotation hands out no fresh allowance.
-    fn rotate(&mut self) -> Result<(), crate::Error> {
+    fn rotate(&mut self) -> Result<(), kernel::Error> {
         // Every change folds its policies' windows in, so this covers the current ones too.
         let grace = self.longest_window + GRACE_MARGIN;
-        self.limiter.rotate_salt(salt::draw()?, grace)?;
+        self.limiter.rotate_salt(kernel::draw_salt()?, grace)?;
         // The new generation has seen only the current policies so far.
         self.longest_window = self.state.max_window();
-        let generation = self.limiter.config()?.generation;
+        let generation = self.limiter.read_config()?.generation;
         info!(generation, grace_ms = grace.as_millis() as u64, "salt rotated");
         Ok(())
     }
@@ -335,7 +249,7 @@ impl Daemon {
     /// An interface that goes takes its XDP link with it; when it comes back (a new index),
     /// attach again.
     fn watch_interface(&mut self, known: Option<u32>) -> Option<u32> {
-        let now = crate::limiter::if_index(&self.iface);
+        let now = kernel::if_index(&self.iface);
         match (known, now) {
             (Some(_), None) => {
                 warn!(iface = %self.iface, "interface gone: the program went with it; waiting for it to come back")
@@ -421,59 +335,60 @@ impl Daemon {
         }
     }
 
-    fn reply(&self, data: Result<serde_json::Value, crate::Error>) -> Response {
+    fn reply(&self, data: Result<serde_json::Value, kernel::Error>) -> Response {
         match data {
             Ok(data) => Response::Ok { data },
             Err(e) => Response::Failed { error: e.to_string() },
         }
     }
 
-    fn statuses(&self) -> Result<Vec<PolicyStatus>, crate::Error> {
+    fn statuses(&self) -> Result<Vec<PolicyStatus>, kernel::Error> {
         let counters = self.limiter.counters()?;
         Ok(self.state.policies().map(|e| status(e, &counters)).collect())
     }
 
     /// Applies a validated change: kernel first, then the file; puts the kernel back if the
     /// file cannot be written.
-    fn change(&mut self, next: Result<State, Usage>, event: &str, detail: String) -> Response {
+    fn change(&mut self, next: Result<State, config::Error>, event: &str, detail: String) -> Response {
         let next = match next {
             Ok(next) => next,
-            Err(Usage(error)) => return Response::Usage { error },
+            Err(error) => return Response::Usage { error: error.to_string() },
         };
         match self.commit(next, true) {
             Ok(()) => {
                 info!("{event} {detail}");
                 Response::Ok { data: serde_json::Value::Null }
             }
-            Err(error) => Response::Failed { error },
+            Err(error) => Response::Failed { error: error.to_string() },
         }
     }
 
     /// Makes `next` the running state: the kernel maps, then (with `save`) the file. On a
     /// failure the maps are put back and the error says whether that worked.
-    fn commit(&mut self, next: State, save: bool) -> Result<(), String> {
-        if let Err(e) = self.limiter.sync(&self.state, &next) {
-            let restored = self.limiter.sync(&next, &self.state);
-            return Err(format!("updating the kernel maps failed: {e}{}", rollback_note(restored)));
+    fn commit(&mut self, next: State, save: bool) -> Result<(), Error> {
+        if let Err(error) = self.limiter.sync(&self.state, &next) {
+            let rollback = Rollback(self.limiter.sync(&next, &self.state).map_err(Box::new));
+            return Err(Error::UpdateMaps { error: Box::new(error), rollback });
         }
-        if save && let Err(e) = config::save(&self.config_path, &next.to_config()) {
-            let restored = self.limiter.sync(&next, &self.state);
-            return Err(format!("{e}{}", rollback_note(restored)));
+        if save && let Err(error) = config::save(&self.config_path, &next.to_config()) {
+            let rollback = Rollback(self.limiter.sync(&next, &self.state).map_err(Box::new));
+            return Err(Error::SaveChange { error, rollback });
         }
         self.state = next;
         self.longest_window = self.longest_window.max(self.state.max_window());
         Ok(())
     }
 
-    fn save(&self) -> Result<(), config::ConfigError> {
+    fn save(&self) -> Result<(), config::Error> {
         config::save(&self.config_path, &self.state.to_config())
     }
 
     /// SIGHUP: re-read the file. A file that does not parse or validate changes nothing.
     fn reload(&mut self) {
         let path = self.config_path.display().to_string();
-        let next = config::load(&self.config_path).map_err(|e| e.to_string()).and_then(|file: ConfigFile| {
-            State::build_for(&file, &self.state.ids(), self.state.max_frame()).map_err(|e| format!("{path}: {}", e.0))
+        let next = config::load(&self.config_path).map_err(Error::File).and_then(|file: ConfigFile| {
+            State::build_for(&file, &self.state.ids(), self.state.max_frame())
+                .map_err(|error| Error::Config { path: self.config_path.clone(), error })
         });
         match next.and_then(|next| self.commit(next, false)) {
             Ok(()) => info!(config = %path, policies = self.state.policies().count(), "reloaded"),
@@ -481,7 +396,7 @@ impl Daemon {
         }
     }
 
-    fn total(&self) -> anyhow::Result<Counters> {
+    fn total(&self) -> Result<Counters, kernel::Error> {
         let mut sum = Counters::default();
         self.limiter.counters()?.iter().for_each(|c| sum.add(c));
         Ok(sum)
@@ -509,15 +424,11 @@ async fn tick(interval: &mut Option<tokio::time::Interval>) {
 
 /// A ring record as a sample; records of another size are not ours.
 fn parse_sample(bytes: &[u8]) -> Option<RefusalSample> {
-    (bytes.len() == std::mem::size_of::<RefusalSample>())
-        .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<RefusalSample>()) })
-}
-
-fn rollback_note(restored: Result<(), crate::Error>) -> String {
-    match restored {
-        Ok(()) => "; nothing changed".into(),
-        Err(e) => format!("; restoring the previous maps failed too ({e}): restart the daemon"),
-    }
+    (bytes.len() == std::mem::size_of::<RefusalSample>()).then(|| {
+        // SAFETY: `bytes` holds exactly size_of::<RefusalSample>() bytes (checked above), read
+        // unaligned; RefusalSample is a plain-old-data #[repr(C)] record, valid for any bytes.
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<RefusalSample>()) }
+    })
 }
 
 fn print_rates(prev: &(Instant, Counters), now: &(Instant, Counters)) {

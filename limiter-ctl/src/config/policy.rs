@@ -14,7 +14,7 @@ use limiter_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::rate::Rate;
+use super::rate::Rate;
 
 /// A field's value was not in its accepted form.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

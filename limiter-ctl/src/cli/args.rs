@@ -1,4 +1,5 @@
-//! The command line, defined once with clap; shell completions are generated from it.
+//! The command line, defined once with clap; shell completions and man pages are generated
+//! from it.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -6,17 +7,14 @@ use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 
 use crate::{
-    config::{self, PolicyDef},
-    ipc,
-    limiter::ModeRequest,
-    pins,
-    policy::{KeySpec, Match, Mode, Name, Unit, parse_burst},
-    rate::Rate,
+    config::{self, KeySpec, Match, Mode, Name, PolicyDef, Rate, Unit, parse_burst},
+    daemon::{self, ipc},
+    kernel::{self, ModeRequest, pins},
 };
 
 #[derive(Debug, Parser)]
 #[command(name = "limiter-ctl", version, about = "Host-level flood limiter: per-source GCRA in XDP")]
-pub struct Cli {
+pub(crate) struct Cli {
     /// The daemon's control socket.
     #[arg(long, global = true, value_name = "PATH", default_value = ipc::DEFAULT_SOCKET)]
     pub socket: PathBuf,
@@ -25,7 +23,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Load the XDP limiter on an interface and keep it there until SIGINT or SIGTERM.
     Daemon(DaemonArgs),
     /// Create, replace, remove and inspect rate policies.
@@ -79,7 +77,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct DaemonArgs {
+pub(crate) struct DaemonArgs {
     /// Interface to protect.
     #[arg(long, value_name = "IFACE")]
     pub iface: String,
@@ -117,7 +115,7 @@ pub struct DaemonArgs {
 
 /// Where the metrics endpoint listens, if anywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Metrics(pub Option<std::net::SocketAddr>);
+pub(crate) struct Metrics(pub Option<std::net::SocketAddr>);
 
 fn parse_metrics(s: &str) -> Result<Metrics, String> {
     if s == "off" {
@@ -136,13 +134,13 @@ fn parse_sample(s: &str) -> Result<u32, String> {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum SaltCommand {
+pub(crate) enum SaltCommand {
     /// Draw a new salt now (the daemon also does so every --rotate-every).
     Rotate,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum PolicyCommand {
+pub(crate) enum PolicyCommand {
     /// Create a policy, or replace the one of that name (it keeps its buckets and counters).
     Set(PolicySetArgs),
     /// Remove a policy: its traffic falls to the next matching policy, or passes.
@@ -161,7 +159,7 @@ pub enum PolicyCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct PolicySetArgs {
+pub(crate) struct PolicySetArgs {
     /// 1-32 of A-Z a-z 0-9 _ . -
     pub name: Name,
     /// any, tcp, udp or icmp, optionally with a destination port or range: udp:53, tcp:8000-8999.
@@ -184,8 +182,27 @@ pub struct PolicySetArgs {
     pub dry_run: bool,
 }
 
+impl DaemonArgs {
+    /// The daemon's options, as these flags give them.
+    pub(crate) fn options(self) -> daemon::Options {
+        daemon::Options {
+            iface: self.iface,
+            config: self.config,
+            rate: self.rate,
+            burst: self.burst,
+            buckets: self.buckets,
+            mode: self.mode,
+            stats_every: self.stats_every,
+            rotate_every: self.rotate_every.0,
+            pin_dir: self.pin_dir,
+            metrics: self.metrics.0,
+            sample_refusals: self.sample_refusals,
+        }
+    }
+}
+
 impl PolicySetArgs {
-    pub fn def(&self) -> PolicyDef {
+    pub(crate) fn def(&self) -> PolicyDef {
         PolicyDef {
             name: self.name.clone(),
             matches: self.matches,
@@ -199,7 +216,7 @@ impl PolicySetArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ListCommand {
+pub(crate) enum ListCommand {
     /// Add an IPv4 or IPv6 network (e.g. 198.18.0.0/24, 2001:db8::/48).
     Add {
         #[arg(value_parser = parse_cidr)]
@@ -224,7 +241,7 @@ fn parse_cidr(s: &str) -> Result<IpNet, String> {
 }
 
 fn parse_buckets(s: &str) -> Result<u32, String> {
-    s.parse::<u32>().ok().and_then(|n| crate::limiter::check_buckets(n).ok()).ok_or_else(|| {
+    s.parse::<u32>().ok().and_then(|n| kernel::check_buckets(n).ok()).ok_or_else(|| {
         format!(
             "invalid bucket count '{s}': expected a power of two from {} to {}",
             limiter_common::maps::MIN_BUCKETS,
@@ -235,7 +252,7 @@ fn parse_buckets(s: &str) -> Result<u32, String> {
 
 /// How often the daemon draws a new salt; `off`: only on `limiter-ctl salt rotate`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rotation(pub Option<Duration>);
+pub(crate) struct Rotation(pub Option<Duration>);
 
 fn parse_rotation(s: &str) -> Result<Rotation, String> {
     if s == "off" {
@@ -249,11 +266,15 @@ fn parse_rotation(s: &str) -> Result<Rotation, String> {
     }
 }
 
+/// Whole seconds from 1, as humantime writes them (`1s`, `5s`, `2m`), or bare (`5`).
 fn parse_interval(s: &str) -> Result<Duration, String> {
     let err = || format!("invalid interval '{s}': expected whole seconds such as 1s or 5s");
-    let n: u64 = s.strip_suffix('s').unwrap_or(s).parse().map_err(|_| err())?;
-    if n == 0 {
+    let d = match s.parse::<u64>() {
+        Ok(n) => Duration::from_secs(n),
+        Err(_) => humantime::parse_duration(s).map_err(|_| err())?,
+    };
+    if d.is_zero() || d.subsec_nanos() != 0 {
         return Err(err());
     }
-    Ok(Duration::from_secs(n))
+    Ok(d)
 }

@@ -14,15 +14,15 @@ use limiter_common::maps::{
     PORT_POLICY_ENTRIES, Policy,
 };
 
-use crate::Error;
+use super::{Error, Incompatible, MapShape, host::if_index};
 
-pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/limiter";
-const BPFFS: &str = "/sys/fs/bpf";
+pub(crate) const DEFAULT_ROOT: &str = "/sys/fs/bpf/limiter";
+pub(super) const BPFFS: &str = "/sys/fs/bpf";
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const LINK: &str = "link";
 
 #[derive(Clone, Debug)]
-pub struct PinDir {
+pub(crate) struct PinDir {
     dir: PathBuf,
 }
 
@@ -55,46 +55,38 @@ impl PinDir {
             mount_bpffs()?;
             note = Some(format!("mounted bpffs at {BPFFS}"));
         }
-        std::fs::create_dir_all(&self.dir).map_err(|e| Error::Pins(format!("creating {}: {e}", self.dir.display())))?;
+        std::fs::create_dir_all(&self.dir).map_err(|error| Error::PinFile {
+            doing: "creating",
+            path: self.dir.clone(),
+            error,
+        })?;
         if !is_bpffs(&self.dir) {
-            return Err(Error::Pins(format!(
-                "{} is not on a BPF filesystem; mount one (mount -t bpf bpf {BPFFS}) or choose --pin-dir under it",
-                self.dir.display()
-            )));
+            return Err(Error::NotBpffs { dir: self.dir.clone() });
         }
         Ok(note)
     }
 
     /// Checks that the maps pinned here are the ones this build creates, with `buckets` buckets.
     pub fn check_compatible(&self, buckets: u32) -> Result<(), Error> {
-        for (name, kind, key, value, entries) in expected_maps(buckets) {
-            let info = MapInfo::from_pin(self.map(name))
-                .map_err(|e| self.adopt_error(format!("map {name} is not readable ({e})")))?;
-            let found = (info.map_type().ok(), info.key_size(), info.value_size(), info.max_entries());
-            if found != (Some(kind), key, value, entries) {
-                let hint = if name == MAP_BUCKETS && found.3 != entries {
-                    format!(
-                        " (it was pinned with --buckets {}; start with that, or detach first)",
-                        found.3 / GENERATIONS
-                    )
-                } else {
-                    " (pinned by another version of limiter)".into()
-                };
-                return Err(self.adopt_error(format!(
-                    "map {name} is {:?} key {} value {} entries {}, this build needs {kind:?} key {key} value {value} entries {entries}{hint}",
-                    found.0, found.1, found.2, found.3
-                )));
+        for (map, kind, key, value, entries) in expected_maps(buckets) {
+            let info = MapInfo::from_pin(self.map(map))
+                .map_err(|error| self.adopt_error(Incompatible::Unreadable { map, error }))?;
+            let found = MapShape {
+                kind: info.map_type().ok(),
+                key: info.key_size(),
+                value: info.value_size(),
+                entries: info.max_entries(),
+            };
+            let needs = MapShape { kind: Some(kind), key, value, entries };
+            if found != needs {
+                return Err(self.adopt_error(Incompatible::Shape { map, found, needs }));
             }
         }
         Ok(())
     }
 
     pub fn check_layout(&self, version: u64) -> Result<(), Error> {
-        if version == LAYOUT_VERSION {
-            Ok(())
-        } else {
-            Err(self.adopt_error(format!("its maps are layout version {version}, this build uses {LAYOUT_VERSION}")))
-        }
+        if version == LAYOUT_VERSION { Ok(()) } else { Err(self.adopt_error(Incompatible::Layout { found: version })) }
     }
 
     /// Unpins the link (detaching the program unless a live daemon still holds it) and every map;
@@ -105,23 +97,18 @@ impl PinDir {
             match std::fs::remove_file(&path) {
                 Ok(()) => removed.push(path),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::Pins(format!("removing {}: {e}", path.display()))),
+                Err(error) => return Err(Error::PinFile { doing: "removing", path, error }),
             }
         }
         match std::fs::remove_dir(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(Error::Pins(format!(
-                    "removing {}: {e} (is something else pinned there?)",
-                    self.dir.display()
-                )));
-            }
+            Err(error) => return Err(Error::PinDirBusy { dir: self.dir.clone(), error }),
         }
         Ok(removed)
     }
 
-    fn adopt_error(&self, why: String) -> Error {
+    fn adopt_error(&self, why: Incompatible) -> Error {
         Error::Adopt { dir: self.dir.clone(), why }
     }
 }
@@ -153,16 +140,13 @@ fn is_bpffs(path: &Path) -> bool {
 
 fn mount_bpffs() -> Result<(), Error> {
     std::fs::create_dir_all(BPFFS).ok();
-    nix::mount::mount(Some("bpf"), BPFFS, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>).map_err(|e| {
-        Error::Pins(format!(
-            "bpffs is not mounted at {BPFFS} and mounting it failed ({e}); mount it with `mount -t bpf bpf {BPFFS}`"
-        ))
-    })
+    nix::mount::mount(Some("bpf"), BPFFS, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
+        .map_err(Error::MountBpffs)
 }
 
 /// `limiter-ctl detach`: unpins a limiter's link and maps. The program leaves the interface
 /// unless a running daemon still holds it, which the report says.
-pub fn detach(root: &Path, iface: &str) -> Result<String, Error> {
+pub(crate) fn detach(root: &Path, iface: &str) -> Result<String, Error> {
     let pins = PinDir::new(root, iface);
     if !pins.dir().exists() {
         return Ok(format!("nothing pinned for {iface} under {}\n", root.display()));
@@ -179,10 +163,44 @@ pub fn detach(root: &Path, iface: &str) -> Result<String, Error> {
     Ok(report)
 }
 
-/// Whether the interface has any XDP program attached, as iproute2 reports it.
-pub fn xdp_attached(iface: &str) -> bool {
-    std::process::Command::new("ip")
-        .args(["-d", "link", "show", "dev", iface])
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("prog/xdp"))
+/// Whether the interface has any XDP program attached (in any mode, through a link or not):
+/// the kernel's own answer to RTM_GETLINK, its IFLA_XDP attributes.
+pub(crate) fn xdp_attached(iface: &str) -> bool {
+    if_index(iface).is_some_and(|index| query_xdp(index).unwrap_or(false))
+}
+
+fn query_xdp(index: u32) -> io::Result<bool> {
+    use netlink_packet_core::{NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
+    use netlink_packet_route::{
+        RouteNetlinkMessage,
+        link::{LinkAttribute, LinkMessage, LinkXdp, XdpAttached},
+    };
+    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let mut link = LinkMessage::default();
+    link.header.index = index;
+    let mut request =
+        NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(RouteNetlinkMessage::GetLink(link)));
+    request.header.flags = NLM_F_REQUEST;
+    request.header.sequence_number = 1;
+    request.finalize();
+    let mut buf = vec![0; request.buffer_len()];
+    request.serialize(&mut buf);
+    socket.send(&buf, 0)?;
+    let (reply, _) = socket.recv_from_full()?;
+    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&reply).map_err(io::Error::other)?;
+    let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = reply.payload else {
+        return Ok(false);
+    };
+    Ok(link.attributes.iter().any(|a| match a {
+        LinkAttribute::Xdp(xdp) => xdp.iter().any(|x| match x {
+            LinkXdp::Attached(mode) => *mode != XdpAttached::None,
+            LinkXdp::ProgId(id) => *id != 0,
+            _ => false,
+        }),
+        _ => false,
+    }))
 }

@@ -10,9 +10,8 @@ use limiter_common::maps::{
     PORT_POLICY_ENTRIES, Policy,
 };
 
-use crate::{
-    config::{ConfigFile, PolicyDef},
-    error::Usage,
+use super::{
+    ConfigFile, Error, PolicyDef,
     policy::{Match, Name, Ports, Proto, Unit},
 };
 
@@ -47,6 +46,8 @@ pub struct State {
     /// The largest frame the program can meet (bytes): a byte policy's burst must hold it, or
     /// such frames would be refused forever.
     max_frame: u64,
+    /// What the policies compile to, kept in step with them (so a valid state has its routes).
+    routes: Routes,
 }
 
 /// The largest frame on an Ethernet interface with a 1500-byte MTU and two VLAN tags: what a
@@ -57,7 +58,13 @@ pub const L2_OVERHEAD: u64 = 14 + 8;
 
 impl Default for State {
     fn default() -> Self {
-        Self { policies: BTreeMap::new(), allow: BTreeSet::new(), deny: BTreeSet::new(), max_frame: DEFAULT_MAX_FRAME }
+        Self {
+            policies: BTreeMap::new(),
+            allow: BTreeSet::new(),
+            deny: BTreeSet::new(),
+            max_frame: DEFAULT_MAX_FRAME,
+            routes: Routes { ports: vec![0; PORT_POLICY_ENTRIES as usize], class_policy: [0; CLASSES] },
+        }
     }
 }
 
@@ -89,12 +96,12 @@ impl Routes {
 impl State {
     /// Validates a whole config. Policies named in `ids` keep those ids (and so their buckets and
     /// counters); new names take free ones.
-    pub fn build(config: &ConfigFile, ids: &BTreeMap<Name, u16>) -> Result<State, Usage> {
+    pub fn build(config: &ConfigFile, ids: &BTreeMap<Name, u16>) -> Result<State, Error> {
         Self::build_for(config, ids, DEFAULT_MAX_FRAME)
     }
 
     /// [`State::build`] for an interface whose largest frame is `max_frame` bytes.
-    pub fn build_for(config: &ConfigFile, ids: &BTreeMap<Name, u16>, max_frame: u64) -> Result<State, Usage> {
+    pub fn build_for(config: &ConfigFile, ids: &BTreeMap<Name, u16>, max_frame: u64) -> Result<State, Error> {
         let mut state = State { max_frame, ..State::default() };
         for net in &config.allow {
             state.add_net(List::Allow, *net)?;
@@ -105,7 +112,7 @@ impl State {
         let mut seen = BTreeSet::new();
         for def in &config.policies {
             if !seen.insert(def.name.clone()) {
-                return Err(Usage(format!("policy '{}' is defined twice", def.name)));
+                return Err(Error::DefinedTwice(def.name.clone()));
             }
         }
         // Names that keep their ids first, so new names cannot take them.
@@ -114,7 +121,7 @@ impl State {
             let id = ids.get(&def.name).map_or_else(|| state.free_id(), |id| Ok(*id))?;
             state.insert(def.clone(), id)?;
         }
-        state.routes()?;
+        state.routes = state.compile_routes()?;
         Ok(state)
     }
 
@@ -152,36 +159,35 @@ impl State {
     }
 
     /// Creates or replaces a policy; a replaced policy keeps its id, so its buckets and counters.
-    pub fn with_policy(&self, def: PolicyDef) -> Result<State, Usage> {
+    pub fn with_policy(&self, def: PolicyDef) -> Result<State, Error> {
         let mut next = self.clone();
         let id = self.policies.get(&def.name).map_or_else(|| self.free_id(), |e| Ok(e.id))?;
         next.insert(def, id)?;
-        next.routes()?;
+        next.routes = next.compile_routes()?;
         Ok(next)
     }
 
-    pub fn without_policy(&self, name: &Name) -> Result<State, Usage> {
+    pub fn without_policy(&self, name: &Name) -> Result<State, Error> {
         let mut next = self.clone();
-        next.policies
-            .remove(name)
-            .ok_or_else(|| Usage(format!("no policy named '{name}' (see `limiter-ctl policy list`)")))?;
+        next.policies.remove(name).ok_or_else(|| Error::NoSuchPolicy(name.clone()))?;
+        next.routes = next.compile_routes()?;
         Ok(next)
     }
 
-    pub fn with_net(&self, list: List, net: IpNet) -> Result<State, Usage> {
+    pub fn with_net(&self, list: List, net: IpNet) -> Result<State, Error> {
         let mut next = self.clone();
         next.add_net(list, net)?;
         Ok(next)
     }
 
-    pub fn without_net(&self, list: List, net: IpNet) -> Result<State, Usage> {
+    pub fn without_net(&self, list: List, net: IpNet) -> Result<State, Error> {
         let mut next = self.clone();
         let set = match list {
             List::Allow => &mut next.allow,
             List::Deny => &mut next.deny,
         };
         if !set.remove(&net) {
-            return Err(Usage(format!("{net} is not on the {} list", list.as_str())));
+            return Err(Error::NotOnList { net, list });
         }
         Ok(next)
     }
@@ -191,67 +197,67 @@ impl State {
         self.max_frame
     }
 
-    fn insert(&mut self, def: PolicyDef, id: u16) -> Result<(), Usage> {
+    fn insert(&mut self, def: PolicyDef, id: u16) -> Result<(), Error> {
         let spec = def.spec();
         if spec.unit == Unit::Bytes && spec.burst < self.max_frame {
-            return Err(Usage(format!(
-                "policy '{}': a byte policy's burst ({} bytes) must hold the largest frame it can meet ({} bytes: \
-                 the MTU plus Ethernet and VLAN headers), or such frames are refused forever; use --burst {} or more",
-                def.name, spec.burst, self.max_frame, self.max_frame
-            )));
+            return Err(Error::BurstBelowFrame {
+                name: def.name.clone(),
+                burst: spec.burst,
+                max_frame: self.max_frame,
+            });
         }
-        let kernel = spec.compile(id).map_err(|e| Usage(format!("policy '{}': {e}", def.name)))?;
+        let kernel = spec.compile(id).map_err(|error| Error::Policy { name: def.name.clone(), error })?;
         self.policies.insert(def.name.clone(), Entry { id, def, kernel });
         Ok(())
     }
 
-    fn free_id(&self) -> Result<u16, Usage> {
+    fn free_id(&self) -> Result<u16, Error> {
         let used: BTreeSet<u16> = self.policies.values().map(|e| e.id).collect();
-        (1..MAX_POLICIES as u16)
-            .find(|id| !used.contains(id))
-            .ok_or_else(|| Usage(format!("too many policies: at most {} (remove one first)", MAX_POLICIES - 1)))
+        (1..MAX_POLICIES as u16).find(|id| !used.contains(id)).ok_or(Error::TooManyPolicies { max: MAX_POLICIES - 1 })
     }
 
-    fn add_net(&mut self, list: List, net: IpNet) -> Result<(), Usage> {
+    fn add_net(&mut self, list: List, net: IpNet) -> Result<(), Error> {
         if net.trunc() != net {
-            return Err(Usage(format!(
-                "invalid CIDR '{net}': host bits are set; expected a network address such as {}",
-                net.trunc()
-            )));
+            return Err(Error::HostBits { net });
         }
         let (this, other) = match list {
             List::Allow => (&mut self.allow, &self.deny),
             List::Deny => (&mut self.deny, &self.allow),
         };
         if other.contains(&net) {
-            let other_name = match list {
-                List::Allow => "deny",
-                List::Deny => "allow",
+            let other = match list {
+                List::Allow => List::Deny,
+                List::Deny => List::Allow,
             };
-            return Err(Usage(format!("{net} is on the {other_name} list; remove it there first")));
+            return Err(Error::OnOtherList { net, other });
         }
         this.insert(net);
         let family = |n: &IpNet| matches!(n, IpNet::V4(_));
         let same_family = self.allow.iter().chain(&self.deny).filter(|n| family(n) == family(&net)).count();
         if same_family > MAX_ACL_ENTRIES as usize {
-            return Err(Usage(format!("too many allow/deny entries for this family: at most {MAX_ACL_ENTRIES}")));
+            return Err(Error::TooManyListEntries { max: MAX_ACL_ENTRIES });
         }
         Ok(())
     }
 
+    /// Where each packet class goes, as the kernel's routing says it (compiled with the policies).
+    pub fn routes(&self) -> &Routes {
+        &self.routes
+    }
+
     /// Compiles the matches into the kernel's routing, rejecting clashes: two policies on the same
     /// port, overlapping ranges of one protocol, two policies for one protocol, or two `any`.
-    pub fn routes(&self) -> Result<Routes, Usage> {
+    fn compile_routes(&self) -> Result<Routes, Error> {
         let mut ports = vec![0u16; PORT_POLICY_ENTRIES as usize];
         let mut claimed: BTreeMap<(Proto, Option<Ports>), &Entry> = BTreeMap::new();
         let mut ranges: Vec<(&Entry, Proto, u16, u16)> = Vec::new();
         for entry in self.policies.values() {
             let m: Match = entry.def.matches;
-            let clash = |other: &Entry| {
-                Usage(format!(
-                    "policy '{}' ({}) clashes with policy '{}' ({}): each packet must have one policy",
-                    entry.def.name, m, other.def.name, other.def.matches
-                ))
+            let clash = |other: &Entry| Error::Clash {
+                name: entry.def.name.clone(),
+                matches: m,
+                other: other.def.name.clone(),
+                other_matches: other.def.matches,
             };
             if let Some(other) = claimed.insert((m.proto, m.ports), entry) {
                 return Err(clash(other));
@@ -306,7 +312,7 @@ mod tests {
         }
     }
 
-    fn with(defs: &[(&str, &str)]) -> Result<State, Usage> {
+    fn with(defs: &[(&str, &str)]) -> Result<State, Error> {
         defs.iter().try_fold(State::default(), |s, (n, m)| s.with_policy(def(n, m)))
     }
 
@@ -318,7 +324,7 @@ mod tests {
     fn precedence_is_port_then_range_then_protocol_then_any() {
         let s = with(&[("any", "any"), ("udp", "udp"), ("range", "udp:50-60"), ("dns", "udp:53"), ("web", "tcp:80")])
             .unwrap();
-        let r = s.routes().unwrap();
+        let r = s.routes();
         let udp = |p: usize| r.ports[(CLASS_UDP << 16) | p];
         assert_eq!(udp(53), id(&s, "dns"));
         assert_eq!(udp(54), id(&s, "range"));
@@ -337,7 +343,7 @@ mod tests {
             [("udp:53", "udp:53"), ("udp:50-60", "udp:60-70"), ("tcp", "tcp"), ("any", "any"), ("tcp:1-100", "tcp:5-6")]
         {
             let err = with(&[("a", first), ("b", second)]).unwrap_err();
-            assert!(err.0.contains("'a'") && err.0.contains("'b'"), "{first} vs {second}: {}", err.0);
+            assert!(err.to_string().contains("'a'") && err.to_string().contains("'b'"), "{first} vs {second}: {err}");
         }
         // Different protocols, or a port inside a range, are fine.
         with(&[("a", "udp:50-60"), ("b", "tcp:50-60"), ("c", "udp:55")]).unwrap();
@@ -372,9 +378,9 @@ mod tests {
     fn lists_reject_host_bits_and_contradictions() {
         let s = State::default();
         let net = |t: &str| t.parse::<IpNet>().unwrap();
-        assert!(s.with_net(List::Allow, net("198.18.0.5/24")).unwrap_err().0.contains("198.18.0.0/24"));
+        assert!(s.with_net(List::Allow, net("198.18.0.5/24")).unwrap_err().to_string().contains("198.18.0.0/24"));
         let s = s.with_net(List::Allow, net("198.18.0.0/24")).unwrap();
-        assert!(s.with_net(List::Deny, net("198.18.0.0/24")).unwrap_err().0.contains("allow list"));
+        assert!(s.with_net(List::Deny, net("198.18.0.0/24")).unwrap_err().to_string().contains("allow list"));
         let s = s.with_net(List::Deny, net("2001:db8::/32")).unwrap();
         assert_eq!(s.to_config().deny, vec![net("2001:db8::/32")]);
         assert!(s.without_net(List::Allow, net("198.18.1.0/24")).is_err());
@@ -388,7 +394,7 @@ mod tests {
             rate: "1000000/s".parse().unwrap(),
             ..def("bulk", "udp")
         };
-        let err = State::default().with_policy(bytes(Some(1000))).unwrap_err().0;
+        let err = State::default().with_policy(bytes(Some(1000))).unwrap_err().to_string();
         assert!(err.contains("1522") && err.contains("'bulk'") && !err.contains('\n'), "{err}");
         State::default().with_policy(bytes(Some(1522))).unwrap();
         State::default().with_policy(bytes(None)).unwrap();
@@ -396,7 +402,7 @@ mod tests {
         let config = ConfigFile { policies: vec![bytes(Some(1522))], ..ConfigFile::default() };
         let jumbo = max_frame_for_mtu(9000);
         assert_eq!(jumbo, 9022);
-        assert!(State::build_for(&config, &BTreeMap::new(), jumbo).unwrap_err().0.contains("9022"));
+        assert!(State::build_for(&config, &BTreeMap::new(), jumbo).unwrap_err().to_string().contains("9022"));
         assert_eq!(max_frame_for_mtu(65_536), MAX_FRAME_WEIGHT);
         // Packet policies are not concerned.
         State::default().with_policy(PolicyDef { burst: Some(1), ..def("p", "tcp") }).unwrap();
@@ -408,6 +414,6 @@ mod tests {
         for i in 1..MAX_POLICIES {
             s = s.with_policy(def(&format!("p{i}"), &format!("tcp:{i}"))).unwrap();
         }
-        assert!(s.with_policy(def("one-too-many", "udp")).unwrap_err().0.contains("too many"));
+        assert!(s.with_policy(def("one-too-many", "udp")).unwrap_err().to_string().contains("too many"));
     }
 }

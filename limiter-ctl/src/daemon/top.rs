@@ -12,7 +12,7 @@ use ipnet::IpNet;
 use limiter_common::{key::FAMILY_V4, maps::RefusalSample};
 use serde::{Deserialize, Serialize};
 
-use crate::state::State;
+use crate::config::State;
 
 pub const WINDOW: Duration = Duration::from_secs(10);
 const SLOT: Duration = Duration::from_secs(1);

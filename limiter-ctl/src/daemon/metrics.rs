@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 
-use anyhow::Context as _;
 use axum::{Router, http::header, response::IntoResponse, routing::get};
 use prometheus_client::{
     collector::Collector,
@@ -12,10 +11,10 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::stats::Shared;
+use super::{Error, stats::Shared};
 
 #[derive(Debug)]
-struct Limiter(Shared);
+struct Exposition(Shared);
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -47,7 +46,7 @@ fn by_decision(policy: &str, decisions: &[(&'static str, u64)]) -> Vec<(Labels, 
     decisions.iter().map(|(d, n)| (vec![("policy", policy.to_string()), ("decision", (*d).to_string())], *n)).collect()
 }
 
-impl Collector for Limiter {
+impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.0.read().map_err(|_| std::fmt::Error)?.clone();
         let (mut packets, mut bytes) = (Vec::new(), Vec::new());
@@ -125,9 +124,9 @@ impl Collector for Limiter {
 }
 
 /// The exposition text for a snapshot.
-pub fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
+fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Limiter(shared.clone())));
+    registry.register_collector(Box::new(Exposition(shared.clone())));
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
@@ -135,10 +134,8 @@ pub fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
 
 /// Serves `/metrics` on `addr` until the process ends. Binding happens before this returns,
 /// so a taken port is reported at start.
-pub async fn serve(addr: SocketAddr, shared: Shared) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the metrics endpoint on {addr} (--metrics off to disable)"))?;
+pub(super) async fn serve(addr: SocketAddr, shared: Shared) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Metrics { addr, source })?;
     let app = Router::new().route(
         "/metrics",
         get(move || {
@@ -166,7 +163,7 @@ mod tests {
     use std::sync::{Arc, RwLock};
 
     use super::*;
-    use crate::{
+    use crate::daemon::{
         ipc::PolicyCounters,
         stats::{PolicyStats, Snapshot},
     };

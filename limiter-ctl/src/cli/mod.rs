@@ -1,0 +1,257 @@
+//! The CLI room: the argument definitions (`args`), the human and JSON output of the read
+//! commands (`show`), and the client side of the control socket (`client`). `main` runs one
+//! command and maps its error to the exit code by the error's type.
+//!
+//! It may use the daemon room (which it runs, and whose wire types it speaks), and through it
+//! the kernel and config rooms; nothing uses it. Its one error type is [`Error`].
+
+mod args;
+mod client;
+mod show;
+
+use std::{io::Write as _, process::ExitCode};
+
+use args::{Cli, Command, ListCommand, PolicyCommand, SaltCommand};
+use clap::{CommandFactory as _, Parser as _};
+use client::ClientError;
+
+use crate::{
+    config::List,
+    daemon::{
+        self,
+        ipc::{PolicyStatus, Request, Response},
+        stats, top,
+    },
+    kernel::{self, pins},
+};
+
+/// Exit codes: 0 done, 1 failed, 2 bad input (nothing changed).
+const BAD_INPUT: u8 = 2;
+const FAILED: u8 = 1;
+
+/// What a command can fail with; [`exit_code`] tells bad input from failures.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Error {
+    #[error(transparent)]
+    Daemon(Box<daemon::Error>),
+    #[error(transparent)]
+    Kernel(Box<kernel::Error>),
+    #[error(transparent)]
+    Client(ClientError),
+    /// The daemon refused the request as bad input (nothing changed).
+    #[error("{0}")]
+    Refused(String),
+    /// The daemon could not do what was asked.
+    #[error("{0}")]
+    Failed(String),
+    #[error("unexpected response from the daemon: {0}")]
+    Unexpected(serde_json::Error),
+    #[error("{0}")]
+    Json(serde_json::Error),
+    #[error("writing the man pages: {0}")]
+    ManPages(std::io::Error),
+    #[error("starting the async runtime failed: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The exit code of an error: 2 for bad input, 1 for a failure.
+fn exit_code(e: &Error) -> u8 {
+    use daemon::Error as D;
+    match e {
+        Error::Refused(_) => BAD_INPUT,
+        Error::Daemon(d) => match **d {
+            D::File(_) | D::Config { .. } | D::DefaultPolicy(_) | D::NoSuchInterface(_) => BAD_INPUT,
+            _ => FAILED,
+        },
+        Error::Kernel(_)
+        | Error::Client(_)
+        | Error::Failed(_)
+        | Error::Unexpected(_)
+        | Error::Json(_)
+        | Error::ManPages(_)
+        | Error::Runtime(_) => FAILED,
+    }
+}
+
+/// Reports an error in one line on stderr and gives its exit code. A daemon that fails says
+/// what failed and every cause, each after a colon.
+fn fail(e: &Error) -> ExitCode {
+    let code = exit_code(e);
+    match e {
+        Error::Daemon(d) if code == FAILED => {
+            let mut line = d.to_string();
+            let mut source = std::error::Error::source(&**d);
+            while let Some(s) = source {
+                line.push_str(": ");
+                line.push_str(&s.to_string());
+                source = s.source();
+            }
+            eprintln!("error: {line}");
+        }
+        _ => eprintln!("error: {e}"),
+    }
+    ExitCode::from(code)
+}
+
+/// `limiter-ctl`: runs the command its arguments name.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprintln!("{}", one_line(&e.render().to_string()));
+            return ExitCode::from(BAD_INPUT);
+        }
+        Err(e) => {
+            // --help, --version
+            print!("{e}");
+            return ExitCode::SUCCESS;
+        }
+    };
+    match cli.command {
+        Command::Daemon(args) => run_daemon(args, &cli.socket),
+        Command::Man { dir } => match man_pages(dir.as_deref()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&Error::ManPages(e)),
+        },
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "limiter-ctl", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Policy(cmd) => client(&cli.socket, policy_request(&cmd), |data| match cmd {
+            PolicyCommand::List { json } => render::<Vec<PolicyStatus>>(data, json, |all| show::policies(&all)),
+            PolicyCommand::Show { json, .. } => render::<PolicyStatus>(data, json, |one| show::policy(&one)),
+            _ => Ok(String::new()),
+        }),
+        Command::Stats { watch, json } => stats_command(&cli.socket, watch, json),
+        Command::Top { limit, json } => client(&cli.socket, Request::Top { limit }, |data| {
+            render::<top::Report>(data, json, |report| show::top(&report))
+        }),
+        Command::Salt(SaltCommand::Rotate) => client(&cli.socket, Request::SaltRotate, |_| Ok("salt rotated\n".into())),
+        Command::Detach { iface, pin_dir } => match pins::detach(&pin_dir, &iface) {
+            Ok(report) => {
+                print!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&Error::Kernel(Box::new(e))),
+        },
+        Command::Allow(cmd) => list_command(&cli.socket, List::Allow, cmd),
+        Command::Deny(cmd) => list_command(&cli.socket, List::Deny, cmd),
+    }
+}
+
+/// The top page to stdout, or (with `dir`) it and a page per subcommand, as the top page's
+/// SUBCOMMANDS section names them: limiter-ctl-policy.1, limiter-ctl-policy-set.1, ...
+fn man_pages(dir: Option<&std::path::Path>) -> std::io::Result<()> {
+    let top = Cli::command();
+    let Some(dir) = dir else {
+        return clap_mangen::Man::new(top).render(&mut std::io::stdout());
+    };
+    std::fs::create_dir_all(dir)?;
+    fn write(dir: &std::path::Path, cmd: clap::Command, name: String) -> std::io::Result<()> {
+        let cmd = cmd.name(name.clone());
+        let mut out = Vec::new();
+        clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
+        std::fs::write(dir.join(format!("{name}.1")), out)?;
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            write(dir, sub.clone(), format!("{name}-{}", sub.get_name()))?;
+        }
+        Ok(())
+    }
+    write(dir, top, "limiter-ctl".into())
+}
+
+/// Clap's error up to its first blank line, as one line: the message, and for a missing
+/// argument the argument's name, which clap puts on the next line.
+fn one_line(rendered: &str) -> String {
+    let text: Vec<&str> = rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).collect();
+    if text.is_empty() { "error: invalid arguments".into() } else { text.join(" ") }
+}
+
+fn run_daemon(args: args::DaemonArgs, socket: &std::path::Path) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stdout)
+        .with_target(false)
+        .with_ansi(false)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&Error::Runtime(e)),
+    };
+    match runtime.block_on(daemon::run(args.options(), socket)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&Error::Daemon(Box::new(e))),
+    }
+}
+
+/// `stats`, once or (`--watch`) redrawn once a second until interrupted.
+fn stats_command(socket: &std::path::Path, watch: bool, json: bool) -> ExitCode {
+    loop {
+        let code = client(socket, Request::Stats, |data| {
+            let text = if json {
+                serde_json::to_string(&data).map_err(Error::Json)? + "\n"
+            } else {
+                serde_json::from_value::<stats::Snapshot>(data).map(|s| show::stats(&s)).map_err(Error::Json)?
+            };
+            // Like top: home the cursor and clear, then draw.
+            Ok(if watch && !json { format!("\x1b[H\x1b[2J{text}") } else { text })
+        });
+        if !watch || code != ExitCode::SUCCESS {
+            return code;
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+fn policy_request(cmd: &PolicyCommand) -> Request {
+    match cmd {
+        PolicyCommand::Set(args) => Request::PolicySet { policy: args.def() },
+        PolicyCommand::Rm { name } => Request::PolicyRm { name: name.clone() },
+        PolicyCommand::List { .. } => Request::PolicyList,
+        PolicyCommand::Show { name, .. } => Request::PolicyShow { name: name.clone() },
+    }
+}
+
+fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitCode {
+    let request = match cmd {
+        ListCommand::Add { cidr } => Request::ListAdd { list, cidr },
+        ListCommand::Rm { cidr } => Request::ListRm { list, cidr },
+        ListCommand::List { .. } => Request::ListShow { list },
+    };
+    client(socket, request, |data| match cmd {
+        ListCommand::List { json } => render::<Vec<ipnet::IpNet>>(data, json, |nets| show::nets(&nets)),
+        _ => Ok(String::new()),
+    })
+}
+
+/// Renders a response's data as JSON or through `human`.
+fn render<T: serde::de::DeserializeOwned>(
+    data: serde_json::Value,
+    json: bool,
+    human: impl FnOnce(T) -> String,
+) -> Result<String, Error> {
+    if json {
+        return serde_json::to_string_pretty(&data).map(|s| s + "\n").map_err(Error::Json);
+    }
+    serde_json::from_value(data).map(human).map_err(Error::Unexpected)
+}
+
+fn client(
+    socket: &std::path::Path,
+    request: Request,
+    output: impl FnOnce(serde_json::Value) -> Result<String, Error>,
+) -> ExitCode {
+    let text = match client::call(socket, &request) {
+        Ok(Response::Ok { data }) => output(data),
+        Ok(Response::Usage { error }) => Err(Error::Refused(error)),
+        Ok(Response::Failed { error }) => Err(Error::Failed(error)),
+        Err(e) => Err(Error::Client(e)),
+    };
+    match text {
+        Ok(text) => {
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}

@@ -1,0 +1,44 @@
+//! Bad input, each error one line naming what was wrong; and the config file that could not
+//! be read or written.
+
+use std::{io, path::PathBuf};
+
+use ipnet::IpNet;
+use limiter_common::gcra::GcraError;
+
+use super::{List, Match, Name};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse { path: PathBuf, line: usize, column: usize, message: String },
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("writing {path}: {source}")]
+    Write { path: PathBuf, source: io::Error },
+    #[error("policy '{0}' is defined twice")]
+    DefinedTwice(Name),
+    #[error("no policy named '{0}' (see `limiter-ctl policy list`)")]
+    NoSuchPolicy(Name),
+    #[error("too many policies: at most {max} (remove one first)")]
+    TooManyPolicies { max: u32 },
+    #[error(
+        "policy '{name}': a byte policy's burst ({burst} bytes) must hold the largest frame it can meet ({max_frame} bytes: \
+         the MTU plus Ethernet and VLAN headers), or such frames are refused forever; use --burst {max_frame} or more"
+    )]
+    BurstBelowFrame { name: Name, burst: u64, max_frame: u64 },
+    #[error("policy '{name}': {error}")]
+    Policy { name: Name, error: GcraError },
+    #[error(
+        "policy '{name}' ({matches}) clashes with policy '{other}' ({other_matches}): each packet must have one policy"
+    )]
+    Clash { name: Name, matches: Match, other: Name, other_matches: Match },
+    #[error("invalid CIDR '{net}': host bits are set; expected a network address such as {}", net.trunc())]
+    HostBits { net: IpNet },
+    #[error("{net} is on the {} list; remove it there first", other.as_str())]
+    OnOtherList { net: IpNet, other: List },
+    #[error("{net} is not on the {} list", list.as_str())]
+    NotOnList { net: IpNet, list: List },
+    #[error("too many allow/deny entries for this family: at most {max}")]
+    TooManyListEntries { max: u32 },
+}

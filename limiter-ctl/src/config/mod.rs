@@ -1,0 +1,18 @@
+//! The config room: what the operator asks for, checked before anything moves. The policy
+//! model and its one textual form per field (`policy`, `rate`), the desired state validated as
+//! a whole and compiled into what the kernel reads (`state`), and the TOML file (`file`).
+//!
+//! It uses nothing of the other rooms: the kernel and the daemon use it, never the reverse.
+//! Its one error type, [`Error`], is bad input (or the file unreadable or unwritable).
+
+mod error;
+mod file;
+mod policy;
+mod rate;
+mod state;
+
+pub use error::Error;
+pub use file::{ConfigFile, DEFAULT_PATH, PolicyDef, load, parse, save};
+pub use policy::{FieldError, KeySpec, Match, Mode, Name, PolicySpec, Ports, Proto, Unit, parse_burst};
+pub use rate::{Rate, RateError};
+pub use state::{DEFAULT_MAX_FRAME, Entry, L2_OVERHEAD, List, Routes, State, longest_window, max_frame_for_mtu};

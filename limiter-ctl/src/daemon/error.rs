@@ -1,0 +1,72 @@
+//! What can stop the daemon, or make it refuse a change. Bad input (the config, the flags, the
+//! interface) is told apart from failures by its variant; the CLI maps each to its exit code.
+
+use std::{fmt, io, net::SocketAddr, path::PathBuf};
+
+use crate::{config, kernel};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // Bad input: nothing was changed.
+    /// The config file does not parse (or cannot be read).
+    #[error(transparent)]
+    File(config::Error),
+    /// The config file parses but does not validate.
+    #[error("{path}: {error}")]
+    Config { path: PathBuf, error: config::Error },
+    #[error("--rate/--burst: {0}")]
+    DefaultPolicy(config::Error),
+    #[error("interface '{0}' does not exist (see `ip link`)")]
+    NoSuchInterface(String),
+
+    // Failures.
+    #[error(transparent)]
+    Kernel(Box<kernel::Error>),
+    #[error("creating {dir}")]
+    CreateSocketDir { dir: PathBuf, source: io::Error },
+    #[error("another daemon is already listening on {path}; stop it or pass --socket")]
+    SocketTaken { path: PathBuf },
+    #[error("{path} exists and is not a socket; remove it or pass --socket")]
+    NotASocket { path: PathBuf },
+    #[error("removing stale {path}")]
+    RemoveStaleSocket { path: PathBuf, source: io::Error },
+    #[error("checking {path}")]
+    CheckSocket { path: PathBuf, source: io::Error },
+    #[error("binding {path}")]
+    Bind { path: PathBuf, source: io::Error },
+    #[error("restricting {path} to root")]
+    RestrictSocket { path: PathBuf, source: io::Error },
+    #[error("binding the metrics endpoint on {addr} (--metrics off to disable)")]
+    Metrics { addr: SocketAddr, source: io::Error },
+    #[error("installing the {signal} handler")]
+    Signal { signal: &'static str, source: io::Error },
+    #[error("watching the refusal ring: {0}")]
+    RefusalRing(io::Error),
+    #[error("writing the config")]
+    SaveConfig(#[source] config::Error),
+
+    // A change refused after validation (reported to the client, or logged on reload).
+    #[error("updating the kernel maps failed: {error}{rollback}")]
+    UpdateMaps { error: Box<kernel::Error>, rollback: Rollback },
+    #[error("{error}{rollback}")]
+    SaveChange { error: config::Error, rollback: Rollback },
+}
+
+impl From<kernel::Error> for Error {
+    fn from(e: kernel::Error) -> Self {
+        Self::Kernel(Box::new(e))
+    }
+}
+
+/// Whether the maps were put back after a change failed half way.
+#[derive(Debug)]
+pub struct Rollback(pub Result<(), Box<kernel::Error>>);
+
+impl fmt::Display for Rollback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Ok(()) => f.write_str("; nothing changed"),
+            Err(e) => write!(f, "; restoring the previous maps failed too ({e}): restart the daemon"),
+        }
+    }
+}

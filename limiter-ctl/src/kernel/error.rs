@@ -1,0 +1,134 @@
+//! What can go wrong between userspace and the kernel, each saying what to do about it.
+
+use std::{fmt, io, path::PathBuf};
+
+use aya::{
+    EbpfError,
+    maps::{MapError, MapType},
+    pin::PinError,
+    programs::{ProgramError, links::LinkError},
+};
+use limiter_common::maps::{LAYOUT_VERSION, MAX_BUCKETS, MIN_BUCKETS};
+
+use super::pins::BPFFS;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("loading the XDP program failed: {0} (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)")]
+    Load(#[source] EbpfError),
+    #[error("the kernel rejected the XDP program: {0}")]
+    Verify(#[source] ProgramError),
+    #[error("the BPF object has no {kind} named '{name}': the build is inconsistent, rebuild limiter-ctl")]
+    Missing { kind: &'static str, name: &'static str },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("interface '{0}' does not exist (see `ip link`)")]
+    NoSuchInterface(String),
+    #[error("attaching to {iface} in {mode} mode failed: {source}")]
+    Attach {
+        iface: String,
+        mode: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("detaching from {iface} failed: {source}")]
+    Detach {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("the OS random number generator failed: {0}")]
+    Salt(getrandom::Error),
+    #[error("bucket count {0} is not a power of two between {MIN_BUCKETS} and {MAX_BUCKETS}")]
+    Buckets(u32),
+    #[error("test run failed: {0}")]
+    TestRun(#[source] ProgramError),
+    #[error(
+        "cannot adopt the limiter pinned at {dir}: {why}; `limiter-ctl detach` removes it (and its state) so a new one can start"
+    )]
+    Adopt { dir: PathBuf, why: Incompatible },
+    #[error("a salt rotation is in progress: its grace period ends in {seconds_left} s; try again then")]
+    RotationBusy { seconds_left: u64 },
+    // The pins on bpffs. (Fields named `error`, not `source`: the message already says it.)
+    #[error("{doing} {path}: {error}")]
+    PinFile { doing: &'static str, path: PathBuf, error: io::Error },
+    #[error("removing {dir}: {error} (is something else pinned there?)")]
+    PinDirBusy { dir: PathBuf, error: io::Error },
+    #[error("{dir} is not on a BPF filesystem; mount one (mount -t bpf bpf {BPFFS}) or choose --pin-dir under it")]
+    NotBpffs { dir: PathBuf },
+    #[error("bpffs is not mounted at {BPFFS} and mounting it failed ({0}); mount it with `mount -t bpf bpf {BPFFS}`")]
+    MountBpffs(nix::Error),
+    #[error("opening {path}: {error}")]
+    OpenPinnedLink { path: PathBuf, error: LinkError },
+    #[error("{path}: {error}")]
+    PinnedLinkNotXdp { path: PathBuf, error: LinkError },
+    #[error("the XDP link is not a bpf_link ({0}); this kernel cannot pin it")]
+    NotBpfLink(LinkError),
+    #[error("pinning {path}: {error}")]
+    PinLink { path: PathBuf, error: PinError },
+    // What this build's own maps should never do.
+    #[error("internal error: {0} is not a per-CPU array")]
+    NotPerCpu(&'static str),
+    #[error("internal error: reattach without an attachment")]
+    NotAttached,
+    #[error("internal error: {map}: {error}")]
+    AclEntry { map: &'static str, error: ipnet::PrefixLenError },
+    #[error("internal error: {what}: {error}")]
+    Cpus { what: &'static str, error: io::Error },
+    #[error("internal error: per-CPU values: {0}")]
+    PerCpuValues(io::Error),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Why the maps pinned by a predecessor cannot be adopted.
+#[derive(Debug)]
+pub enum Incompatible {
+    /// A map is not there, or not readable.
+    Unreadable { map: &'static str, error: MapError },
+    /// A map differs from what this build creates.
+    Shape { map: &'static str, found: MapShape, needs: MapShape },
+    /// The maps are of another layout version.
+    Layout { found: u64 },
+}
+
+/// A map's type, key size, value size and entries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MapShape {
+    pub kind: Option<MapType>,
+    pub key: u32,
+    pub value: u32,
+    pub entries: u32,
+}
+
+impl fmt::Display for Incompatible {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unreadable { map, error } => write!(f, "map {map} is not readable ({error})"),
+            Self::Shape { map, found, needs } => {
+                let needed = needs.kind.map_or_else(|| "None".to_string(), |k| format!("{k:?}"));
+                write!(
+                    f,
+                    "map {map} is {:?} key {} value {} entries {}, this build needs {needed} key {} value {} entries {}",
+                    found.kind, found.key, found.value, found.entries, needs.key, needs.value, needs.entries
+                )?;
+                if *map == limiter_common::maps::MAP_BUCKETS && found.entries != needs.entries {
+                    write!(
+                        f,
+                        " (it was pinned with --buckets {}; start with that, or detach first)",
+                        found.entries / limiter_common::maps::GENERATIONS
+                    )
+                } else {
+                    f.write_str(" (pinned by another version of limiter)")
+                }
+            }
+            Self::Layout { found } => {
+                write!(f, "its maps are layout version {found}, this build uses {LAYOUT_VERSION}")
+            }
+        }
+    }
+}

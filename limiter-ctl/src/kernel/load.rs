@@ -1,0 +1,126 @@
+//! Loading the program, or adopting one a predecessor left pinned, and reaching its maps.
+
+use std::path::PathBuf;
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, Map, MapData, PerCpuArray},
+    programs::Xdp,
+};
+use limiter_common::maps::{Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_LAYOUT, PROGRAM};
+
+use super::{Error, attach::Link, check_buckets, objects, pins::PinDir};
+
+/// The handle on the limiter's XDP program and its maps. Dropping it without
+/// [`Limiter::detach`] leaves a pinned program attached (fail static); an unpinned one goes.
+pub struct Limiter {
+    pub(super) ebpf: Ebpf,
+    pub(super) buckets: u32,
+    pub(super) link: Option<Link>,
+    pub(super) pins: Option<PinDir>,
+    pub(super) adopted: bool,
+}
+
+impl Limiter {
+    /// Loads the program with `buckets` buckets per generation (a power of two), unpinned: it
+    /// goes when the handle goes. Nothing is attached and no policy set: it passes everything.
+    pub fn load(buckets: u32) -> Result<Self, Error> {
+        Self::open(buckets, None)
+    }
+
+    /// Loads the program with its maps pinned in `pins`. When a limiter was left there (its
+    /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
+    /// they are what this build expects; [`Limiter::adopted`] says so.
+    pub(crate) fn open(buckets: u32, pins: Option<PinDir>) -> Result<Self, Error> {
+        check_buckets(buckets)?;
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
+        let mut adopted = false;
+        let pin_paths: Vec<(&str, PathBuf)> = match &pins {
+            None => Vec::new(),
+            Some(p) => {
+                if p.has_link() {
+                    p.check_compatible(buckets)?;
+                    let data = MapData::from_pin(p.map(MAP_LAYOUT))
+                        .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+                    let layout = Array::<_, u64>::try_from(Map::Array(data))
+                        .and_then(|a| a.get(&0, 0))
+                        .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+                    p.check_layout(layout)?;
+                    adopted = true;
+                } else {
+                    // Maps without a link are leftovers of a detach that did not finish.
+                    p.remove()?;
+                    p.prepare()?;
+                }
+                super::pins::map_names().map(|m| (m, p.map(m))).collect()
+            }
+        };
+        for (name, path) in &pin_paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(objects::LIMITER).map_err(Error::Load)?;
+        let program: &mut Xdp = ebpf
+            .program_mut(PROGRAM)
+            .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
+            .try_into()
+            .map_err(Error::Verify)?;
+        program.load().map_err(Error::Verify)?;
+        let mut limiter = Self { ebpf, buckets, link: None, pins, adopted };
+        if !adopted {
+            limiter.store_config(&Config { bucket_mask: buckets - 1, ..Config::default() })?;
+            limiter
+                .array_mut::<u64>(MAP_LAYOUT)?
+                .set(0, LAYOUT_VERSION, 0)
+                .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+        }
+        Ok(limiter)
+    }
+
+    /// The maps came from a pinned predecessor: keep its salt and state.
+    pub fn adopted(&self) -> bool {
+        self.adopted
+    }
+
+    pub fn buckets(&self) -> u32 {
+        self.buckets
+    }
+
+    pub(super) fn xdp_mut(&mut self) -> Result<&mut Xdp, Error> {
+        self.ebpf
+            .program_mut(PROGRAM)
+            .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
+            .try_into()
+            .map_err(Error::Verify)
+    }
+
+    pub(super) fn map(&self, name: &'static str) -> Result<&Map, Error> {
+        self.ebpf.map(name).ok_or(Error::Missing { kind: "map", name })
+    }
+
+    pub(super) fn map_mut(&mut self, name: &'static str) -> Result<&mut Map, Error> {
+        self.ebpf.map_mut(name).ok_or(Error::Missing { kind: "map", name })
+    }
+
+    pub(super) fn array<V: aya::Pod>(&self, name: &'static str) -> Result<Array<&MapData, V>, Error> {
+        Array::try_from(self.map(name)?).map_err(|source| Error::Map { name, source })
+    }
+
+    pub(super) fn array_mut<V: aya::Pod>(&mut self, name: &'static str) -> Result<Array<&mut MapData, V>, Error> {
+        Array::try_from(self.map_mut(name)?).map_err(|source| Error::Map { name, source })
+    }
+
+    pub(super) fn per_cpu<V: aya::Pod>(&self, name: &'static str) -> Result<PerCpuArray<&MapData, V>, Error> {
+        PerCpuArray::try_from(self.map(name)?).map_err(|source| Error::Map { name, source })
+    }
+
+    pub(crate) fn read_config(&self) -> Result<Config, Error> {
+        self.array::<Config>(MAP_CONFIG)?.get(&0, 0).map_err(|source| Error::Map { name: MAP_CONFIG, source })
+    }
+
+    pub(super) fn store_config(&mut self, config: &Config) -> Result<(), Error> {
+        self.array_mut::<Config>(MAP_CONFIG)?
+            .set(0, config, 0)
+            .map_err(|source| Error::Map { name: MAP_CONFIG, source })
+    }
+}

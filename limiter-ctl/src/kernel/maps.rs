@@ -1,0 +1,60 @@
+//! Reading and writing the program's maps: its config, policies, counters, the refusal ring
+//! and the buckets.
+
+use std::os::fd::AsFd as _;
+
+use aya::maps::{Map, MapData, PerCpuArray, RingBuf};
+use limiter_common::maps::{
+    Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_POLICIES, MAP_REFUSALS, MAX_POLICIES, Policy,
+};
+
+use super::{Error, Limiter};
+
+impl Limiter {
+    /// Samples 1 in `one_in` refusals (a power of two; 0: none) into the `REFUSALS` ring.
+    pub fn set_sampling(&mut self, one_in: u32) -> Result<(), Error> {
+        let mut config = self.read_config()?;
+        config.flags &= !Config::SAMPLE_REFUSALS;
+        if one_in > 0 {
+            config.flags |= Config::SAMPLE_REFUSALS;
+            config.sample_mask = one_in.next_power_of_two() - 1;
+        }
+        self.store_config(&config)
+    }
+
+    /// The ring of sampled refusals, for the daemon to drain (it can be taken once).
+    pub(crate) fn take_refusals(&mut self) -> Result<RingBuf<MapData>, Error> {
+        let map = self.ebpf.take_map(MAP_REFUSALS).ok_or(Error::Missing { kind: "map", name: MAP_REFUSALS })?;
+        RingBuf::try_from(map).map_err(|source| Error::Map { name: MAP_REFUSALS, source })
+    }
+
+    /// A handle of its own on the buckets, for scanning them off the daemon's loop.
+    pub(crate) fn open_buckets(&self) -> Result<PerCpuArray<MapData, u64>, Error> {
+        let Map::PerCpuArray(data) = self.map(MAP_BUCKETS)? else {
+            return Err(Error::NotPerCpu(MAP_BUCKETS));
+        };
+        // A duplicate of our own descriptor: reopening the map by id would need CAP_SYS_ADMIN.
+        let fd = data.fd().as_fd().try_clone_to_owned()?;
+        let data = MapData::from_fd(fd).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
+        PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|source| Error::Map { name: MAP_BUCKETS, source })
+    }
+
+    pub(super) fn store_policy(&mut self, policy: &Policy) -> Result<(), Error> {
+        self.array_mut::<Policy>(MAP_POLICIES)?
+            .set(u32::from(policy.id), policy, 0)
+            .map_err(|source| Error::Map { name: MAP_POLICIES, source })
+    }
+
+    /// Counters per policy id (index 0: traffic no policy judged), summed over CPUs.
+    pub fn counters(&self) -> Result<Vec<Counters>, Error> {
+        let map = self.per_cpu::<Counters>(MAP_COUNTERS)?;
+        (0..MAX_POLICIES)
+            .map(|id| {
+                let per_cpu = map.get(&id, 0).map_err(|source| Error::Map { name: MAP_COUNTERS, source })?;
+                let mut sum = Counters::default();
+                per_cpu.iter().for_each(|c| sum.add(c));
+                Ok(sum)
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,56 @@
+//! Test-only accessors (the `testing` feature, which limiter-tests enables): running the
+//! program on a frame, and reaching into its maps below the level the daemon works at.
+
+use aya::programs::{TestRun as _, TestRunOptions, Xdp};
+use limiter_common::maps::{CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, PROGRAM, Policy};
+
+use super::{Error, Limiter};
+
+impl Limiter {
+    pub fn program(&self) -> Result<&Xdp, Error> {
+        self.ebpf
+            .program(PROGRAM)
+            .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
+            .try_into()
+            .map_err(Error::Verify)
+    }
+
+    pub fn config(&self) -> Result<Config, Error> {
+        self.read_config()
+    }
+
+    pub fn write_config(&mut self, config: &Config) -> Result<(), Error> {
+        self.store_config(config)
+    }
+
+    pub fn set_policy(&mut self, policy: &Policy) -> Result<(), Error> {
+        self.store_policy(policy)
+    }
+
+    /// Sends every protocol class without a more specific policy to policy `id` (0: none).
+    pub fn set_default_policy(&mut self, id: u16) -> Result<(), Error> {
+        let mut config = self.read_config()?;
+        config.class_policy = [id; CLASSES];
+        self.store_config(&config)
+    }
+
+    /// The counters of one policy id on each CPU.
+    pub fn counters_per_cpu(&self, id: u16) -> Result<Vec<Counters>, Error> {
+        let map = self.per_cpu::<Counters>(MAP_COUNTERS)?;
+        let values = map.get(&u32::from(id), 0).map_err(|source| Error::Map { name: MAP_COUNTERS, source })?;
+        Ok(values.iter().copied().collect())
+    }
+
+    /// The TAT stored in bucket `index` (generation offset included) on each CPU.
+    pub fn bucket(&self, index: u32) -> Result<Vec<u64>, Error> {
+        let map = self.per_cpu::<u64>(MAP_BUCKETS)?;
+        let values = map.get(&index, 0).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
+        Ok(values.iter().copied().collect())
+    }
+
+    /// Runs the program once on `frame` (BPF_PROG_TEST_RUN) and returns its XDP action.
+    pub fn test_run(&self, frame: &[u8]) -> Result<u32, Error> {
+        let opts = TestRunOptions { data_in: Some(frame), ..TestRunOptions::default() };
+        Ok(self.program()?.test_run(opts).map_err(Error::TestRun)?.return_value)
+    }
+}
