@@ -36,21 +36,22 @@ use crate::{
 };
 
 /// What `limiter-ctl daemon` was asked to do (its flags, parsed).
+// Fields paired by what they configure (rustfmt would put each on a line of its own).
+#[rustfmt::skip]
 #[derive(Debug)]
 pub(crate) struct Options {
-    pub iface: String,
+    /// The interface to protect, and how to attach to it.
+    pub iface: String, pub mode: ModeRequest,
+    /// The policies and lists; loaded at start, re-read on SIGHUP, rewritten on every change.
     pub config: PathBuf,
-    /// Install (or replace) the policy "default", matching all traffic, at this rate.
-    pub rate: Option<Rate>,
-    pub burst: Option<u64>,
-    pub buckets: u32,
-    pub mode: ModeRequest,
-    pub stats_every: Option<Duration>,
-    /// None: only on `limiter-ctl salt rotate`.
-    pub rotate_every: Option<Duration>,
-    pub pin_dir: PathBuf,
-    pub metrics: Option<SocketAddr>,
-    pub sample_refusals: u32,
+    /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
+    pub rate: Option<Rate>, pub burst: Option<u64>,
+    /// Buckets per generation and CPU, and where the maps and link are pinned.
+    pub buckets: u32, pub pin_dir: PathBuf,
+    /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
+    pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
+    /// The Prometheus endpoint; 1 in N refusals sampled for `top`.
+    pub metrics: Option<SocketAddr>, pub sample_refusals: u32,
 }
 
 /// The policy the daemon's `--rate` installs (matching everything).
