@@ -11,11 +11,11 @@
 use limiter_common::{SipKey, key::FAMILY_V4, maps::ParseProbe};
 use limiter_tests::{
     frames::{self, ETH_LEN, Fixture, TAG_LEN, hex, set_u16},
-    privileged::require,
     reference::{
         self, MAX_EXT_HEADERS, MAX_VLAN_TAGS, PROBE_KEY, Parsed,
         kernel::{Judge, Landed, Probe, errno},
     },
+    require_root,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
 
@@ -390,9 +390,7 @@ impl Harness {
 
 #[test]
 fn kernel_parser_matches_the_reference() {
-    if !require("kernel_parser_matches_the_reference") {
-        return;
-    }
+    require_root!();
     let seed = seed();
     eprintln!("seed {seed} (replay with LIMITER_DIFF_SEED={seed})");
     let mut h = Harness {

@@ -17,11 +17,11 @@ use limiter_ctl::{
 use limiter_tests::{
     cpu::pin_current_thread,
     frames::{self, ETH_LEN, Expect, Tag, V4, ethernet, hex, ipv6, tcp, udp},
-    privileged::require,
     reference::{
         self, PROBE_KEY,
         kernel::{Judge, Landed, XDP_DROP, XDP_PASS, errno},
     },
+    require_root,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -88,9 +88,7 @@ fn assert_none(failures: &[String], what: &str) {
 
 #[test]
 fn every_fixture_passes_and_is_counted_in_its_class() {
-    if !require("every_fixture_passes_and_is_counted_in_its_class") {
-        return;
-    }
+    require_root!();
     let judge = judge();
     let mut failures = Vec::new();
     for f in frames::fixtures() {
@@ -113,9 +111,7 @@ fn every_fixture_passes_and_is_counted_in_its_class() {
 
 #[test]
 fn named_malformed_cases_are_in_the_table_and_counted_malformed() {
-    if !require("named_malformed_cases_are_in_the_table_and_counted_malformed") {
-        return;
-    }
+    require_root!();
     let cases = [
         "v4_ihl_4",
         "v4_ihl_0",
@@ -142,9 +138,7 @@ fn named_malformed_cases_are_in_the_table_and_counted_malformed() {
 /// fragment cannot pick its policy by the next header it states.
 #[test]
 fn header_tricks_are_judged_by_class_or_dropped() {
-    if !require("header_tricks_are_judged_by_class_or_dropped") {
-        return;
-    }
+    require_root!();
     let tcp = Judge::class_policy(CLASS_TCP);
     let udp = Judge::class_policy(CLASS_UDP);
     let icmp = Judge::class_policy(CLASS_ICMP);
@@ -196,9 +190,7 @@ fn header_tricks_are_judged_by_class_or_dropped() {
 
 #[test]
 fn every_cut_of_every_fixture_gets_the_expected_class() {
-    if !require("every_cut_of_every_fixture_gets_the_expected_class") {
-        return;
-    }
+    require_root!();
     let mut judge = judge();
     let (mut runs, mut failures) = (0, Vec::new());
     for f in frames::fixtures() {
@@ -225,9 +217,7 @@ fn every_cut_of_every_fixture_gets_the_expected_class() {
 /// parser's "shorter than 14 bytes" path is only reachable through its bounds checks.
 #[test]
 fn frames_shorter_than_ethernet_never_reach_the_program() {
-    if !require("frames_shorter_than_ethernet_never_reach_the_program") {
-        return;
-    }
+    require_root!();
     let judge = judge();
     let before = counters(&judge.limiter);
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 1)).datagram(&tcp(1, 2)));
@@ -247,9 +237,7 @@ fn burst_policy(id: u16) -> Policy {
 
 #[test]
 fn a_source_gets_its_burst_then_is_dropped_and_others_still_pass() {
-    if !require("a_source_gets_its_burst_then_is_dropped_and_others_still_pass") {
-        return;
-    }
+    require_root!();
     pin_current_thread(CPU).expect("pinning the test thread");
     let v4 = |s, h| V4::from(frames::v4(s, h)).datagram(&udp(1000, 53, 16));
     let v6 = |s, h| ipv6(frames::v6(s, h), &[], &udp(1000, 53, 16));
@@ -316,9 +304,7 @@ fn bucket_traffic() -> Vec<Sent> {
 
 #[test]
 fn the_program_picks_the_bucket_userspace_predicts() {
-    if !require("the_program_picks_the_bucket_userspace_predicts") {
-        return;
-    }
+    require_root!();
     pin_current_thread(CPU).expect("pinning the test thread");
     let seed: u64 = 0x5a17_b0c7;
     eprintln!("salt seed {seed:#x}");
@@ -355,9 +341,7 @@ fn the_program_picks_the_bucket_userspace_predicts() {
 /// instruction counts are printed so a growing walk shows before it hits the limit.
 #[test]
 fn the_programs_pass_the_verifier() {
-    if !require("the_programs_pass_the_verifier") {
-        return;
-    }
+    require_root!();
     let limiter = Limiter::load(BUCKETS).expect("the limiter passes the verifier");
     let info = limiter.program().expect("the limiter program").info().expect("program info");
     eprintln!("limiter: {:?} instructions verified", info.verified_instruction_count());
@@ -370,9 +354,7 @@ fn the_programs_pass_the_verifier() {
 /// chain too long to show its protocol is dropped, since it might be TCP.
 #[test]
 fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
-    if !require("hidden_ports_are_dropped_only_where_a_policy_could_miss_them") {
-        return;
-    }
+    require_root!();
     let fixture = |name: &str| {
         frames::fixtures().into_iter().find(|f| f.name == name).unwrap_or_else(|| panic!("no fixture {name}")).frame
     };

@@ -41,7 +41,7 @@ use limiter_tests::{
     cpu::{flood_cpu, pin_current_thread},
     flood::{PacketSocket, Transmit},
     netns::{End, TestNet},
-    privileged,
+    require_root,
     rig::{Rig, SEC},
     snmp::Snmp,
 };
@@ -359,9 +359,7 @@ fn bound(cpus: usize, window: Duration) -> u64 {
 /// SYNs the policy admitted, within its bound.
 #[test]
 fn tiny_tcp_fragments_cannot_reach_a_protected_port() {
-    if !privileged::require("tiny_tcp_fragments_cannot_reach_a_protected_port") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let net = &rig.net;
     let listener = net
@@ -460,9 +458,7 @@ fn tiny_tcp_fragments_cannot_reach_a_protected_port() {
 /// the sockets receive is exactly what the policy admitted, nothing is unreadable.
 #[test]
 fn fragmented_udp_is_judged_on_its_port() {
-    if !privileged::require("fragmented_udp_is_judged_on_its_port") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let net = &rig.net;
     let id = set_policy(&rig, "dns", &format!("udp:{PORT}"));
@@ -519,9 +515,7 @@ fn fragmented_udp_is_judged_on_its_port() {
 /// one and at most its bound); 33 and 34 are dropped as unreadable.
 #[test]
 fn ipv6_chains_up_to_32_are_judged_on_their_port_and_longer_ones_dropped() {
-    if !privileged::require("ipv6_chains_up_to_32_are_judged_on_their_port_and_longer_ones_dropped") {
-        return;
-    }
+    require_root!();
     const LONGEST: usize = 34;
     const MAX_WALKED: usize = 32;
     let rig = Rig::start(&[]).expect("starting the rig");

@@ -19,7 +19,7 @@ use limiter_tests::{
     flood::L4,
     livegen::{LiveGen, LiveSources},
     netns::TestNet,
-    privileged,
+    require_root,
     snmp::Snmp,
 };
 
@@ -97,9 +97,7 @@ fn check(l4: L4, first: IpAddr) -> anyhow::Result<()> {
 
 #[test]
 fn live_generator_sends_valid_frames_from_every_source() {
-    if !privileged::require("live_generator_sends_valid_frames_from_every_source") {
-        return;
-    }
+    require_root!();
     let v4 = IpAddr::V4(Ipv4Addr::new(198, 19, 3, 1));
     let v6 = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2));
     for (l4, first) in

@@ -30,7 +30,7 @@ use limiter_tests::{
     flood::{Limits, Sources},
     literals::{gcra, src},
     observe::{fresh_stats, gauge, metrics, policy_stats, stats, value},
-    privileged,
+    require_root,
     rig::{Flooding, METRICS, Rig, flow},
     scrape::{self, Sample},
 };
@@ -90,9 +90,7 @@ fn packets(samples: &[Sample], policy: &str, decision: &str) -> u64 {
 /// errors; mode, policy count and salt age reported.
 #[test]
 fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
-    if !privileged::require("metrics_and_stats_agree_with_what_was_offered_and_delivered") {
-        return;
-    }
+    require_root!();
     const RATE: u64 = 1000;
     const BURST: u64 = 100;
     let started = Instant::now();
@@ -259,9 +257,7 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
 /// daemon's single-threaded runtime, which also serves /metrics and the control socket, fails it.
 #[test]
 fn metrics_and_stats_answer_within_100_ms_during_a_salt_rotation() {
-    if !privileged::require("metrics_and_stats_answer_within_100_ms_during_a_salt_rotation") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&["--buckets", "1048576", "--rotate-every", "off"]).expect("rig");
     rig.ctl_ok(&["policy", "set", "p", "--match", "udp", "--rate", "1000/s", "--burst", "100"]);
     fresh_stats(&rig);
@@ -341,9 +337,7 @@ fn metrics_and_stats_answer_within_100_ms_during_a_salt_rotation() {
 /// which lose nothing; its estimate of refusals per second follows the sample rate.
 #[test]
 fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
-    if !privileged::require("top_names_the_flooding_prefixes_and_not_the_quiet_ones") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&["--buckets", "1024", "--metrics", "off", "--rotate-every", "off"]).expect("rig");
     rig.ctl_ok(&["policy", "set", "p", "--match", "udp", "--rate", "1000/s", "--burst", "100", "--key", "src/24,/48"]);
     let id = rig.policy_id("p");
@@ -469,9 +463,7 @@ fn bucket(config: &Config, id: u16, addr: IpAddr) -> u32 {
 /// fraction of (bucket, CPU) pairs holding a TAT ahead of now, counted here from the maps.
 #[test]
 fn bucket_occupancy_is_measured_every_15_s() {
-    if !privileged::require("bucket_occupancy_is_measured_every_15_s") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&["--buckets", "1024", "--rotate-every", "off", "--sample-refusals", "0"]).expect("rig");
     let started = Instant::now();
     rig.ctl_ok(&["policy", "set", "sweep", "--match", "udp", "--rate", "1/s", "--burst", "30"]);
@@ -545,9 +537,7 @@ fn bucket_occupancy_is_measured_every_15_s() {
 /// from zero: documented here as the expected behaviour.
 #[test]
 fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
-    if !privileged::require("counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop") {
-        return;
-    }
+    require_root!();
     let args = ["--buckets", "1024", "--rotate-every", "off"];
     let mut rig = Rig::start(&args).expect("rig");
     rig.ctl_ok(&["policy", "set", "p", "--match", "udp", "--rate", "1000/s", "--burst", "100"]);
@@ -616,9 +606,7 @@ fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
 /// series its policies make (a fixed number per policy, whatever the sources).
 #[test]
 fn metrics_carry_no_label_per_source() {
-    if !privileged::require("metrics_carry_no_label_per_source") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&["--buckets", "1024", "--rotate-every", "off"]).expect("rig");
     rig.ctl_ok(&["policy", "set", "per-source", "--match", "udp:7000", "--rate", "100/s", "--burst", "10"]);
     rig.ctl_ok(&[
@@ -698,9 +686,7 @@ fn metrics_carry_no_label_per_source() {
 /// about 2.5 s, it drew at least twice, each time the table with the policy.
 #[test]
 fn stats_watch_redraws_until_stopped() {
-    if !privileged::require("stats_watch_redraws_until_stopped") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&["--buckets", "1024", "--metrics", "off", "--rotate-every", "off"]).expect("rig");
     rig.ctl_ok(&["policy", "set", "p", "--match", "udp", "--rate", "1000/s"]);
     fresh_stats(&rig);

@@ -27,7 +27,7 @@ use limiter_tests::{
     daemon::{Ctl, Daemon, Rules, SIGNAL_TIMEOUT, Scratch, limiter_ctl_binary, xdp_program_id},
     flood::{Flow, L4, Limits, Stream},
     netns::TestNet,
-    privileged,
+    require_root,
     rig::{Flooding, Rig, Run, SEC, flow_of},
 };
 use nix::sys::signal::Signal;
@@ -41,9 +41,7 @@ use serde_json::Value;
 /// policy matches passes untouched and is counted as unmatched.
 #[test]
 fn protocol_port_and_range_each_select_their_policy() {
-    if !privileged::require("protocol_port_and_range_each_select_their_policy") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
         Pol::new("web", "tcp", 300, 30),
@@ -89,9 +87,7 @@ fn protocol_port_and_range_each_select_their_policy() {
 /// one source has an allowance per destination port, without it one for the whole range.
 #[test]
 fn key_prefixes_and_dport_share_or_split_allowances() {
-    if !privileged::require("key_prefixes_and_dport_share_or_split_allowances") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
         Pol::new("p24", "udp:7000", 300, 30).key("src/24,/56"),
@@ -139,9 +135,7 @@ fn key_prefixes_and_dport_share_or_split_allowances() {
 /// byte policy charges each frame's length (frames of two sizes from one source).
 #[test]
 fn rate_burst_and_byte_unit_hold_to_their_bounds() {
-    if !privileged::require("rate_burst_and_byte_unit_hold_to_their_bounds") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let big_burst = Pol::new("bigburst", "udp:7000", 200, 400);
     // With no burst to catch up from, any stall of the sender longer than the 10 ms emission
@@ -183,9 +177,7 @@ fn rate_burst_and_byte_unit_hold_to_their_bounds() {
 /// and the rest is counted as dry-run (would have been refused), none as refused.
 #[test]
 fn dry_run_passes_everything_and_counts_what_it_would_refuse() {
-    if !privileged::require("dry_run_passes_everything_and_counts_what_it_would_refuse") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let pol = Pol::new("watch", "udp:7000", 1000, 100).dry_run();
     rig.set_all(std::slice::from_ref(&pol));
@@ -219,9 +211,7 @@ fn dry_run_passes_everything_and_counts_what_it_would_refuse() {
 /// the range, and TCP and ICMP pass untouched, counted as unmatched.
 #[test]
 fn precedence_is_exact_port_then_range_then_protocol_then_any() {
-    if !privileged::require("precedence_is_exact_port_then_range_then_protocol_then_any") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
         Pol::new("exact", "udp:53", 400, 40),
@@ -275,9 +265,7 @@ fn precedence_is_exact_port_then_range_then_protocol_then_any() {
 /// refilled bucket (a second burst) would break.
 #[test]
 fn a_rate_changed_mid_flood_applies_within_a_second() {
-    if !privileged::require("a_rate_changed_mid_flood_applies_within_a_second") {
-        return;
-    }
+    require_root!();
     const CHANGE_AT: Duration = Duration::from_millis(500);
     /// The flood goes on this long after the change was answered (it is stopped then), so the new
     /// rate is watched for 1 s whatever the machine's speed and however long the change took.
@@ -366,9 +354,7 @@ fn a_rate_changed_mid_flood_applies_within_a_second() {
 /// to traffic no policy matches too (ICMP here: the only policy is `udp`), counted under id 0.
 #[test]
 fn allow_and_deny_lists_with_longest_prefix_winning() {
-    if !privileged::require("allow_and_deny_lists_with_longest_prefix_winning") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let pol = Pol::new("udp", "udp", 100, 10);
     rig.set_all(std::slice::from_ref(&pol));
@@ -449,9 +435,7 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
 /// but the salt), leaves the file alone, and enforces the same way.
 #[test]
 fn policies_and_lists_survive_a_restart() {
-    if !privileged::require("policies_and_lists_survive_a_restart") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
         Pol::new("a", "udp:7000", 300, 30).key("src/24"),
@@ -512,9 +496,7 @@ fn check_enforced(rig: &Rig, a: &Pol, streams: &[Stream; 5], round: &str) {
 /// rules stay exactly as they were, and the daemon keeps serving.
 #[test]
 fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
-    if !privileged::require("sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one") {
-        return;
-    }
+    require_root!();
     let mut rig = Rig::start(&[]).expect("starting the rig");
     rig.set(&Pol::new("dns", "udp:53", 300, 30));
     let edited = "# edited by hand\n\
@@ -568,9 +550,7 @@ fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
 /// maps change.
 #[test]
 fn bad_input_exits_2_with_one_line_and_changes_nothing() {
-    if !privileged::require("bad_input_exits_2_with_one_line_and_changes_nothing") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     rig.set_all(&[
         Pol::new("dns", "udp:53", 300, 30),
@@ -708,9 +688,7 @@ fn bad_input_problem(out: &Ctl, field: &str) -> Option<String> {
 /// PATH:LINE:COL, no XDP program on the interface, no socket, the file untouched.
 #[test]
 fn a_bad_config_at_start_aborts_with_its_position() {
-    if !privileged::require("a_bad_config_at_start_aborts_with_its_position") {
-        return;
-    }
+    require_root!();
     let net = TestNet::new().expect("test network");
     let scratch = Scratch::new().expect("scratch directory");
     // (what, text, line of the error)
@@ -742,9 +720,7 @@ fn a_bad_config_at_start_aborts_with_its_position() {
 /// so; with no daemon at all the CLI names the socket it tried.
 #[test]
 fn the_socket_is_root_only_and_a_missing_daemon_is_named() {
-    if !privileged::require("the_socket_is_root_only_and_a_missing_daemon_is_named") {
-        return;
-    }
+    require_root!();
     let scratch = Scratch::new().expect("scratch directory");
     let bin = limiter_ctl_binary().expect("limiter-ctl");
     let absent = Ctl::run(&mut Ctl::command(&bin, &scratch.socket(), &["policy", "list"])).expect("limiter-ctl");

@@ -36,8 +36,8 @@ use limiter_tests::{
     flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Limits, Sources},
     literals::{gcra, src},
     observe::{fresh_stats, metrics, value},
-    privileged,
     reference::kernel::{XDP_DROP, XDP_PASS, udp_limiter},
+    require_root,
     rig::{METRICS, Rig, SEC, flow, total},
 };
 
@@ -54,9 +54,7 @@ const GRACE_MARGIN: Duration = Duration::from_millis(50);
 /// burst window + 50 ms, and the generations alternate.
 #[test]
 fn twenty_rotations_grant_no_fresh_allowance() {
-    if !privileged::require("twenty_rotations_grant_no_fresh_allowance") {
-        return;
-    }
+    require_root!();
     const RATE: u64 = 1000;
     const BURST: u64 = 50;
     const ROTATIONS: usize = 20;
@@ -196,9 +194,7 @@ fn field(line: &str, key: &str) -> Option<u64> {
 /// once the grace is over it works again. `--rotate-every off` rotates only on demand.
 #[test]
 fn a_rotation_during_the_grace_period_is_refused() {
-    if !privileged::require("a_rotation_during_the_grace_period_is_refused") {
-        return;
-    }
+    require_root!();
     let mut rig = Rig::start(&["--rotate-every", "off", "--metrics", "off", "--buckets", "1024"]).expect("rig");
     let closed = rig.scrape(METRICS).expect_err("--metrics off, yet something answers on 127.0.0.1:9464");
     assert!(format!("{closed:#}").contains("refused"), "{closed:#}");
@@ -255,9 +251,7 @@ fn a_rotation_during_the_grace_period_is_refused() {
 /// `limiter-ctl detach` leaves no program and no pins.
 #[test]
 fn sigkill_fails_static_and_a_restart_adopts_the_pinned_limiter() {
-    if !privileged::require("sigkill_fails_static_and_a_restart_adopts_the_pinned_limiter") {
-        return;
-    }
+    require_root!();
     const RATE: u64 = 1000;
     const BURST: u64 = 400;
     /// A refusal came at most this long before a counter read (the flood is at full speed;
@@ -401,9 +395,7 @@ fn sigkill_fails_static_and_a_restart_adopts_the_pinned_limiter() {
 /// byte orders), for the key words and the kernel's state words alike.
 #[test]
 fn the_salt_appears_nowhere_but_the_kernel_map() {
-    if !privileged::require("the_salt_appears_nowhere_but_the_kernel_map") {
-        return;
-    }
+    require_root!();
     let mut rig = Rig::start(&["--rotate-every", "off", "--buckets", "1024"]).expect("rig");
     rig.ctl_ok(&["policy", "set", "p", "--rate", "1000/s", "--burst", "100", "--key", "src/24"]);
     let mut salts: Vec<SipInit> = Vec::new();
@@ -539,9 +531,7 @@ fn find(hay: &[u8], needle: &[u8]) -> bool {
 /// enforcing.
 #[test]
 fn a_broken_config_at_start_leaves_the_pinned_limiter_untouched() {
-    if !privileged::require("a_broken_config_at_start_leaves_the_pinned_limiter_untouched") {
-        return;
-    }
+    require_root!();
     let mut rig = Rig::start(&["--metrics", "off", "--buckets", "1024"]).expect("rig");
     let iface = rig.net.receiver.iface.clone();
     rig.ctl_ok(&["policy", "set", "p", "--match", "udp", "--rate", "1000/s", "--burst", "100"]);
@@ -590,9 +580,7 @@ fn a_broken_config_at_start_leaves_the_pinned_limiter_untouched() {
 /// the machine's bpffs), and SIGINT detaches.
 #[test]
 fn a_missing_bpffs_is_mounted_and_said() {
-    if !privileged::require("a_missing_bpffs_is_mounted_and_said") {
-        return;
-    }
+    require_root!();
     let mut rig = Rig::start_with(Runner::PrivateMounts, &["--rate", "1000/s", "--burst", "100", "--metrics", "off"])
         .expect("rig");
     let iface = rig.net.receiver.iface.clone();
@@ -638,9 +626,7 @@ fn a_missing_bpffs_is_mounted_and_said() {
 /// held to the bound. SIGINT then detaches and unpins as usual.
 #[test]
 fn a_recreated_interface_is_reattached_and_enforced() {
-    if !privileged::require("a_recreated_interface_is_reattached_and_enforced") {
-        return;
-    }
+    require_root!();
     let mut rig =
         Rig::start(&["--rate", "1000/s", "--burst", "100", "--metrics", "off", "--buckets", "1024"]).expect("rig");
     let iface = rig.net.receiver.iface.clone();
@@ -695,9 +681,7 @@ fn a_recreated_interface_is_reattached_and_enforced() {
 /// flood is limited again.
 #[test]
 fn a_hot_path_fault_in_a_running_daemon_passes_and_is_reported() {
-    if !privileged::require("a_hot_path_fault_in_a_running_daemon_passes_and_is_reported") {
-        return;
-    }
+    require_root!();
     let rig =
         Rig::start(&["--rate", "1000/s", "--burst", "100", "--buckets", "1024", "--rotate-every", "off"]).expect("rig");
     let id = rig.policy_id("default");
@@ -749,9 +733,7 @@ fn a_hot_path_fault_in_a_running_daemon_passes_and_is_reported() {
 /// dropped once the config is right again and the source over its limit.
 #[test]
 fn a_hot_path_fault_passes_and_is_counted() {
-    if !privileged::require("a_hot_path_fault_passes_and_is_counted") {
-        return;
-    }
+    require_root!();
     const BUCKETS: u32 = 64;
     // BPF_PROG_TEST_RUN runs on the calling CPU; the counters are per CPU.
     pin_current_thread(flood_cpu()).expect("pinning");

@@ -9,7 +9,7 @@ use limiter_common::Gcra;
 use limiter_tests::{
     bounds::{check_lower_during, check_upper},
     flood::{L4, Limits, Sources},
-    privileged,
+    require_root,
     rig::{Rig, SEC, flow_of},
 };
 
@@ -22,9 +22,7 @@ const FLOOD: Duration = Duration::from_secs(1);
 /// TAT is reached (nor, as before every policy shared one clock, for the host's uptime).
 #[test]
 fn a_lowered_rate_admits_the_same_source_at_the_new_rate() {
-    if !privileged::require("a_lowered_rate_admits_the_same_source_at_the_new_rate") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     rig.ctl_ok(&["policy", "set", "changing", "--match", "udp:7000", "--rate", "20000/s", "--burst", "40000"]);
     let old_t = Duration::from_micros(50);
@@ -77,9 +75,7 @@ fn a_lowered_rate_admits_the_same_source_at_the_new_rate() {
 /// byte policy left in the buckets (its TATs, written under its own rate) holds nobody.
 #[test]
 fn a_packet_policy_after_a_byte_policy_admits_every_fresh_source() {
-    if !privileged::require("a_packet_policy_after_a_byte_policy_admits_every_fresh_source") {
-        return;
-    }
+    require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     rig.ctl_ok(&["policy", "set", "bulk", "--match", "udp:7000", "--rate", "10000000/s", "--unit", "bytes"]);
     let many = rig.udp(Sources::Spoofed { prefix: "198.18.0.0/16".parse().expect("prefix"), count: 60_000 }, 7000);

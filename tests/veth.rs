@@ -26,8 +26,8 @@ use limiter_tests::{
     daemon::{Daemon, Scratch},
     flood::{Frames, Limits, PacketSocket, Prefix, Report, Sources},
     netns::{End, TestNet},
-    privileged,
     reference::kernel::udp_limiter,
+    require_root,
     snmp::Snmp,
 };
 
@@ -44,9 +44,7 @@ const FLOOD_TIME: Duration = Duration::from_secs(2);
 /// more, and every admitted packet reaches the socket.
 #[test]
 fn single_source_flood_is_held_to_the_bound() {
-    if !privileged::require("single_source_flood_is_held_to_the_bound") {
-        return;
-    }
+    require_root!();
     let net = TestNet::new().expect("test network");
     let (rate, burst) = ("1000/s", 100);
     let (mut limiter, gcra) = load_limiter(64, rate, burst).expect("loading the limiter");
@@ -82,9 +80,7 @@ fn single_source_flood_is_held_to_the_bound() {
 /// from the known salt) share one allowance, and each bucket is held to the bound.
 #[test]
 fn spoofed_sources_share_allowances_by_predicted_bucket() {
-    if !privileged::require("spoofed_sources_share_allowances_by_predicted_bucket") {
-        return;
-    }
+    require_root!();
     const BUCKETS: u32 = 64;
     const SOURCES: u32 = 64;
     let net = TestNet::new().expect("test network");
@@ -136,9 +132,7 @@ fn spoofed_sources_share_allowances_by_predicted_bucket() {
 /// configured rate, and on SIGINT detaches, says so and exits 0, leaving no XDP program behind.
 #[test]
 fn daemon_limits_a_flood_and_detaches_on_sigint() {
-    if !privileged::require("daemon_limits_a_flood_and_detaches_on_sigint") {
-        return;
-    }
+    require_root!();
     let net = TestNet::new().expect("test network");
     let scratch = Scratch::new().expect("scratch directory");
     let (rate, burst) = ("1000/s", 100);
