@@ -1,0 +1,163 @@
+//! The config file: policies and lists survive a restart, SIGHUP applies a valid hand edit and
+//! refuses a bad one, and a config that does not parse stops the daemon at start with its
+//! position.
+//!
+//! End to end through the real `limiter-ctl` (daemon and CLI) and the real XDP program on a veth
+//! pair, on the shared [`limiter_tests::rig`], with policies as [`limiter_tests::policies`] sets
+//! them and holds them to their bounds.
+
+use std::time::Duration;
+
+use limiter_tests::{
+    bounds::check_overload,
+    daemon::{Daemon, Scratch, xdp_program_id},
+    flood::{L4, Limits, Stream},
+    netns::TestNet,
+    policies::{Pol, PolicyRig as _, list_json, policies_json},
+    require_root,
+    rig::{Rig, flow_of},
+};
+
+/// Policies and lists survive a restart: stopped with SIGINT and started again on the same
+/// config, the daemon lists the same policies and lists, puts the same rules in the kernel (all
+/// but the salt), leaves the file alone, and enforces the same way.
+#[test]
+fn policies_and_lists_survive_a_restart() {
+    require_root!();
+    let rig = Rig::start(&[]).expect("starting the rig");
+    let pols = [
+        Pol::new("a", "udp:7000", 300, 30).key("src/24"),
+        Pol::new("b", "tcp", 200, 20).dry_run(),
+        Pol::new("c", "any", 100_000, 70_000).bytes(),
+    ];
+    rig.set_all(&pols);
+    rig.ctl_ok(&["allow", "add", "198.19.10.0/24"]);
+    rig.ctl_ok(&["deny", "add", "2001:db8:d::/48"]);
+    // Before any traffic: the restarted daemon (a new program) starts its counters from zero too.
+    let listed = rig.ctl_ok(&["policy", "list", "--json"]);
+    let lists = (list_json(&rig, "allow"), list_json(&rig, "deny"));
+    let rules = rig.snapshot().rules;
+    let file = rig.scratch.config_file().expect("config").expect("the daemon wrote its config");
+    let s = |l4, port, src| rig.stream(l4, port, src);
+    let streams = [
+        s(L4::Udp, 7000, "198.19.1.1"),
+        s(L4::Udp, 7000, "198.19.1.2"),
+        s(L4::TcpSyn, 80, "198.19.2.1"),
+        s(L4::Udp, 7000, "198.19.10.1"),
+        s(L4::Udp, 7000, "2001:db8:d::1"),
+    ];
+    check_enforced(&rig, &pols[0], &streams, "first daemon");
+
+    let mut rig = rig;
+    rig.daemon.stop_ok();
+    rig.restart(&[]).expect("restarting the daemon");
+    assert_eq!(rig.ctl_ok(&["policy", "list", "--json"]), listed, "`policy list --json` after the restart");
+    assert_eq!((list_json(&rig, "allow"), list_json(&rig, "deny")), lists, "lists after the restart");
+    assert_eq!(rig.snapshot().rules.unsalted(), rules.unsalted(), "kernel rules after the restart");
+    assert_eq!(rig.scratch.config_file().expect("config").as_ref(), Some(&file), "the restart rewrote the file");
+    // Written by rename from a temporary file: none may be left behind.
+    let mut names: Vec<String> = std::fs::read_dir(rig.scratch.path())
+        .expect("listing the scratch directory")
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()
+        .expect("listing the scratch directory");
+    names.sort();
+    assert_eq!(names, vec!["ctl.sock", "limiter.toml"], "files beside the config");
+    check_enforced(&rig, &pols[0], &streams, "restarted daemon");
+}
+
+/// The restart test's flood: two sources of one /24 share `a`'s allowance, dry-run TCP all
+/// passes, the allowed source all passes, the denied one never does.
+fn check_enforced(rig: &Rig, a: &Pol, streams: &[Stream; 5], round: &str) {
+    let run = rig.counted_flood(streams, Limits::timed(Duration::from_millis(500)));
+    eprintln!("{round}: {}", run.report);
+    check_overload(&run.report, 300.0, streams.len());
+    let f = |i: usize| flow_of(&streams[i]);
+    rig.check_policy(a, &run, &[vec![f(0), f(1)]]);
+    assert_eq!(run.delivered(&f(2)), run.sent(&f(2)), "{round}: dry-run TCP must all pass");
+    assert_eq!(run.delivered(&f(3)), run.sent(&f(3)), "{round}: allowed source refused");
+    assert_eq!(run.delivered(&f(4)), 0, "{round}: denied source got through");
+}
+
+/// SIGHUP re-reads the file: a valid hand edit is applied (listed, in the kernel, enforced); an
+/// edit that does not parse or does not validate is refused with "reload failed", the running
+/// rules stay exactly as they were, and the daemon keeps serving.
+#[test]
+fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
+    require_root!();
+    let mut rig = Rig::start(&[]).expect("starting the rig");
+    rig.set(&Pol::new("dns", "udp:53", 300, 30));
+    let edited = "# edited by hand\n\
+        allow = [\"198.19.10.0/24\"]\n\n\
+        [[policy]]\nname = \"dns\"\nmatch = \"udp:53\"\nrate = \"400/s\"\nburst = 40\n\n\
+        [[policy]]\nname = \"web\"\nmatch = \"tcp:80\"\nrate = \"150/s\"\nburst = 15\n";
+    std::fs::write(rig.scratch.config(), edited).expect("editing the config");
+    rig.hup("reloaded");
+    let (dns, web) = (Pol::new("dns", "udp:53", 400, 40), Pol::new("web", "tcp:80", 150, 15));
+    let names: Vec<String> =
+        policies_json(&rig).iter().map(|d| d["name"].as_str().unwrap_or_default().to_string()).collect();
+    assert_eq!(names, vec!["dns", "web"]);
+    let (dns_id, web_id) = (rig.policy_id("dns"), rig.policy_id("web"));
+    rig.check_installed(&dns, dns_id);
+    rig.check_installed(&web, web_id);
+    assert_eq!(list_json(&rig, "allow"), vec!["198.19.10.0/24"]);
+    let streams = [rig.stream(L4::TcpSyn, 80, "198.19.1.1"), rig.stream(L4::Udp, 53, "198.19.10.1")];
+    let run = rig.counted_flood(&streams, Limits::timed(Duration::from_millis(500)));
+    eprintln!("after reload: {}", run.report);
+    check_overload(&run.report, 150.0, streams.len());
+    rig.check_policy(&web, &run, &[vec![flow_of(&streams[0])]]);
+    let allowed = flow_of(&streams[1]);
+    assert_eq!(run.delivered(&allowed), run.sent(&allowed), "the reloaded allow list");
+
+    let bad_edits = [
+        ("a syntax error", "[[policy]\nname = \"dns\"\n"),
+        ("an unknown key", "[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nspeed = 3\n"),
+        ("a wrong type", "[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nburst = \"ten\"\n"),
+        (
+            "a clash",
+            "[[policy]]\nname = \"x\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"y\"\nmatch = \"udp\"\nrate = \"2/s\"\n",
+        ),
+        ("host bits", "deny = [\"198.19.0.1/16\"]\n"),
+    ];
+    for (what, text) in bad_edits {
+        let listed = rig.ctl_ok(&["policy", "list", "--json"]);
+        let rules = rig.snapshot().rules;
+        std::fs::write(rig.scratch.config(), text).expect("editing the config");
+        rig.hup("reload failed");
+        assert!(rig.daemon.is_running(), "{what}: the daemon exited:\n{}", rig.daemon.output());
+        assert_eq!(rig.snapshot().rules, rules, "{what}: the kernel rules changed");
+        assert_eq!(rig.ctl_ok(&["policy", "list", "--json"]), listed, "{what}: `policy list --json` changed");
+    }
+}
+
+/// A config that does not parse stops the daemon before anything happens: exit 2, one line with
+/// PATH:LINE:COL, no XDP program on the interface, no socket, the file untouched.
+#[test]
+fn a_bad_config_at_start_aborts_with_its_position() {
+    require_root!();
+    let net = TestNet::new().expect("test network");
+    let scratch = Scratch::new().expect("scratch directory");
+    // (what, text, line of the error)
+    let cases = [
+        ("a syntax error", "allow = [\"198.18.0.0/24\"]\n[[policy]\nname = \"a\"\n", 2),
+        ("an unknown key", "[[policy]]\nname = \"a\"\nrate = \"10/s\"\nspeed = 3\n", 4),
+        ("a wrong type", "[[policy]]\nname = \"a\"\nrate = \"10/s\"\nburst = \"ten\"\n", 4),
+        ("a bad rate", "\n[[policy]]\nname = \"a\"\nrate = \"10/d\"\n", 4),
+        ("a bad match", "[[policy]]\nname = \"a\"\nmatch = \"udp:0\"\nrate = \"10/s\"\n", 3),
+        ("a bad CIDR", "deny = [\"198.19.0.0/16\", \"2001:db8::/129\"]\n", 1),
+    ];
+    let path = scratch.config();
+    for (what, text, line) in cases {
+        let out = Daemon::refused_start(&net.receiver, &scratch, &[], text).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("stderr: ")).collect();
+        assert_eq!(errors.len(), 1, "{what}: expected one line on stderr:\n{out}");
+        let position = format!("{}:{line}:", path.display());
+        let after = errors[0].split_once(&position).map(|(_, rest)| rest);
+        let column_ok = after
+            .and_then(|r| r.split_once(':'))
+            .is_some_and(|(col, _)| !col.is_empty() && col.chars().all(|c| c.is_ascii_digit()));
+        assert!(column_ok, "{what}: no {position}COL: in {:?}", errors[0]);
+        assert_eq!(xdp_program_id(&net.receiver).expect("ip link"), None, "{what}: an XDP program is attached");
+        assert!(!scratch.socket().exists(), "{what}: the control socket was created");
+    }
+}

@@ -1,0 +1,102 @@
+//! A policy changed under a flood: a new rate applies within a second, and the other policies
+//! keep their counters and buckets.
+//!
+//! End to end through the real `limiter-ctl` (daemon and CLI) and the real XDP program on a veth
+//! pair, on the shared [`limiter_tests::rig`], with policies as [`limiter_tests::policies`] sets
+//! them and holds them to their bounds.
+
+use std::time::{Duration, Instant};
+
+use limiter_tests::{
+    bounds::{check_lower_during, check_overload, check_upper, first, stall_cost},
+    flood::{Flow, L4, Limits},
+    policies::{Pol, PolicyRig as _, finish},
+    require_root,
+    rig::{Rig, flow_of},
+};
+
+/// `policy set` on a running policy with a new rate: from 1 s after the command on, the policy
+/// admits at the new rate (and before it, at the old one). Another policy flooded all along keeps
+/// its counters and its bucket: it stays within its own bound over the whole run, which a
+/// refilled bucket (a second burst) would break.
+#[test]
+fn a_rate_changed_mid_flood_applies_within_a_second() {
+    require_root!();
+    const CHANGE_AT: Duration = Duration::from_millis(500);
+    /// The flood goes on this long after the change was answered (it is stopped then), so the new
+    /// rate is watched for 1 s whatever the machine's speed and however long the change took.
+    const AFTER: Duration = Duration::from_secs(2);
+    /// The least the flood must run past the command for the new rate to be tested.
+    const NEEDED: Duration = Duration::from_millis(1300);
+    /// Frames are timed when the capture reads them, a little after XDP passed them.
+    const CAPTURE_LAG: Duration = Duration::from_millis(50);
+    let rig = Rig::start(&[]).expect("starting the rig");
+    let old = Pol::new("changing", "udp:7000", 2000, 50);
+    let new = Pol::new("changing", "udp:7000", 500, 50);
+    // A burst that dominates the rate: a bucket refilled mid-run would show at once.
+    let other = Pol::new("steady", "udp:7001", 200, 400);
+    rig.set_all(&[old.clone(), other.clone()]);
+    let (a, b) = (rig.stream(L4::Udp, 7000, "198.19.1.1"), rig.stream(L4::Udp, 7001, "198.19.2.1"));
+    let (flow_a, flow_b) = (flow_of(&a), flow_of(&b));
+
+    // Bounded by time (a safety limit far beyond what the test waits) and stopped by the test.
+    let limits = Limits::timed(CHANGE_AT + AFTER + Duration::from_secs(30));
+    let flooding = rig.start_counted_flood(&[a, b], limits, None).expect("starting the flood");
+    std::thread::sleep(CHANGE_AT);
+    let issued = Instant::now();
+    rig.set(&new);
+    let answered = Instant::now();
+    std::thread::sleep(AFTER);
+    flooding.stop();
+    let run = finish(flooding);
+    eprintln!("rate change: {}; the change took {:?}", run.report, answered - issued);
+    check_overload(&run.report, 2000.0, 2);
+    let start = first(&run.report);
+    let end = run.report.last.expect("a flood records its end");
+    assert!(
+        issued + NEEDED < end,
+        "the flood ended {:?} after the command, under the {NEEDED:?} needed ({}): the sender stopped early, \
+         the machine's fault, not the limiter's",
+        end.saturating_duration_since(issued),
+        run.report
+    );
+
+    let id = rig.policy_id("changing");
+    rig.check_installed(&new, id);
+    let judged = rig.judged(&run, id);
+    let cpus = judged.cpus.len();
+    let is_a = |f: &Flow| *f == flow_a;
+    let before = run.captured.between(is_a, start, issued);
+    // Captured before the command, so admitted before it: under the old rate throughout.
+    check_upper("old rate, before the change", before, &old.gcra(), cpus, issued - start);
+    check_lower_during("old rate, before the change", before, &old.gcra(), issued - start, &run.report, 1);
+    let settled = issued + Duration::from_secs(1);
+    let after = run.captured.between(is_a, settled, Instant::now());
+    // Captured from `settled` on, so admitted from `settled - CAPTURE_LAG` on.
+    let after_window = run.captured.last().unwrap_or(end).saturating_duration_since(settled) + CAPTURE_LAG;
+    check_upper("new rate, from 1 s after the change", after, &new.gcra(), cpus, after_window);
+    // The bucket is spent when the window opens: no burst on top of the rate there; the sender's
+    // stalls may have cost some of the rate.
+    let watched = end - settled;
+    let rate_only = new.per_sec as f64 * watched.as_secs_f64();
+    let lost = stall_cost(&new.gcra(), &run.report, 1) as f64;
+    let least = (rate_only - lost) * 0.9;
+    assert!(
+        after as f64 >= least,
+        "new rate: admitted {after} from 1 s after the change to the end ({watched:?}), under 90% of \
+         {rate_only:.0} (the new rate over that time) less {lost:.0} for the sender's stalls = {least:.0}: the \
+         limiter refused what its new rate allows (flood: {})",
+        run.report
+    );
+    let soon = run.captured.between(is_a, answered, settled);
+    eprintln!("  (for information: {soon} admitted between the answer and 1 s after the command)");
+    // Replacing keeps the counters: they cover the whole run.
+    assert_eq!(
+        judged.total.admitted_packets + judged.total.refused_packets,
+        run.sent(&flow_a),
+        "'changing' judged vs sent"
+    );
+    assert_eq!(judged.total.admitted_packets, run.delivered(&flow_a), "'changing' admitted vs delivered");
+
+    rig.check_policy(&other, &run, &[vec![flow_b]]);
+}
