@@ -11,10 +11,8 @@
 use limiter_common::{SipKey, key::FAMILY_V4, maps::ParseProbe};
 use limiter_tests::{
     frames::{self, ETH_LEN, Fixture, TAG_LEN, hex, set_u16},
-    reference::{
-        self, MAX_EXT_HEADERS, MAX_VLAN_TAGS, PROBE_KEY, Parsed,
-        kernel::{Judge, Landed, Probe, errno},
-    },
+    kernel_programs::{Judge, Landed, Probe, errno},
+    reference::{self, MAX_EXT_HEADERS, MAX_VLAN_TAGS, PROBE_KEY, Parsed},
     require_root,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};

@@ -17,10 +17,8 @@ use limiter_ctl::{
 use limiter_tests::{
     cpu::pin_current_thread,
     frames::{self, ETH_LEN, Expect, Tag, V4, ethernet, hex, ipv6, tcp, udp},
-    reference::{
-        self, PROBE_KEY,
-        kernel::{Judge, Landed, XDP_DROP, XDP_PASS, errno},
-    },
+    kernel_programs::{Judge, Landed, Probe, XDP_DROP, XDP_PASS, errno, permissive},
+    reference::{self, PROBE_KEY},
     require_root,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -345,7 +343,7 @@ fn the_programs_pass_the_verifier() {
     let limiter = Limiter::load(BUCKETS).expect("the limiter passes the verifier");
     let info = limiter.program().expect("the limiter program").info().expect("program info");
     eprintln!("limiter: {:?} instructions verified", info.verified_instruction_count());
-    reference::kernel::Probe::load().expect("the probe passes the verifier");
+    Probe::load().expect("the probe passes the verifier");
 }
 
 /// Hidden ports are dropped only where a policy could miss them. With `any` alone, a datagram
@@ -364,7 +362,7 @@ fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
         limiter.set_salt(SALT).expect("salt");
         for id in [any, tcp] {
-            limiter.set_policy(&reference::kernel::permissive(PROBE_KEY).compile(id).expect("policy")).expect("policy");
+            limiter.set_policy(&permissive(PROBE_KEY).compile(id).expect("policy")).expect("policy");
         }
         let old = limiter.read_view().expect("view");
         let mut new = old.clone();

@@ -34,9 +34,9 @@ use limiter_tests::{
         xdp_program_id,
     },
     flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Limits, Sources},
+    kernel_programs::{XDP_DROP, XDP_PASS, udp_limiter},
     observe::{fresh_stats, metrics, value},
     policies::{gcra, src},
-    reference::kernel::{XDP_DROP, XDP_PASS, udp_limiter},
     require_root,
     rig::{METRICS, Rig, SEC, flow, total},
 };

@@ -25,8 +25,8 @@ use limiter_tests::{
     cpu::flood_cpu,
     daemon::{Daemon, Scratch},
     flood::{Frames, Limits, PacketSocket, Prefix, Report, Sources},
+    kernel_programs::udp_limiter,
     netns::{End, TestNet},
-    reference::kernel::udp_limiter,
     require_root,
     snmp::Snmp,
 };

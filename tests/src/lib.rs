@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod daemon;
 pub mod flood;
 pub mod frames;
+pub mod kernel_programs;
 pub mod livegen;
 pub mod netns;
 pub mod observe;
