@@ -1,10 +1,14 @@
 //! Test-only accessors (the `testing` feature, which limiter-tests enables): running the
-//! program on a frame, and reaching into its maps below the level the daemon works at.
+//! program on a frame, reaching into its maps below the level the daemon works at, and reading
+//! another process's maps through the daemon's own [`MapView`].
 
-use aya::programs::{TestRun as _, TestRunOptions, Xdp};
+use aya::{
+    maps::Map,
+    programs::{TestRun as _, TestRunOptions, Xdp},
+};
 use limiter_common::maps::{CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, PROGRAM, Policy};
 
-use super::{Error, Limiter};
+use super::{Error, Limiter, MapView};
 
 impl Limiter {
     pub fn program(&self) -> Result<&Xdp, Error> {
@@ -52,5 +56,13 @@ impl Limiter {
     pub fn test_run(&self, frame: &[u8]) -> Result<u32, Error> {
         let opts = TestRunOptions { data_in: Some(frame), ..TestRunOptions::default() };
         Ok(self.program()?.test_run(opts).map_err(Error::TestRun)?.return_value)
+    }
+}
+
+impl MapView {
+    /// What a limiter's maps say, each map found by name through `map`: the tests read a
+    /// daemon's maps this way, opened by the id of the program it attached.
+    pub fn read_maps<'a>(map: impl Fn(&'static str) -> Option<&'a Map>) -> Result<Self, Error> {
+        Self::read(map)
     }
 }

@@ -6,11 +6,11 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use aya::maps::{LpmTrie, MapData, PerCpuArray, PerCpuValues, lpm_trie::Key};
+use aya::maps::{Array, LpmTrie, Map, MapData, PerCpuArray, PerCpuValues, lpm_trie::Key};
 use ipnet::IpNet;
 use limiter_common::maps::{
-    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_COUNTERS, MAP_POLICIES, MAP_POLICY_NAMES,
-    MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
+    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
+    MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
 };
 
 use super::{Error, Limiter};
@@ -62,6 +62,52 @@ impl MapView {
             })
             .collect()
     }
+
+    /// What the maps say, each map found by name through `map`.
+    pub(super) fn read<'a>(map: impl Fn(&'static str) -> Option<&'a Map>) -> Result<Self, Error> {
+        let map = |name| map(name).ok_or(Error::Missing { kind: "map", name });
+        fn array<'m, V: aya::Pod>(map: &'m Map, name: &'static str) -> Result<Array<&'m MapData, V>, Error> {
+            Array::try_from(map).map_err(|source| Error::Map { name, source })
+        }
+        let policies_map = array::<Policy>(map(MAP_POLICIES)?, MAP_POLICIES)?;
+        let names = array::<NameBytes>(map(MAP_POLICY_NAMES)?, MAP_POLICY_NAMES)?;
+        let mut policies = BTreeMap::new();
+        for id in 1..MAX_POLICIES {
+            let p = policies_map.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICIES, source })?;
+            if p.flags & Policy::ACTIVE != 0 {
+                let name = names.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICY_NAMES, source })?;
+                policies.insert(id as u16, (p, name));
+            }
+        }
+        let ports = array::<u16>(map(MAP_PORT_POLICY)?, MAP_PORT_POLICY)?;
+        let ports = ports
+            .iter()
+            .collect::<Result<Vec<u16>, _>>()
+            .map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
+        let config = array::<Config>(map(MAP_CONFIG)?, MAP_CONFIG)?;
+        let config = config.get(&0, 0).map_err(|source| Error::Map { name: MAP_CONFIG, source })?;
+        let mut acl = BTreeMap::new();
+        read_acl::<[u8; 4]>(map(MAP_ACL_V4)?, MAP_ACL_V4, &mut acl)?;
+        read_acl::<[u8; 16]>(map(MAP_ACL_V6)?, MAP_ACL_V6, &mut acl)?;
+        let routes = Routes { ports, class_policy: config.class_policy };
+        Ok(MapView { policies, routes, acl })
+    }
+}
+
+/// Adds the entries of one allow/deny trie to `acl`.
+fn read_acl<K>(trie: &Map, name: &'static str, acl: &mut BTreeMap<IpNet, u8>) -> Result<(), Error>
+where
+    K: aya::Pod,
+    IpAddr: From<K>,
+{
+    let trie: LpmTrie<_, K, u8> = LpmTrie::try_from(trie).map_err(|source| Error::Map { name, source })?;
+    for item in trie.iter() {
+        let (key, action) = item.map_err(|source| Error::Map { name, source })?;
+        let net = IpNet::new(IpAddr::from(key.data()), key.prefix_len() as u8)
+            .map_err(|error| Error::AclEntry { map: name, error })?;
+        acl.insert(net, action);
+    }
+    Ok(())
 }
 
 impl Limiter {
@@ -124,41 +170,7 @@ impl Limiter {
 
     /// What the maps say now (for adopting a pinned limiter).
     pub fn read_view(&self) -> Result<MapView, Error> {
-        let policies_map = self.array::<Policy>(MAP_POLICIES)?;
-        let names = self.array::<NameBytes>(MAP_POLICY_NAMES)?;
-        let mut policies = BTreeMap::new();
-        for id in 1..MAX_POLICIES {
-            let p = policies_map.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICIES, source })?;
-            if p.flags & Policy::ACTIVE != 0 {
-                let name = names.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICY_NAMES, source })?;
-                policies.insert(id as u16, (p, name));
-            }
-        }
-        let ports = self
-            .array::<u16>(MAP_PORT_POLICY)?
-            .iter()
-            .collect::<Result<Vec<u16>, _>>()
-            .map_err(|source| Error::Map { name: MAP_PORT_POLICY, source })?;
-        let mut acl = BTreeMap::new();
-        self.read_acl::<[u8; 4]>(MAP_ACL_V4, &mut acl)?;
-        self.read_acl::<[u8; 16]>(MAP_ACL_V6, &mut acl)?;
-        let routes = Routes { ports, class_policy: self.read_config()?.class_policy };
-        Ok(MapView { policies, routes, acl })
-    }
-
-    /// Adds the entries of one allow/deny trie to `acl`.
-    fn read_acl<K>(&self, name: &'static str, acl: &mut BTreeMap<IpNet, u8>) -> Result<(), Error>
-    where
-        K: aya::Pod,
-        IpAddr: From<K>,
-    {
-        for item in self.acl_trie::<K>(name)?.iter() {
-            let (key, action) = item.map_err(|source| Error::Map { name, source })?;
-            let net = IpNet::new(IpAddr::from(key.data()), key.prefix_len() as u8)
-                .map_err(|error| Error::AclEntry { map: name, error })?;
-            acl.insert(net, action);
-        }
-        Ok(())
+        MapView::read(|name| self.ebpf.map(name))
     }
 
     fn set_policy_name(&mut self, id: u16, name: &NameBytes) -> Result<(), Error> {
@@ -187,10 +199,6 @@ impl Limiter {
             IpNet::V6(n) => self.acl_trie_mut::<[u8; 16]>(MAP_ACL_V6)?.remove(&Key::new(prefix, n.network().octets())),
         }
         .map_err(|source| Error::Map { name: acl_map_name(net), source })
-    }
-
-    fn acl_trie<K: aya::Pod>(&self, name: &'static str) -> Result<LpmTrie<&MapData, K, u8>, Error> {
-        LpmTrie::try_from(self.map(name)?).map_err(|source| Error::Map { name, source })
     }
 
     fn acl_trie_mut<K: aya::Pod>(&mut self, name: &'static str) -> Result<LpmTrie<&mut MapData, K, u8>, Error> {
