@@ -36,7 +36,7 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
     }
     assert_eq!(list_json(&rig, "allow"), vec!["198.19.10.0/24", "2001:db8:d:a::/64"]);
     assert_eq!(list_json(&rig, "deny"), vec!["198.19.0.0/16", "2001:db8:d::/48"]);
-    let acl = rig.snapshot().rules.acl;
+    let acl = rig.snapshot().rules.acl();
     let expected: BTreeMap<String, &str> = [
         ("198.19.0.0/16", "deny"),
         ("198.19.10.0/24", "allow"),

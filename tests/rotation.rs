@@ -542,7 +542,7 @@ fn a_broken_config_at_start_leaves_the_pinned_limiter_untouched() {
     rig.flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_millis(300)), None).expect("flood");
     let p1 = rig.daemon.program().expect("program");
     rig.daemon.kill().expect("SIGKILL");
-    let before = Snapshot::read(p1).expect("maps");
+    let before = Snapshot::read(&rig.scratch.pin_dir(&iface)).expect("maps");
     assert!(before.total(id).refused_packets > 0);
     let pins = rig.scratch.pinned(&iface).expect("pins");
     assert!(pins.contains_key("link"), "{pins:?}");
@@ -557,7 +557,11 @@ fn a_broken_config_at_start_leaves_the_pinned_limiter_untouched() {
                 .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         assert!(out.contains(&format!("{}:{line}:", path.display())), "{what}: no position in:\n{out}");
         assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), Some(p1), "{what}: the program changed");
-        assert_eq!(Snapshot::read(p1).expect("maps"), before, "{what}: the pinned maps changed");
+        assert_eq!(
+            Snapshot::read(&rig.scratch.pin_dir(&iface)).expect("maps"),
+            before,
+            "{what}: the pinned maps changed"
+        );
         assert_eq!(rig.scratch.pinned(&iface).expect("pins"), pins, "{what}: the pins changed");
     }
 

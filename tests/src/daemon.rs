@@ -1,5 +1,6 @@
 //! The real `limiter-ctl daemon` as a separate process in a test namespace, its CLI run against
-//! its control socket, and its kernel maps read back through the program it attached.
+//! its control socket, and its kernel maps read back: from its pins, decoded by the daemon's own
+//! [`MapView`] ([`Snapshot`]), or through the program it attached (counters, buckets, config).
 //!
 //! Every daemon gets a [`Scratch`] of its own for the config file, the control socket and its
 //! bpffs pins: tests never touch the defaults (`/etc/limiter/limiter.toml`,
@@ -17,7 +18,6 @@
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Read},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
@@ -28,14 +28,11 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use aya::{
-    Pod,
-    maps::{Array, LpmTrie, Map, MapData, MapInfo, PerCpuArray},
+    maps::{Array, Map, MapData, MapInfo, PerCpuArray},
     programs::loaded_programs,
 };
-use limiter_common::maps::{
-    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
-    MAP_PORT_POLICY, Policy,
-};
+use limiter_common::maps::{ACL_ALLOW, ACL_DENY, Config, Counters, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, Policy};
+use limiter_ctl::kernel::MapView;
 use nix::{sys::signal::Signal, unistd::Pid};
 
 use crate::netns::{End, NETNS_DIR, PREFIX, Stale, stale};
@@ -252,6 +249,8 @@ pub struct Daemon {
     seen: Vec<(Instant, String)>,
     bin: PathBuf,
     socket: PathBuf,
+    /// Where it pins its maps and link: [`Scratch::pin_dir`] of its interface.
+    pins: PathBuf,
     /// The id of the XDP program it attached, once [`Daemon::wait_attached`] saw it.
     program: Option<u32>,
 }
@@ -288,7 +287,8 @@ impl Daemon {
         let (tx, lines) = mpsc::channel();
         forward_lines(child.stdout.take(), "", tx.clone());
         forward_lines(child.stderr.take(), "stderr: ", tx);
-        Ok(Self { child, lines, seen: Vec::new(), bin, socket: scratch.socket(), program: None })
+        let pins = scratch.pin_dir(&end.iface);
+        Ok(Self { child, lines, seen: Vec::new(), bin, socket: scratch.socket(), pins, program: None })
     }
 
     /// [`Daemon::spawn`], then [`Daemon::wait_attached`].
@@ -480,9 +480,10 @@ impl Daemon {
         self.seen.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
     }
 
-    /// Its kernel maps, read now.
+    /// Its kernel maps as it pinned them, read now (not under [`Runner::PrivateMounts`], whose
+    /// pins only the daemon sees).
     pub fn maps(&self) -> anyhow::Result<Snapshot> {
-        Snapshot::read(self.program()?)
+        Snapshot::read(&self.pins)
     }
 
     /// The per-CPU counters of policy `id` (0: traffic no policy judged).
@@ -499,9 +500,9 @@ impl Daemon {
     /// per bucket, per CPU: CONFIG and BUCKETS opened once each.
     pub fn current_buckets(&self) -> anyhow::Result<Vec<Vec<u64>>> {
         let maps = program_maps(self.program()?)?;
-        let config: Array<_, Config> = Array::try_from(open_map(&maps, MAP_CONFIG)?)?;
+        let config: Array<_, Config> = Array::try_from(map(&maps, MAP_CONFIG)?)?;
         let config = config.get(&0, 0)?;
-        let buckets: PerCpuArray<_, u64> = PerCpuArray::try_from(open_map(&maps, MAP_BUCKETS)?)?;
+        let buckets: PerCpuArray<_, u64> = PerCpuArray::try_from(map(&maps, MAP_BUCKETS)?)?;
         let count = config.bucket_mask + 1;
         let base = (config.generation & 1) * count;
         (base..base + count).map(|i| Ok(buckets.get(&i, 0)?.iter().copied().collect())).collect()
@@ -547,37 +548,52 @@ pub fn xdp_program_id(end: &End) -> anyhow::Result<Option<u32>> {
     Ok(Some(u32::try_from(id).with_context(|| format!("program id in {xdp}"))?))
 }
 
-/// The maps of loaded program `program` (another process's), by name.
-fn program_maps(program: u32) -> anyhow::Result<BTreeMap<String, u32>> {
+/// The maps of loaded program `program` (another process's), opened by id, by name.
+fn program_maps(program: u32) -> anyhow::Result<BTreeMap<String, Map>> {
     let info = loaded_programs()
         .filter_map(Result::ok)
         .find(|p| p.id() == program)
         .with_context(|| format!("no loaded program with id {program}"))?;
     let ids = info.map_ids()?.context("the kernel does not report a program's maps")?;
-    ids.into_iter().map(|id| Ok((MapInfo::from_id(id)?.name_as_str().unwrap_or_default().to_string(), id))).collect()
+    ids.into_iter()
+        .map(|id| {
+            let name = MapInfo::from_id(id)?.name_as_str().unwrap_or_default().to_string();
+            Ok((name, Map::from_map_data(MapData::from_id(id)?)?))
+        })
+        .collect()
 }
 
-fn open_map(maps: &BTreeMap<String, u32>, name: &str) -> anyhow::Result<Map> {
-    let id = maps.get(name).with_context(|| format!("the program has no {name} map (it has {:?})", maps.keys()))?;
-    Ok(Map::from_map_data(MapData::from_id(*id)?)?)
+/// The maps a daemon pinned in `dir` (its [`Scratch::pin_dir`]), opened by name. Read from the
+/// pins, not through the program: the policy names are userspace's alone, the program has no
+/// handle on them.
+fn pinned_maps(dir: &Path) -> anyhow::Result<BTreeMap<String, Map>> {
+    limiter_ctl::kernel::map_names()
+        .map(|name| {
+            let path = dir.join(name);
+            let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+            Ok((name.to_string(), Map::from_map_data(data)?))
+        })
+        .collect()
+}
+
+fn map<'a>(maps: &'a BTreeMap<String, Map>, name: &str) -> anyhow::Result<&'a Map> {
+    maps.get(name).with_context(|| format!("the program has no {name} map (it has {:?})", maps.keys()))
 }
 
 /// The per-CPU counters of policy `id` of loaded program `program`.
 pub fn program_counters(program: u32, id: u16) -> anyhow::Result<Vec<Counters>> {
-    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(open_map(&program_maps(program)?, MAP_COUNTERS)?)?;
+    let maps = program_maps(program)?;
+    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(map(&maps, MAP_COUNTERS)?)?;
     Ok(counters.get(&u32::from(id), 0)?.iter().copied().collect())
 }
 
-/// What the daemon told the kernel: everything a command may change except the counters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What the daemon told the kernel: everything a command may change except the counters, as the
+/// daemon itself reads it back ([`MapView`]: the active policies with their names, where each
+/// class and port goes, the allow and deny entries), and the whole config.
+#[derive(Clone, PartialEq)]
 pub struct Rules {
     pub config: Config,
-    /// Every entry that is not all zeros (a removed policy keeps its id, inactive).
-    pub policies: BTreeMap<u16, Policy>,
-    /// `PORT_POLICY` entries that are not 0, by index (`class << 16 | port`).
-    pub ports: BTreeMap<u32, u16>,
-    /// "ADDR/LEN" -> "allow" | "deny", both families.
-    pub acl: BTreeMap<String, &'static str>,
+    pub view: MapView,
 }
 
 impl Rules {
@@ -592,15 +608,47 @@ impl Rules {
 
     /// The active policy with this id.
     pub fn policy(&self, id: u16) -> anyhow::Result<&Policy> {
-        self.policies
-            .get(&id)
-            .filter(|p| p.flags & Policy::ACTIVE != 0)
-            .with_context(|| format!("no active policy {id} in the kernel: {:?}", self.policies))
+        self.view.policies.get(&id).map(|(policy, _)| policy).with_context(|| {
+            format!("no active policy {id} in the kernel: {:?}", self.view.policies.keys().collect::<Vec<_>>())
+        })
+    }
+
+    /// The allow and deny entries, "ADDR/LEN" -> "allow" | "deny" (both families).
+    pub fn acl(&self) -> BTreeMap<String, &'static str> {
+        let action = |a| match a {
+            ACL_ALLOW => "allow",
+            ACL_DENY => "deny",
+            _ => "unknown",
+        };
+        self.view.acl.iter().map(|(net, a)| (net.to_string(), action(*a))).collect()
     }
 }
 
-/// The daemon's kernel maps at one moment.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The view's port table has an entry for every port of every class: only those that lead to a
+/// policy are shown.
+impl std::fmt::Debug for Rules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ports: BTreeMap<usize, u16> =
+            self.view.routes.ports.iter().enumerate().filter(|(_, id)| **id != 0).map(|(i, id)| (i, *id)).collect();
+        let policies: BTreeMap<u16, (String, &Policy)> = self
+            .view
+            .policies
+            .iter()
+            .map(|(id, (policy, name))| {
+                (*id, (String::from_utf8_lossy(name).trim_end_matches('\0').to_string(), policy))
+            })
+            .collect();
+        f.debug_struct("Rules")
+            .field("config", &self.config)
+            .field("policies", &policies)
+            .field("ports (class << 16 | port)", &ports)
+            .field("acl", &self.acl())
+            .finish()
+    }
+}
+
+/// A daemon's kernel maps at one moment.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Snapshot {
     pub rules: Rules,
     /// Per policy id, per CPU.
@@ -608,20 +656,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn read(program: u32) -> anyhow::Result<Self> {
-        let maps = program_maps(program)?;
-        let config: Array<_, Config> = Array::try_from(open_map(&maps, MAP_CONFIG)?)?;
-        let policies: Array<_, Policy> = Array::try_from(open_map(&maps, MAP_POLICIES)?)?;
-        let ports: Array<_, u16> = Array::try_from(open_map(&maps, MAP_PORT_POLICY)?)?;
-        let mut acl = acl_entries::<[u8; 4]>(&maps, MAP_ACL_V4, |d| Ipv4Addr::from(d).into())?;
-        acl.extend(acl_entries::<[u8; 16]>(&maps, MAP_ACL_V6, |d| Ipv6Addr::from(d).into())?);
-        let rules = Rules {
-            config: config.get(&0, 0)?,
-            // MAX_POLICIES (256) ids: the index fits.
-            policies: nonzero(policies.iter(), Policy::default())?.into_iter().map(|(i, p)| (i as u16, p)).collect(),
-            ports: nonzero(ports.iter(), 0)?,
-            acl,
-        };
+    /// The maps a daemon pinned in `dir` (its [`Scratch::pin_dir`]), whether it still runs or not.
+    pub fn read(dir: &Path) -> anyhow::Result<Self> {
+        let maps = pinned_maps(dir)?;
+        let config: Array<_, Config> = Array::try_from(map(&maps, MAP_CONFIG)?)?;
+        let view = MapView::read_maps(|name| maps.get(name))?;
+        let rules = Rules { config: config.get(&0, 0)?, view };
         Ok(Self { rules, counters: read_counters(&maps)? })
     }
 
@@ -631,48 +671,16 @@ impl Snapshot {
     }
 }
 
-fn read_counters(maps: &BTreeMap<String, u32>) -> anyhow::Result<Vec<Vec<Counters>>> {
-    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(open_map(maps, MAP_COUNTERS)?)?;
+fn read_counters(maps: &BTreeMap<String, Map>) -> anyhow::Result<Vec<Vec<Counters>>> {
+    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(map(maps, MAP_COUNTERS)?)?;
     counters.iter().map(|c| Ok(c?.iter().copied().collect())).collect()
-}
-
-/// The entries of an array map that differ from `zero`, by index.
-fn nonzero<V: PartialEq, E>(values: impl Iterator<Item = Result<V, E>>, zero: V) -> anyhow::Result<BTreeMap<u32, V>>
-where
-    anyhow::Error: From<E>,
-{
-    let mut out = BTreeMap::new();
-    for (i, v) in (0u32..).zip(values) {
-        let v = v?;
-        if v != zero {
-            out.insert(i, v);
-        }
-    }
-    Ok(out)
-}
-
-fn acl_entries<K: Pod>(
-    maps: &BTreeMap<String, u32>,
-    name: &str,
-    addr: impl Fn(K) -> IpAddr,
-) -> anyhow::Result<BTreeMap<String, &'static str>> {
-    let trie: LpmTrie<_, K, u8> = LpmTrie::try_from(open_map(maps, name)?)?;
-    let mut out = BTreeMap::new();
-    for entry in trie.iter() {
-        let (key, action) = entry?;
-        let action = match action {
-            ACL_ALLOW => "allow",
-            ACL_DENY => "deny",
-            _ => "unknown",
-        };
-        out.insert(format!("{}/{}", addr(key.data()), key.prefix_len()), action);
-    }
-    Ok(out)
 }
 
 /// Overwrites the CONFIG of loaded program `program` (another process's): for fault injection.
 pub fn write_program_config(program: u32, config: &Config) -> anyhow::Result<()> {
-    let mut array: Array<_, Config> = Array::try_from(open_map(&program_maps(program)?, MAP_CONFIG)?)?;
+    let mut maps = program_maps(program)?;
+    let map = maps.remove(MAP_CONFIG).with_context(|| format!("the program has no {MAP_CONFIG} map"))?;
+    let mut array: Array<_, Config> = Array::try_from(map)?;
     array.set(0, config, 0)?;
     Ok(())
 }
