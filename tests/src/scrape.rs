@@ -1,21 +1,21 @@
-//! Reading the daemon's Prometheus endpoint the way a scraper does: a plain HTTP/1.0 GET over
-//! TCP (from inside the daemon's network namespace: call it on a thread that entered it), and
-//! the OpenMetrics text parsed into samples with their labels.
+//! Reading the daemon's Prometheus endpoint the way a scraper does: an HTTP GET with `ureq`
+//! (from inside the daemon's network namespace: call it on a thread that entered it), and the
+//! OpenMetrics text parsed into samples with their labels by `prometheus-parse`.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail, ensure};
+use prometheus_parse::{Scrape, Value};
 
 /// One answer to a GET.
 #[derive(Clone, Debug)]
 pub struct Response {
     pub status: u16,
-    /// The header lines, as sent.
-    pub headers: Vec<String>,
+    /// The headers, by lowercase name, in the order received.
+    pub headers: Vec<(String, String)>,
     pub body: String,
     /// From before connecting to the last byte of the answer.
     pub latency: Duration,
@@ -23,54 +23,41 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find_map(|h| {
-            let (k, v) = h.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-        })
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
-/// `GET path` from `addr` over HTTP/1.0 (so the body is sent whole, then the connection closes),
-/// each step bounded by `timeout`.
+/// `GET path` from `addr`, straight (no proxy, no redirect), connecting, each write and each
+/// read bounded by `timeout`; any status is an answer.
 pub fn get(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<Response> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .proxy(None)
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .timeout_connect(Some(timeout))
+        .timeout_per_write(Some(timeout))
+        .timeout_per_read(Some(timeout))
+        .build()
+        .into();
     let start = Instant::now();
-    let mut stream = TcpStream::connect_timeout(&addr, timeout).with_context(|| format!("connecting to {addr}"))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n").context("sending the request")?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).with_context(|| format!("reading the answer from {addr}"))?;
+    let mut answer =
+        agent.get(format!("http://{addr}{path}")).call().with_context(|| format!("GET {path} from {addr}"))?;
+    let body = answer.body_mut().read_to_string().with_context(|| format!("reading the answer from {addr}"))?;
     let latency = start.elapsed();
-    let text = String::from_utf8(raw).context("the answer is not UTF-8")?;
-    let (head, body) = text.split_once("\r\n\r\n").with_context(|| format!("no end of headers in {text:?}"))?;
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("bad status line {status_line:?}"))?;
-    let headers: Vec<String> = lines.map(String::from).collect();
-    let response = Response { status, headers, body: body.to_string(), latency };
-    if let Some(len) = response.header("content-length") {
-        let len: usize = len.parse().with_context(|| format!("content-length {len:?}"))?;
-        ensure!(len == response.body.len(), "content-length {len} but {} bytes of body", response.body.len());
-    }
-    ensure!(
-        response.header("transfer-encoding").is_none(),
-        "an HTTP/1.0 request got a transfer-encoded answer: {:?}",
-        response.headers
-    );
-    Ok(response)
+    let headers = answer
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    Ok(Response { status: answer.status().as_u16(), headers, body, latency })
 }
 
-/// One sample line: `name{k="v",...} value`.
+/// One sample: `name{k="v",...} value`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sample {
     pub name: String,
     pub labels: Vec<(String, String)>,
-    /// As written (counters can exceed what an f64 holds exactly).
-    pub value: String,
+    pub value: f64,
 }
 
 impl Sample {
@@ -79,85 +66,42 @@ impl Sample {
     }
 
     pub fn f64(&self) -> anyhow::Result<f64> {
-        self.value.parse().with_context(|| format!("{}: value {:?}", self.name, self.value))
+        Ok(self.value)
     }
 
-    /// The value as a whole number (counters).
+    /// The value as a whole number (counters), exact only up to 2^53 (an f64's integers).
     pub fn u64(&self) -> anyhow::Result<u64> {
-        self.value.parse().with_context(|| format!("{}: value {:?} is not a whole number", self.name, self.value))
+        const EXACT: f64 = (1u64 << 53) as f64;
+        let v = self.value;
+        ensure!(
+            v >= 0.0 && v.fract() == 0.0 && v <= EXACT,
+            "{}: value {v} is not a whole number up to 2^53",
+            self.name
+        );
+        Ok(v as u64)
     }
 }
 
-/// The samples of an OpenMetrics (or Prometheus text) exposition, in order; comment lines
-/// (`# TYPE`, `# HELP`, `# EOF`) are skipped. Fails on a line it cannot read.
+/// The samples of an OpenMetrics (or Prometheus text) exposition of counters and gauges, in
+/// order. Fails on a sample line it cannot read (which `prometheus-parse` would skip), and on a
+/// histogram or summary (which it folds into one sample).
 pub fn parse(text: &str) -> anyhow::Result<Vec<Sample>> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        out.push(parse_line(line).with_context(|| format!("metrics line {line:?}"))?);
-    }
-    Ok(out)
-}
-
-fn parse_line(line: &str) -> anyhow::Result<Sample> {
-    let name_end = line.find(['{', ' ']).context("no value")?;
-    let name = line[..name_end].to_string();
-    ensure!(
-        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-        "bad metric name {name:?}"
-    );
-    let mut rest = &line[name_end..];
-    let mut labels = Vec::new();
-    if let Some(inner) = rest.strip_prefix('{') {
-        let mut chars = inner.char_indices().peekable();
-        loop {
-            // key
-            let start = match chars.peek() {
-                Some(&(_, '}')) => {
-                    chars.next();
-                    break;
-                }
-                Some(&(i, _)) => i,
-                None => bail!("unterminated labels"),
+    let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).context("parsing the exposition")?;
+    let lines = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).count();
+    ensure!(scrape.samples.len() == lines, "{} sample lines, {} of them read", lines, scrape.samples.len());
+    scrape
+        .samples
+        .into_iter()
+        .map(|s| {
+            let value = match s.value {
+                Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+                Value::Histogram(_) | Value::Summary(_) => bail!("{}: a histogram or summary", s.metric),
             };
-            let mut eq = None;
-            for (i, c) in chars.by_ref() {
-                if c == '=' {
-                    eq = Some(i);
-                    break;
-                }
-            }
-            let eq = eq.context("a label without '='")?;
-            let key = inner[start..eq].to_string();
-            ensure!(matches!(chars.next(), Some((_, '"'))), "label {key} has no quoted value");
-            let mut value = String::new();
-            loop {
-                match chars.next() {
-                    Some((_, '\\')) => match chars.next() {
-                        Some((_, 'n')) => value.push('\n'),
-                        Some((_, c)) => value.push(c),
-                        None => bail!("unterminated escape"),
-                    },
-                    Some((_, '"')) => break,
-                    Some((_, c)) => value.push(c),
-                    None => bail!("unterminated label value"),
-                }
-            }
-            labels.push((key, value));
-            match chars.next() {
-                Some((_, ',')) => {}
-                Some((_, '}')) => break,
-                other => bail!("expected ',' or '}}' after a label, got {other:?}"),
-            }
-        }
-        let consumed = chars.peek().map_or(inner.len(), |&(i, _)| i);
-        rest = &inner[consumed..];
-    }
-    let mut fields = rest.split_whitespace();
-    let value = fields.next().context("no value")?.to_string();
-    Ok(Sample { name, labels, value })
+            let mut labels: Vec<(String, String)> = s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            labels.sort();
+            Ok(Sample { name: s.metric, labels, value })
+        })
+        .collect()
 }
 
 /// The one sample of `name` whose labels include all of `labels`; fails if there is none or
@@ -179,16 +123,17 @@ mod tests {
     #[test]
     fn reads_names_labels_and_values() {
         let text = "# HELP x help\n# TYPE x counter\nx_total{policy=\"a.b\",decision=\"admitted\"} 17\n\
-                    y 0.25\nz{} 3\nw{k=\"q\\\"uote\\\\d\"} 1e3 1700000000\n# EOF\n";
+                    y 0.25\nz 3\nw{k=\"v\"} 1e3 1700000000\n# EOF\n";
         let s = parse(text).unwrap();
         assert_eq!(s.len(), 4);
         assert_eq!(s[0].name, "x_total");
-        assert_eq!(s[0].labels, vec![("policy".into(), "a.b".into()), ("decision".into(), "admitted".into())]);
+        assert_eq!(s[0].labels, vec![("decision".into(), "admitted".into()), ("policy".into(), "a.b".into())]);
         assert_eq!(s[0].u64().unwrap(), 17);
         assert_eq!((s[1].name.as_str(), s[1].f64().unwrap()), ("y", 0.25));
         assert!(s[2].labels.is_empty());
-        assert_eq!(s[3].label("k"), Some("q\"uote\\d"));
-        assert_eq!(one(&s, "x_total", &[("decision", "admitted")]).unwrap().value, "17");
+        assert_eq!((s[3].label("k"), s[3].u64().unwrap()), (Some("v"), 1000));
+        assert!(s[1].u64().is_err());
+        assert_eq!(one(&s, "x_total", &[("decision", "admitted")]).unwrap().value, 17.0);
         assert!(one(&s, "x_total", &[("decision", "refused")]).is_err());
         assert!(parse("x{k=\"v\" 1").is_err());
     }
