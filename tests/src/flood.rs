@@ -20,13 +20,14 @@ use std::{
     collections::BTreeMap,
     fmt, io,
     net::IpAddr,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsRawFd, OwnedFd},
     str::FromStr,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail, ensure};
 use etherparse::PacketBuilder;
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, socket};
 
 /// No more frames than this are pre-built (at 60-80 bytes each, tens of MB).
 pub const MAX_FRAMES: usize = 1 << 20;
@@ -480,8 +481,7 @@ impl PacketSocket {
 
 impl Transmit for PacketSocket {
     fn transmit(&mut self, frame: &[u8]) -> io::Result<()> {
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        nix::sys::socket::send(self.fd.as_raw_fd(), frame, MsgFlags::empty()).map(drop).map_err(io::Error::from)
     }
 
     fn engine(&self) -> Option<&'static str> {
@@ -497,15 +497,13 @@ pub fn ifindex(iface: &str) -> anyhow::Result<u32> {
 
 /// A raw AF_PACKET socket of protocol 0: it queues nothing until [`bind_ll`] names a protocol.
 pub fn packet_socket() -> anyhow::Result<OwnedFd> {
-    let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error()).context("opening an AF_PACKET socket (needs CAP_NET_RAW)");
-    }
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    socket(AddressFamily::Packet, SockType::Raw, SockFlag::SOCK_CLOEXEC, None)
+        .context("opening an AF_PACKET socket (needs CAP_NET_RAW)")
 }
 
 /// Binds an AF_PACKET socket to interface `ifindex`, receiving frames of EtherType `proto` (host
-/// order; 0 receives none, `ETH_P_ALL` every one).
+/// order; 0 receives none, `ETH_P_ALL` every one). A `sockaddr_ll` of our own: nix's `LinkAddr`
+/// can only be read, not built.
 pub fn bind_ll(fd: &OwnedFd, ifindex: u32, proto: u16) -> io::Result<()> {
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     addr.sll_family = libc::AF_PACKET as u16;
@@ -518,24 +516,14 @@ pub fn bind_ll(fd: &OwnedFd, ifindex: u32, proto: u16) -> io::Result<()> {
     Ok(())
 }
 
-/// The MAC address of `iface` in the calling thread's network namespace.
+/// The MAC address of `iface` in the calling thread's network namespace (getifaddrs asks the
+/// kernel over netlink, in that namespace; /sys would show the mount's namespace instead).
 pub fn iface_mac(iface: &str) -> anyhow::Result<[u8; 6]> {
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error()).context("opening a socket for SIOCGIFHWADDR");
-    }
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    let name = iface.as_bytes();
-    ensure!(name.len() < req.ifr_name.len() && !name.contains(&0), "invalid interface name {iface:?}");
-    for (dst, &src) in req.ifr_name.iter_mut().zip(name) {
-        *dst = src as libc::c_char;
-    }
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } < 0 {
-        return Err(io::Error::last_os_error()).context(format!("reading the MAC address of {iface}"));
-    }
-    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
-    Ok(std::array::from_fn(|i| data[i] as u8))
+    nix::ifaddrs::getifaddrs()
+        .context("listing the interfaces (getifaddrs)")?
+        .filter(|a| a.interface_name == iface)
+        .find_map(|a| a.address?.as_link_addr()?.addr())
+        .with_context(|| format!("no MAC address for '{iface}' in this network namespace (see `ip link`)"))
 }
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
