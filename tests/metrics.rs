@@ -1,9 +1,9 @@
-//! Issue 5 end to end: per-policy counters as `limiter-ctl stats` and the Prometheus endpoint
+//! End to end: per-policy counters as `limiter-ctl stats` and the Prometheus endpoint
 //! report them, checked against what the flood offered (the sender's exact count) and what got
 //! through (a packet socket on the receiver's veth); `limiter-ctl top` from sampled refusals;
 //! counters across restarts; labels that never name a source; `stats --watch`.
 //!
-//! /metrics is read with a plain HTTP GET over TCP from a thread inside the receiver's network
+//! /metrics is read with a plain HTTP GET ([`limiter_tests::scrape`]) from a thread inside the receiver's network
 //! namespace, where the daemon listens on its default 127.0.0.1:9464 (the rig brings `lo` up).
 
 use std::{

@@ -1,4 +1,4 @@
-//! Issue 4 end to end: salt rotation without a fresh allowance, failing static when the daemon
+//! End to end: salt rotation without a fresh allowance, failing static when the daemon
 //! dies, adoption by a restarted daemon, the salt kept secret, and the failure directions
 //! (broken config, missing bpffs, interface re-created, a fault on the hot path).
 //!

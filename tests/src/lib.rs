@@ -1,7 +1,11 @@
-//! Shared harness for the integration tests, the benchmarks and the demo: privilege checks,
-//! CPU pinning, packet fixtures, an independent reference parser, network namespaces with veth
-//! pairs, the flood generator, a capture of what got through, GCRA bounds, and the real daemon
-//! run as a process with its CLI, its kernel maps and what it reports (stats, /metrics).
+//! Shared harness for the integration tests, the benchmarks and the demo: privilege checks
+//! ([`require_root!`]), CPU pinning, packet fixtures ([`frames`]), an independent reference
+//! parser ([`reference`](mod@reference)) and the kernel's programs run in-process on frames
+//! ([`kernel_programs`]), network namespaces with veth pairs ([`netns`]), the flood generators
+//! ([`flood`], [`livegen`]), a capture of what got through ([`capture`]), GCRA bounds
+//! ([`bounds`]), the real daemon run as a process with its CLI and its kernel maps ([`daemon`]),
+//! a daemon on a veth pair ready to be flooded ([`rig`]), policies as the tests set them
+//! ([`policies`]), and what the daemon reports ([`observe`]: stats, /metrics via [`scrape`]).
 
 pub mod bounds;
 pub mod capture;
