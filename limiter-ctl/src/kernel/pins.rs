@@ -153,7 +153,7 @@ pub(crate) fn detach(root: &Path, iface: &str) -> Result<String, Error> {
     }
     let removed = pins.remove()?;
     let mut report = format!("removed {} pins from {}\n", removed.len(), pins.dir().display());
-    if xdp_attached(iface) {
+    if still_attached_after_release(iface) {
         report.push_str(&format!(
             "an XDP program is still attached to {iface}: a running limiter daemon (or another tool) holds it; stop the daemon to detach it\n"
         ));
@@ -161,6 +161,21 @@ pub(crate) fn detach(root: &Path, iface: &str) -> Result<String, Error> {
         report.push_str(&format!("no XDP program is attached to {iface}\n"));
     }
     Ok(report)
+}
+
+/// Whether an XDP program is still attached once the kernel has had time to release ours. The
+/// kernel frees an unpinned link from a workqueue, a moment after the unlink returns, so one
+/// query right away can still see it; a daemon that holds the link keeps it for good.
+fn still_attached_after_release(iface: &str) -> bool {
+    const RELEASE: std::time::Duration = std::time::Duration::from_secs(2);
+    let start = std::time::Instant::now();
+    while xdp_attached(iface) {
+        if start.elapsed() >= RELEASE {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
 }
 
 /// Whether the interface has any XDP program attached (in any mode, through a link or not):
