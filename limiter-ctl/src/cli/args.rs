@@ -24,7 +24,11 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Load the XDP limiter on an interface and keep it there until SIGINT or SIGTERM.
+    /// Load the XDP limiter on an interface (or adopt the one pinned there) and serve it.
+    ///
+    /// SIGTERM, SIGINT and SIGUSR2 stop the daemon and leave the program attached and pinned,
+    /// enforcing, for the next daemon to adopt (buckets, counters and salt kept): a restart
+    /// leaves no gap. `limiter-ctl detach` takes the limiter off.
     Daemon(DaemonArgs),
     /// Create, replace, remove and inspect rate policies.
     #[command(subcommand)]
@@ -54,10 +58,19 @@ pub(crate) enum Command {
     /// The secret salt that hashes sources into buckets.
     #[command(subcommand)]
     Salt(SaltCommand),
-    /// Remove a limiter left attached (and pinned) on an interface, with all its state.
+    /// Take the limiter off an interface: unpin its program and maps, with all its state.
+    ///
+    /// The one step that removes the limiter: stopping or restarting the daemon leaves the
+    /// program enforcing. Refused (exit 1) while a daemon owns the interface, unless --force.
     Detach {
-        #[arg(long, value_name = "IFACE")]
-        iface: String,
+        #[arg(long, value_name = "IFACE", required_unless_present = "all", conflicts_with = "all")]
+        iface: Option<String>,
+        /// Every interface pinned under --pin-dir (what removing the package does).
+        #[arg(long)]
+        all: bool,
+        /// Stop the daemon that owns the interface first (SIGTERM, waiting up to 15 s for it).
+        #[arg(long)]
+        force: bool,
         /// Where limiters are pinned (bpffs).
         #[arg(long, value_name = "PATH", default_value = pins::DEFAULT_ROOT)]
         pin_dir: PathBuf,
@@ -76,11 +89,18 @@ pub(crate) enum Command {
     },
 }
 
+// A flag given twice takes its last value: the units pass defaults (--wait-iface, --metrics)
+// that LIMITER_OPTS, after them, can override.
 #[derive(Debug, Args)]
+#[command(args_override_self = true)]
 pub(crate) struct DaemonArgs {
     /// Interface to protect.
     #[arg(long, value_name = "IFACE")]
     pub iface: String,
+    /// Wait this long for a missing interface to appear (e.g. 5min; 0: fail at once, exit 2).
+    /// Still missing then: exit 1, so a supervisor retries.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_wait)]
+    pub wait_iface: Duration,
     /// Policies and lists, loaded at start, re-read on SIGHUP, rewritten on every change.
     #[arg(long, value_name = "PATH", default_value = config::DEFAULT_PATH)]
     pub config: PathBuf,
@@ -105,7 +125,8 @@ pub(crate) struct DaemonArgs {
     /// Where the program, its link and maps are pinned (bpffs), under a directory per interface.
     #[arg(long, value_name = "PATH", default_value = pins::DEFAULT_ROOT)]
     pub pin_dir: PathBuf,
-    /// Prometheus endpoint address, or `off`.
+    /// Prometheus endpoint address, `off`, or `auto`: 127.0.0.1 on a port derived from the
+    /// interface's name (9465-9999, logged; for one daemon per interface).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics)]
     pub metrics: Metrics,
     /// Send 1 in N refusals to `limiter-ctl top` (a power of two; 0: none).
@@ -115,15 +136,23 @@ pub(crate) struct DaemonArgs {
 
 /// Where the metrics endpoint listens, if anywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Metrics(pub Option<std::net::SocketAddr>);
+pub(crate) struct Metrics(pub daemon::MetricsAt);
 
 fn parse_metrics(s: &str) -> Result<Metrics, String> {
-    if s == "off" {
-        return Ok(Metrics(None));
+    match s {
+        "off" => Ok(Metrics(daemon::MetricsAt::Off)),
+        "auto" => Ok(Metrics(daemon::MetricsAt::Auto)),
+        _ => s.parse().map(|a| Metrics(daemon::MetricsAt::At(a))).map_err(|_| {
+            format!("invalid metrics address '{s}': expected IP:PORT such as 127.0.0.1:9464, auto, or off")
+        }),
     }
-    s.parse()
-        .map(|a| Metrics(Some(a)))
-        .map_err(|_| format!("invalid metrics address '{s}': expected IP:PORT such as 127.0.0.1:9464, or off"))
+}
+
+/// A wait: a humantime duration (`90s`, `5min`), or a bare number of seconds.
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    s.parse::<u64>().map(Duration::from_secs).or_else(|_| humantime::parse_duration(s)).map_err(|_| {
+        format!("invalid duration '{s}': expected a duration such as 90s or 5min, or 0 not to wait")
+    })
 }
 
 fn parse_sample(s: &str) -> Result<u32, String> {
@@ -187,6 +216,7 @@ impl DaemonArgs {
     pub(crate) fn options(self) -> daemon::Options {
         daemon::Options {
             iface: self.iface,
+            wait_iface: self.wait_iface,
             config: self.config,
             rate: self.rate,
             burst: self.burst,

@@ -127,13 +127,25 @@ pub fn main() -> ExitCode {
             render::<top::Report>(data, json, |report| show::top(&report))
         }),
         Command::Salt(SaltCommand::Rotate) => client(&cli.socket, Request::SaltRotate, |_| Ok("salt rotated\n".into())),
-        Command::Detach { iface, pin_dir } => match pins::detach(&pin_dir, &iface) {
-            Ok(report) => {
-                print!("{report}");
-                ExitCode::SUCCESS
+        Command::Detach { iface, all, force, pin_dir } => {
+            let result = match iface {
+                Some(iface) if !all => pins::detach(&pin_dir, &iface, force),
+                _ => pins::detach_all(&pin_dir, force),
+            };
+            match result {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    // What --all did detach is said before what it could not.
+                    if let kernel::Error::DetachSome { report, .. } = &e {
+                        print!("{report}");
+                    }
+                    fail(&Error::Kernel(Box::new(e)))
+                }
             }
-            Err(e) => fail(&Error::Kernel(Box::new(e))),
-        },
+        }
         Command::Allow(cmd) => list_command(&cli.socket, List::Allow, cmd),
         Command::Deny(cmd) => list_command(&cli.socket, List::Deny, cmd),
     }

@@ -16,12 +16,18 @@ pub enum Error {
     Config { path: PathBuf, error: config::Error },
     #[error("--rate/--burst: {0}")]
     DefaultPolicy(config::Error),
-    #[error("interface '{0}' does not exist (see `ip link`)")]
+    #[error("interface '{0}' does not exist (see `ip link`; --wait-iface waits for a late one)")]
     NoSuchInterface(String),
 
     // Failures.
     #[error(transparent)]
     Kernel(Box<kernel::Error>),
+    #[error("interface '{iface}' did not appear within {waited} (--wait-iface); see `ip link`")]
+    InterfaceNeverAppeared { iface: String, waited: String },
+    #[error("the pins at {dir} were removed while the daemon ran, so the program left the interface with it")]
+    PinsGone { dir: PathBuf },
+    #[error("the program is not attached to {iface} any more ({found} there now)")]
+    NotAttachedAtExit { iface: String, found: String },
     #[error("creating {dir}")]
     CreateSocketDir { dir: PathBuf, source: io::Error },
     #[error("another daemon is already listening on {path}; stop it or pass --socket")]

@@ -1,6 +1,8 @@
-//! The daemon room: `limiter-ctl daemon`. Validate the config, load the program, make its maps
-//! say what the config says, attach, then serve the control socket until SIGINT or SIGTERM,
-//! re-reading the config on SIGHUP (`serve`). Beside the loop: the wire types of the control
+//! The daemon room: `limiter-ctl daemon`. Validate the config, wait for the interface, claim it
+//! (one daemon per interface), load or adopt the program, make its maps say what the config
+//! says, attach, tell systemd it is ready, then serve the control socket until SIGTERM, SIGINT
+//! or SIGUSR2, re-reading the config on SIGHUP (`serve`); leave the program attached and pinned
+//! for the next daemon. A start that fails takes away what it made. Beside the loop: the wire types of the control
 //! socket, shared with the CLI (`ipc`), the counters sampled once a second (`stats`), the
 //! Prometheus endpoint (`metrics`) and the most-refused sources (`top`).
 //!
@@ -28,7 +30,7 @@ use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 pub use error::{Error, Rollback};
-use serve::{Daemon, Exit, bind};
+use serve::{Daemon, bind};
 
 use crate::{
     config::{self, Name, PolicyDef, Rate, State},
@@ -40,8 +42,8 @@ use crate::{
 #[rustfmt::skip]
 #[derive(Debug)]
 pub(crate) struct Options {
-    /// The interface to protect, and how to attach to it.
-    pub iface: String, pub mode: ModeRequest,
+    /// The interface to protect, how long to wait for it to appear, and how to attach to it.
+    pub iface: String, pub wait_iface: Duration, pub mode: ModeRequest,
     /// The policies and lists; loaded at start, re-read on SIGHUP, rewritten on every change.
     pub config: PathBuf,
     /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
@@ -51,14 +53,51 @@ pub(crate) struct Options {
     /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
     pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
     /// The Prometheus endpoint; 1 in N refusals sampled for `top`.
-    pub metrics: Option<SocketAddr>, pub sample_refusals: u32,
+    pub metrics: MetricsAt, pub sample_refusals: u32,
+}
+
+/// Where the Prometheus endpoint listens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MetricsAt {
+    Off,
+    At(SocketAddr),
+    /// 127.0.0.1 on [`auto_metrics_port`] of the interface: one daemon per interface, each on a
+    /// port of its own without a flag per instance (the template unit uses it).
+    Auto,
+}
+
+/// The port `--metrics auto` listens on for `iface`: 9465 + (FNV-1a-32 of the name mod 535),
+/// 9465-9999. Deterministic, so Prometheus can be told it once; two names that land on the same
+/// port make the second daemon fail at start, saying so (give one of them `--metrics`).
+pub(crate) fn auto_metrics_port(iface: &str) -> u16 {
+    let hash = iface.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    9465 + (hash % 535) as u16
 }
 
 /// The policy the daemon's `--rate` installs (matching everything).
 const DEFAULT_POLICY: &str = "default";
 
+/// How often a missing interface is looked for while waiting.
+const IFACE_POLL: Duration = Duration::from_millis(100);
+
+/// Tells systemd (the unit is `Type=notify`) how the daemon is doing; nothing without
+/// `$NOTIFY_SOCKET`. A failure to tell is logged, never fatal.
+fn notify(states: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(states) {
+        warn!(error = %e, "telling systemd (NOTIFY_SOCKET) failed");
+    }
+}
+
+/// What a start made, so a start that fails takes it away again.
+#[derive(Default)]
+struct Made {
+    socket: bool,
+    /// Pins of a limiter this start created (none was pinned here before).
+    pins: bool,
+}
+
 pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
-    // Everything the operator gave is checked before anything is loaded or bound.
+    // Everything the operator gave is checked before anything is loaded, bound or waited for.
     let file = config::load(&args.config).map_err(Error::File)?;
     let default_policy = args.rate.map(|rate| PolicyDef {
         name: Name::from_static(DEFAULT_POLICY),
@@ -69,9 +108,7 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         unit: Default::default(),
         mode: Default::default(),
     });
-    // Byte policies must hold the largest frame the interface can carry.
-    let max_frame = kernel::interface_mtu(&args.iface).map_or(config::DEFAULT_MAX_FRAME, config::max_frame_for_mtu);
-    let desired = |ids: &BTreeMap<Name, u16>| -> Result<State, Error> {
+    let desired = |ids: &BTreeMap<Name, u16>, max_frame: u64| -> Result<State, Error> {
         let state = State::build_for(&file, ids, max_frame)
             .map_err(|error| Error::Config { path: args.config.clone(), error })?;
         match &default_policy {
@@ -79,22 +116,124 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
             None => Ok(state),
         }
     };
-    desired(&BTreeMap::new())?;
-    if !kernel::interface_exists(&args.iface) {
-        return Err(Error::NoSuchInterface(args.iface.clone()));
-    }
-    let listener = bind(socket)?;
-    let shared = stats::Shared::default();
-    if let Some(addr) = args.metrics {
-        metrics::serve(addr, shared.clone()).await?;
-        info!(address = %addr, "serving metrics at /metrics");
-    }
+    desired(&BTreeMap::new(), config::DEFAULT_MAX_FRAME)?;
+    wait_for_interface(&args.iface, args.wait_iface).await?;
+    // Byte policies must hold the largest frame the interface can carry.
+    let max_frame = kernel::interface_mtu(&args.iface).map_or(config::DEFAULT_MAX_FRAME, config::max_frame_for_mtu);
+    desired(&BTreeMap::new(), max_frame)?;
 
+    // One daemon per interface: the pin directory's lock, taken before anything is written (a
+    // live owner makes this fail with its pid, having changed nothing), held until exit.
     let pins = PinDir::new(&args.pin_dir, &args.iface);
-    if let Some(note) = pins.prepare()? {
+    let claim = pins.claim()?;
+    if let Some(note) = claim.mounted() {
         info!(note, "bpffs");
     }
+    let mut made = Made::default();
+    let started = start(&args, socket, &pins, &file, |ids| desired(ids, max_frame), &mut made).await;
+    let (mut daemon, listener, refusals) = match started {
+        Ok(started) => started,
+        Err(e) => {
+            // The limiter this start loaded is gone by now: unpinning releases its link.
+            if made.pins && let Err(e) = pins.remove_pins() {
+                warn!(error = %e, "removing the pins of the failed start");
+            }
+            if made.socket {
+                let _ = std::fs::remove_file(socket);
+            }
+            claim.remove_created();
+            return Err(e);
+        }
+    };
+    let result = daemon.serve(listener, refusals, &args).await;
+    notify(&[sd_notify::NotifyState::Stopping]);
+    if let Err(e) = std::fs::remove_file(socket) {
+        warn!(socket = %socket.display(), error = %e, "could not remove the control socket");
+    }
+    // Fail static on purpose, whatever stopped the loop: the next daemon adopts the program, its
+    // state and its salt; `limiter-ctl detach` is the one step that takes it off.
+    let left = left_behind(daemon.limiter(), &pins, &args.iface, claim.mounted().is_some());
+    result.map(|_| ()).and(left)
+}
+
+/// The exit report, checked rather than assumed: the pins are all there and the program on the
+/// interface is this daemon's, so the next daemon adopts it. Anything else is an error that says
+/// what happened.
+fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> Result<(), Error> {
+    if !pins.complete() {
+        let dir = pins.dir().to_path_buf();
+        tracing::error!(pins = %dir.display(), "the pins were removed while the daemon ran: the program leaves {iface} as this daemon exits");
+        return Err(Error::PinsGone { dir });
+    }
+    if !kernel::interface_exists(iface) {
+        warn!(iface, pins = %pins.dir().display(), "interface gone: left pinned; the next daemon attaches when it is back");
+        return Ok(());
+    }
+    let ours = limiter.program_id().ok();
+    match kernel::pins::xdp_program(iface) {
+        Some(found) if Some(found.id) == ours => {
+            info!(iface, pins = %pins.dir().display(), "left attached and pinned, enforcing: the next daemon adopts it (buckets, counters and salt); `limiter-ctl detach --iface {iface}` takes it off");
+            if mounted {
+                warn!("the pins are on the bpffs this daemon mounted: if that mount goes (a mount namespace of the daemon's own), the program goes with it");
+            }
+            Ok(())
+        }
+        found => {
+            let found = found.map_or_else(|| "no XDP program".to_string(), |p| p.to_string());
+            tracing::error!(iface, %found, "the program is not attached to {iface} any more");
+            Err(Error::NotAttachedAtExit { iface: iface.into(), found })
+        }
+    }
+}
+
+/// Waits (up to `limit`) for `iface` to exist; says so once. Polled: the wait is for boot-time
+/// stragglers, where a tenth of a second does not matter.
+async fn wait_for_interface(iface: &str, limit: Duration) -> Result<(), Error> {
+    if kernel::interface_exists(iface) {
+        return Ok(());
+    }
+    if limit.is_zero() {
+        return Err(Error::NoSuchInterface(iface.into()));
+    }
+    let wait = humantime::format_duration(limit).to_string();
+    info!(iface, wait = %wait, "interface not there yet: waiting for it (--wait-iface)");
+    notify(&[sd_notify::NotifyState::Status(&format!("waiting up to {wait} for interface {iface} to appear"))]);
+    let deadline = tokio::time::Instant::now() + limit;
+    while !kernel::interface_exists(iface) {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::InterfaceNeverAppeared { iface: iface.into(), waited: wait });
+        }
+        tokio::time::sleep(IFACE_POLL).await;
+    }
+    info!(iface, "interface appeared");
+    Ok(())
+}
+
+/// Binds the socket, serves metrics, loads (or adopts) the program, makes its maps say what the
+/// config says, attaches, and tells systemd it is ready. `made` says what it created.
+async fn start(
+    args: &Options,
+    socket: &Path,
+    pins: &PinDir,
+    file: &config::ConfigFile,
+    desired: impl Fn(&BTreeMap<Name, u16>) -> Result<State, Error>,
+    made: &mut Made,
+) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>), Error> {
+    let listener = bind(socket)?;
+    made.socket = true;
+    let shared = stats::Shared::default();
+    let metrics_addr = match args.metrics {
+        MetricsAt::Off => None,
+        MetricsAt::At(addr) => Some(addr),
+        MetricsAt::Auto => Some(SocketAddr::from(([127, 0, 0, 1], auto_metrics_port(&args.iface)))),
+    };
+    if let Some(addr) = metrics_addr {
+        metrics::serve(addr, shared.clone()).await?;
+        info!(address = %addr, auto = args.metrics == MetricsAt::Auto, "serving metrics at /metrics");
+    }
+
     let mut limiter = Limiter::open(args.buckets, Some(pins.clone()))?;
+    made.pins = !limiter.adopted() && limiter.replaces_incompatible().is_none();
     // What the maps hold now: a pinned predecessor's state, or nothing.
     let before = if limiter.adopted() {
         limiter.read_view()?
@@ -110,11 +249,18 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     // SAFETY: the ring owns its descriptor and keeps it open for as long as the AsyncFd lives.
     let refusals =
         unsafe { AsyncFd::register(limiter.take_refusals()?) }.map_err(|e| Error::RefusalRing(e.into_parts().1))?;
-    // From here on a failure must not leave the program attached (only a crash does that).
     let attached = limiter.attach(&args.iface, args.mode)?;
     if let Some(reason) = &attached.fallback {
         warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
     }
+    let event = match (attached.replaced, limiter.replaces_incompatible()) {
+        (true, None) => "adopted the pinned limiter: program replaced in place, buckets, counters and salt kept",
+        (_, Some(why)) => {
+            warn!(iface = %args.iface, pins = %pins.dir().display(), reason = %why, "the pinned limiter could not be adopted");
+            "replaced the pinned limiter in place: no gap, but its state could not be adopted, so buckets, counters and salt start afresh"
+        }
+        (false, None) => "attached",
+    };
     info!(
         iface = %args.iface,
         mode = %attached.mode,
@@ -123,23 +269,17 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         config = %args.config.display(),
         socket = %socket.display(),
         pins = %pins.dir().display(),
-        "{}",
-        if attached.replaced { "adopted the pinned limiter: program replaced in place, buckets, counters and salt kept" } else { "attached" }
+        "{event}"
     );
-    let mut daemon = Daemon::new(limiter, state, &args, shared, longest_window);
-    let result = match daemon.start_up(&file) {
-        Ok(()) => daemon.serve(listener, refusals, &args).await,
-        Err(e) => Err(e),
-    };
-    let hand_over = matches!(result, Ok(Exit::HandOver));
-    if let Err(e) = std::fs::remove_file(socket) {
-        warn!(socket = %socket.display(), error = %e, "could not remove the control socket");
-    }
-    if hand_over {
-        // Fail static on purpose: the next daemon adopts the program, its state and its salt.
-        info!(iface = %args.iface, pins = %pins.dir().display(), "handing over: left attached and pinned for the next daemon");
-    } else if let Some(iface) = daemon.detach()? {
-        info!(iface = %iface, "detached");
-    }
-    result.map(|_| ())
+    let mut daemon = Daemon::new(limiter, state, args, shared, longest_window);
+    daemon.start_up(file)?;
+    let status = format!(
+        "enforcing on {} ({} mode){}",
+        args.iface,
+        attached.mode,
+        metrics_addr.map(|a| format!(", metrics at http://{a}/metrics")).unwrap_or_default()
+    );
+    // Ready only now: `systemctl start` returning means the program is attached.
+    notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+    Ok((daemon, listener, refusals))
 }

@@ -32,11 +32,10 @@ use crate::{
     kernel::{self, Limiter, ModeRequest},
 };
 
-/// How the daemon leaves.
+/// How the daemon leaves: on SIGTERM, SIGINT and SIGUSR2 alike it leaves the program attached
+/// and pinned, enforcing, for the next daemon to adopt (a restart, an upgrade, a pod
+/// replacement). `limiter-ctl detach` is the one way to take it off.
 pub(super) enum Exit {
-    /// SIGINT, SIGTERM: detach and remove the pins.
-    Detach,
-    /// SIGUSR2: leave the program attached and pinned, for a new daemon to adopt (upgrades).
     HandOver,
 }
 
@@ -111,9 +110,9 @@ impl Daemon {
         }
     }
 
-    /// Detaches from the interface and removes the pins; says from which interface.
-    pub(super) fn detach(&mut self) -> Result<Option<String>, kernel::Error> {
-        self.limiter.detach()
+    /// The kernel handle, for the exit report.
+    pub(super) fn limiter(&self) -> &Limiter {
+        &self.limiter
     }
 
     pub(super) async fn serve(
@@ -138,8 +137,8 @@ impl Daemon {
         let mut if_index = kernel::if_index(&self.iface);
         let (signal_name, exit) = loop {
             tokio::select! {
-                _ = sigint.recv() => break ("SIGINT", Exit::Detach),
-                _ = sigterm.recv() => break ("SIGTERM", Exit::Detach),
+                _ = sigint.recv() => break ("SIGINT", Exit::HandOver),
+                _ = sigterm.recv() => break ("SIGTERM", Exit::HandOver),
                 _ = sigusr2.recv() => break ("SIGUSR2", Exit::HandOver),
                 _ = sighup.recv() => self.reload(),
                 accepted = listener.accept() => match accepted {

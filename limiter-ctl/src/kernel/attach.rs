@@ -10,7 +10,10 @@ use aya::programs::{
 };
 use limiter_common::maps::Config;
 
-use super::{Error, Limiter, interface_exists, pins::PinDir};
+use super::{
+    Error, Limiter, interface_exists,
+    pins::{PinDir, map_names, xdp_program},
+};
 
 /// The attach mode an operator asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -74,8 +77,22 @@ pub(super) struct Link {
 
 impl Limiter {
     /// Attaches to `iface`. With pins: a pinned predecessor's link gets this program swapped in
-    /// atomically (its attach mode stays); otherwise a new link is made and pinned.
+    /// atomically (its attach mode stays); otherwise a new link is made and pinned. A program
+    /// loaded in place of one it could not adopt ([`Limiter::replaces_incompatible`]) then pins
+    /// its own maps where the predecessor's were.
     pub fn attach(&mut self, iface: &str, mode: ModeRequest) -> Result<Attached, Error> {
+        let attached = self.attach_link(iface, mode)?;
+        if self.stale.is_some() {
+            self.pin_maps()?;
+        }
+        if !attached.replaced || self.stale.is_some() {
+            // A fresh config: record the mode the link was made in (or, replacing, found in).
+            self.record_mode(attached.mode)?;
+        }
+        Ok(attached)
+    }
+
+    fn attach_link(&mut self, iface: &str, mode: ModeRequest) -> Result<Attached, Error> {
         if !interface_exists(iface) {
             return Err(Error::NoSuchInterface(iface.into()));
         }
@@ -83,7 +100,16 @@ impl Limiter {
             match self.replace_in_pinned_link(&path) {
                 Ok(id) => {
                     self.link = Some(Link { iface: iface.into(), held: Held::Program(id) });
-                    return Ok(Attached { mode: self.attach_mode()?, fallback: None, replaced: true });
+                    let mode = if self.stale.is_some() {
+                        // The predecessor's config is not readable as ours: ask the kernel.
+                        match xdp_program(iface).map(|p| p.mode) {
+                            Some("skb") => AttachMode::Skb,
+                            _ => AttachMode::Native,
+                        }
+                    } else {
+                        self.attach_mode()?
+                    };
+                    return Ok(Attached { mode, fallback: None, replaced: true });
                 }
                 // Defunct: its interface went away (re-created since?). Start a new link.
                 Err(_) => std::fs::remove_file(&path).map_err(|error| Error::PinFile {
@@ -93,7 +119,11 @@ impl Limiter {
                 })?,
             }
         }
-        let (id, attached) = self.attach_new(iface, mode)?;
+        let (id, attached) = self.attach_new(iface, mode).map_err(|e| match xdp_program(iface) {
+            // Most often another tool's program (or a limiter under another --pin-dir): say which.
+            Some(holder) => Error::Occupied { iface: iface.into(), holder: Box::new(holder), source: Box::new(e) },
+            None => e,
+        })?;
         let held = match &self.pins {
             None => Held::Program(id),
             Some(pins) => {
@@ -107,12 +137,30 @@ impl Limiter {
                 Held::Pinned(fd.pin(&path).map_err(|error| Error::PinLink { path: path.clone(), error })?)
             }
         };
-        let mut config = self.read_config()?;
-        config.flags = (config.flags & !Config::ATTACHED_SKB)
-            | if attached.mode == AttachMode::Skb { Config::ATTACHED_SKB } else { 0 };
-        self.store_config(&config)?;
         self.link = Some(Link { iface: iface.into(), held });
         Ok(attached)
+    }
+
+    fn record_mode(&mut self, mode: AttachMode) -> Result<(), Error> {
+        let mut config = self.read_config()?;
+        config.flags =
+            (config.flags & !Config::ATTACHED_SKB) | if mode == AttachMode::Skb { Config::ATTACHED_SKB } else { 0 };
+        self.store_config(&config)
+    }
+
+    /// Pins every map in the pin directory, in place of whatever is pinned under its name.
+    fn pin_maps(&mut self) -> Result<(), Error> {
+        let Some(pins) = self.pins.clone() else { return Ok(()) };
+        for name in map_names() {
+            let path = pins.map(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(Error::PinFile { doing: "removing the replaced", path, error }),
+            }
+            self.map(name)?.pin(&path).map_err(|error| Error::PinMap { path: path.clone(), error })?;
+        }
+        Ok(())
     }
 
     /// How the program is attached, as recorded in the kernel's config when the link was made

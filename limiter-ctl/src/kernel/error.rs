@@ -10,7 +10,7 @@ use aya::{
 };
 use limiter_common::maps::{LAYOUT_VERSION, MAX_BUCKETS, MIN_BUCKETS};
 
-use super::pins::BPFFS;
+use super::pins::{BPFFS, Owner, XdpProgram};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -70,6 +70,35 @@ pub enum Error {
     NotBpfLink(LinkError),
     #[error("pinning {path}: {error}")]
     PinLink { path: PathBuf, error: PinError },
+    #[error("pinning {path}: {error}")]
+    PinMap { path: PathBuf, error: PinError },
+    // One owner per interface and pin directory (the directory's flock).
+    #[error(
+        "another limiter daemon ({owner}) owns {dir} and keeps enforcing there; nothing was changed. One daemon per \
+         interface: stop that one first (`systemctl stop limiter` or `limiter@IFACE`, or kill it), or choose another \
+         --iface"
+    )]
+    Owned { dir: PathBuf, owner: Owner },
+    #[error(
+        "a running limiter daemon ({owner}) owns {iface} ({dir}); nothing was removed. Stop it first (`systemctl stop \
+         limiter` or `limiter@{iface}`: the program stays attached until this detach), or pass --force to stop it and \
+         detach"
+    )]
+    DetachOwned { iface: String, dir: PathBuf, owner: Owner },
+    #[error("sending SIGTERM to the daemon that owns the interface (pid {pid}) failed: {error}")]
+    StopOwner { pid: u32, error: nix::Error },
+    #[error("the daemon that owns the interface (pid {pid}) still runs {waited:?} after SIGTERM; nothing was removed")]
+    OwnerStayed { pid: u32, waited: std::time::Duration },
+    #[error("locking {dir}: {error}")]
+    Lock { dir: PathBuf, error: nix::Error },
+    #[error("{failed} of {of} interfaces could not be detached; the first: {first}")]
+    DetachSome { report: String, failed: usize, of: usize, first: Box<Error> },
+    #[error(
+        "{iface} already has another {holder}: remove it first (`ip link set dev {iface} xdp off` if netlink attached \
+         it; `bpftool net` shows who holds it; a limiter pinned under another --pin-dir: `limiter-ctl detach --iface \
+         {iface} --pin-dir DIR`) [{source}]"
+    )]
+    Occupied { iface: String, holder: Box<XdpProgram>, source: Box<Error> },
     // What this build's own maps should never do.
     #[error("internal error: {0} is not a per-CPU array")]
     NotPerCpu(&'static str),

@@ -9,7 +9,7 @@ use aya::{
 };
 use limiter_common::maps::{Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_LAYOUT, PROGRAM};
 
-use super::{Error, attach::Link, check_buckets, objects, pins::PinDir};
+use super::{Error, Incompatible, attach::Link, check_buckets, objects, pins::PinDir};
 
 /// The handle on the limiter's XDP program and its maps. Dropping it without
 /// [`Limiter::detach`] leaves a pinned program attached (fail static); an unpinned one goes.
@@ -19,6 +19,8 @@ pub struct Limiter {
     pub(super) link: Option<Link>,
     pub(super) pins: Option<PinDir>,
     pub(super) adopted: bool,
+    /// Why a limiter pinned here could not be adopted: this one replaces it, state and all.
+    pub(super) stale: Option<Incompatible>,
 }
 
 impl Limiter {
@@ -36,23 +38,28 @@ impl Limiter {
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
         let mut adopted = false;
+        let mut stale = None;
         let pin_paths: Vec<(&str, PathBuf)> = match &pins {
             None => Vec::new(),
-            Some(p) => {
-                if p.has_link() {
-                    p.check_compatible(buckets)?;
-                    let data = MapData::from_pin(p.map(MAP_LAYOUT))
-                        .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
-                    let layout = Array::<_, u64>::try_from(Map::Array(data))
-                        .and_then(|a| a.get(&0, 0))
-                        .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
-                    p.check_layout(layout)?;
+            Some(p) if p.has_link() => match Self::check_adoptable(p, buckets) {
+                Ok(()) => {
                     adopted = true;
-                } else {
-                    // Maps without a link are leftovers of a detach that did not finish.
-                    p.remove()?;
-                    p.prepare()?;
+                    super::pins::map_names().map(|m| (m, p.map(m))).collect()
                 }
+                // Another layout or --buckets: loaded afresh with maps of its own, which `attach`
+                // swaps into the pinned link in one step and pins in place of the old ones. The
+                // predecessor enforces until that step: no gap, only its state is lost.
+                Err(Error::Adopt { why, .. }) => {
+                    stale = Some(why);
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            },
+            Some(p) => {
+                // Maps without a link are leftovers of a detach that did not finish; the caller
+                // holds the directory's lock, so no one else uses them.
+                p.remove_pins()?;
+                p.prepare()?;
                 super::pins::map_names().map(|m| (m, p.map(m))).collect()
             }
         };
@@ -66,7 +73,7 @@ impl Limiter {
             .try_into()
             .map_err(Error::Verify)?;
         program.load().map_err(Error::Verify)?;
-        let mut limiter = Self { ebpf, buckets, link: None, pins, adopted };
+        let mut limiter = Self { ebpf, buckets, link: None, pins, adopted, stale };
         if !adopted {
             limiter.store_config(&Config { bucket_mask: buckets - 1, ..Config::default() })?;
             limiter
@@ -80,6 +87,33 @@ impl Limiter {
     /// The maps came from a pinned predecessor: keep its salt and state.
     pub fn adopted(&self) -> bool {
         self.adopted
+    }
+
+    /// A limiter was pinned here but could not be adopted, for this reason: this one takes its
+    /// place in its link (see [`Limiter::attach`]) with fresh state.
+    pub fn replaces_incompatible(&self) -> Option<&Incompatible> {
+        self.stale.as_ref()
+    }
+
+    /// Whether the maps pinned in `p` are the ones this build makes, with `buckets` buckets.
+    fn check_adoptable(p: &PinDir, buckets: u32) -> Result<(), Error> {
+        p.check_compatible(buckets)?;
+        let data = MapData::from_pin(p.map(MAP_LAYOUT)).map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+        let layout = Array::<_, u64>::try_from(Map::Array(data))
+            .and_then(|a| a.get(&0, 0))
+            .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
+        p.check_layout(layout)
+    }
+
+    /// The id the kernel gave the loaded program.
+    pub fn program_id(&self) -> Result<u32, Error> {
+        let program: &Xdp = self
+            .ebpf
+            .program(PROGRAM)
+            .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
+            .try_into()
+            .map_err(Error::Verify)?;
+        program.info().map(|i| i.id()).map_err(Error::Verify)
     }
 
     pub fn buckets(&self) -> u32 {

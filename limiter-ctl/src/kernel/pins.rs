@@ -1,10 +1,18 @@
 //! Where a limiter's maps and XDP link are pinned on bpffs (`<root>/<iface>/`), so the program
 //! keeps enforcing when its daemon dies, and a restarted daemon can adopt it, state and all.
+//!
+//! One owner per pin directory: a daemon holds an exclusive `flock` on the directory itself for
+//! its whole life ([`PinDir::claim`]); `detach` takes the same lock. The kernel drops the lock
+//! when the process dies, however it dies, and every process sharing the host's bpffs (a
+//! container's too) sees it; `/proc/locks` names the holder.
 
 use std::{
+    fs::File,
     io,
     mem::size_of,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use aya::maps::{MapInfo, MapType};
@@ -12,6 +20,11 @@ use limiter_common::maps::{
     Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
     MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN,
     PORT_POLICY_ENTRIES, Policy,
+};
+
+use nix::{
+    errno::Errno,
+    fcntl::{Flock, FlockArg},
 };
 
 use super::{Error, Incompatible, MapShape, host::if_index};
@@ -46,6 +59,40 @@ impl PinDir {
     /// A limiter was left here (its link is pinned): adopt it.
     pub fn has_link(&self) -> bool {
         self.link().exists()
+    }
+
+    /// Makes the directory (on bpffs, mounting bpffs at `/sys/fs/bpf` if it is not) and takes
+    /// the exclusive lock on it, before anything is written there: a live owner makes this fail
+    /// naming its pid, having changed nothing. The claim says which directories it created, so
+    /// a start that fails can take them away again.
+    pub fn claim(&self) -> Result<Claim, Error> {
+        let mut created: Vec<PathBuf> = self.dir.ancestors().take(2).filter(|d| !d.exists()).map(Path::to_path_buf).collect();
+        let mounted = self.prepare()?;
+        // A detach that holds the lock removes the directory; whoever locked the old inode must
+        // lock the new directory instead. Three rounds: a detach that keeps racing is a bug.
+        for _ in 0..3 {
+            let file = File::open(&self.dir).map_err(|error| Error::PinFile {
+                doing: "opening",
+                path: self.dir.clone(),
+                error,
+            })?;
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(lock) if same_inode(&lock, &self.dir) => return Ok(Claim { _lock: lock, created, mounted }),
+                Ok(_) => {
+                    std::fs::create_dir_all(&self.dir).map_err(|error| Error::PinFile {
+                        doing: "creating",
+                        path: self.dir.clone(),
+                        error,
+                    })?;
+                    created.clear();
+                }
+                Err((_, Errno::EWOULDBLOCK)) => {
+                    return Err(Error::Owned { dir: self.dir.clone(), owner: lock_owner(&self.dir) });
+                }
+                Err((_, error)) => return Err(Error::Lock { dir: self.dir.clone(), error }),
+            }
+        }
+        Err(Error::Lock { dir: self.dir.clone(), error: Errno::EAGAIN })
     }
 
     /// Makes the directory, on bpffs. When `/sys/fs/bpf` is not mounted, mounts it; says so.
@@ -89,17 +136,15 @@ impl PinDir {
         if version == LAYOUT_VERSION { Ok(()) } else { Err(self.adopt_error(Incompatible::Layout { found: version })) }
     }
 
+    /// Whether the link and every map are pinned here.
+    pub fn complete(&self) -> bool {
+        self.has_link() && map_names().all(|m| self.map(m).exists())
+    }
+
     /// Unpins the link (detaching the program unless a live daemon still holds it) and every map;
-    /// returns what was removed.
+    /// returns what was removed. The directory goes too.
     pub fn remove(&self) -> Result<Vec<PathBuf>, Error> {
-        let mut removed = Vec::new();
-        for path in std::iter::once(self.link()).chain(map_names().map(|m| self.map(m))) {
-            match std::fs::remove_file(&path) {
-                Ok(()) => removed.push(path),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(error) => return Err(Error::PinFile { doing: "removing", path, error }),
-            }
-        }
+        let removed = self.remove_pins()?;
         match std::fs::remove_dir(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -108,9 +153,85 @@ impl PinDir {
         Ok(removed)
     }
 
+    /// [`PinDir::remove`], keeping the directory (whose lock the caller holds).
+    pub fn remove_pins(&self) -> Result<Vec<PathBuf>, Error> {
+        let mut removed = Vec::new();
+        for path in std::iter::once(self.link()).chain(map_names().map(|m| self.map(m))) {
+            match std::fs::remove_file(&path) {
+                Ok(()) => removed.push(path),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => return Err(Error::PinFile { doing: "removing", path, error }),
+            }
+        }
+        Ok(removed)
+    }
+
     fn adopt_error(&self, why: Incompatible) -> Error {
         Error::Adopt { dir: self.dir.clone(), why }
     }
+}
+
+/// A daemon's hold on its pin directory: the lock, released when this is dropped or the process
+/// dies.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    _lock: Flock<File>,
+    /// The directories the claim made (the interface's, and the root if it was missing too).
+    created: Vec<PathBuf>,
+    /// Set when bpffs had to be mounted first: what was done.
+    mounted: Option<String>,
+}
+
+impl Claim {
+    pub fn mounted(&self) -> Option<&str> {
+        self.mounted.as_deref()
+    }
+
+    /// Removes the directories the claim made, if they are empty: what a failed start does last.
+    pub fn remove_created(&self) {
+        for dir in &self.created {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Who holds the lock on a pin directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner(pub Option<u32>);
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(pid) => write!(f, "pid {pid}"),
+            None => f.write_str("a process whose pid is not visible from here (another pid namespace)"),
+        }
+    }
+}
+
+/// Whether the locked descriptor is still the directory at `path` (not one removed meanwhile).
+fn same_inode(lock: &File, path: &Path) -> bool {
+    match (lock.metadata(), std::fs::metadata(path)) {
+        (Ok(held), Ok(now)) => held.dev() == now.dev() && held.ino() == now.ino(),
+        _ => false,
+    }
+}
+
+/// The pid holding an flock on `path`, from `/proc/locks` (lines like `1: FLOCK ADVISORY WRITE
+/// 1234 00:1c:5678 0 EOF`: the device as hex major:minor, then the inode).
+pub(crate) fn lock_owner(path: &Path) -> Owner {
+    let Ok(meta) = std::fs::metadata(path) else { return Owner(None) };
+    let want = (nix::sys::stat::major(meta.dev()), nix::sys::stat::minor(meta.dev()), meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    Owner(locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // Waiters are listed with "->"; the holder line has the pid in the fifth field.
+        let [_, "FLOCK", _, _, pid, at, ..] = fields.as_slice() else { return None };
+        let mut parts = at.split(':');
+        let major = u64::from_str_radix(parts.next()?, 16).ok()?;
+        let minor = u64::from_str_radix(parts.next()?, 16).ok()?;
+        let inode = parts.next()?.parse::<u64>().ok()?;
+        ((major, minor, inode) == want).then(|| pid.parse::<u32>().ok().filter(|&p| p > 0)).flatten()
+    }))
 }
 
 /// The names of every map of the limiter object, all pinned.
@@ -144,23 +265,96 @@ fn mount_bpffs() -> Result<(), Error> {
         .map_err(Error::MountBpffs)
 }
 
-/// `limiter-ctl detach`: unpins a limiter's link and maps. The program leaves the interface
-/// unless a running daemon still holds it, which the report says.
-pub(crate) fn detach(root: &Path, iface: &str) -> Result<String, Error> {
+/// How long `detach --force` waits for the owning daemon to exit after SIGTERM.
+const OWNER_EXIT: Duration = Duration::from_secs(15);
+
+/// `limiter-ctl detach`: unpins a limiter's link and maps, so the program leaves the interface.
+/// Refuses while a live daemon owns the interface (holds the pin directory's lock), naming it;
+/// with `force`, sends that daemon SIGTERM (it leaves the program attached and pinned, and
+/// exits), waits for its lock, then detaches.
+pub(crate) fn detach(root: &Path, iface: &str, force: bool) -> Result<String, Error> {
     let pins = PinDir::new(root, iface);
     if !pins.dir().exists() {
         return Ok(format!("nothing pinned for {iface} under {}\n", root.display()));
     }
+    let mut report = String::new();
+    let open = || {
+        File::open(pins.dir()).map_err(|error| Error::PinFile { doing: "opening", path: pins.dir().to_path_buf(), error })
+    };
+    let _lock = match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((_, Errno::EWOULDBLOCK)) => {
+            let owner = lock_owner(pins.dir());
+            let Some(pid) = owner.0.filter(|_| force) else {
+                return Err(Error::DetachOwned { iface: iface.into(), dir: pins.dir().to_path_buf(), owner });
+            };
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM)
+                .map_err(|error| Error::StopOwner { pid, error })?;
+            report.push_str(&format!("stopped the daemon that owned {iface} (pid {pid})\n"));
+            wait_for_lock(pins.dir(), pid)?
+        }
+        Err((_, error)) => return Err(Error::Lock { dir: pins.dir().to_path_buf(), error }),
+    };
     let removed = pins.remove()?;
-    let mut report = format!("removed {} pins from {}\n", removed.len(), pins.dir().display());
+    report.push_str(&format!("removed {} pins from {}\n", removed.len(), pins.dir().display()));
     if still_attached_after_release(iface) {
         report.push_str(&format!(
-            "an XDP program is still attached to {iface}: a running limiter daemon (or another tool) holds it; stop the daemon to detach it\n"
+            "an XDP program is still attached to {iface}: another tool holds it ({}); `bpftool net` shows it\n",
+            xdp_program(iface).map_or_else(|| "unknown".into(), |p| p.to_string())
         ));
     } else {
         report.push_str(&format!("no XDP program is attached to {iface}\n"));
     }
     Ok(report)
+}
+
+/// The lock on `dir`, once `pid` has let go of it (within [`OWNER_EXIT`]).
+fn wait_for_lock(dir: &Path, pid: u32) -> Result<Flock<File>, Error> {
+    let start = Instant::now();
+    loop {
+        let file = File::open(dir).map_err(|error| Error::PinFile { doing: "opening", path: dir.to_path_buf(), error })?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((_, Errno::EWOULDBLOCK)) if start.elapsed() < OWNER_EXIT => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err((_, Errno::EWOULDBLOCK)) => return Err(Error::OwnerStayed { pid, waited: OWNER_EXIT }),
+            Err((_, error)) => return Err(Error::Lock { dir: dir.to_path_buf(), error }),
+        }
+    }
+}
+
+/// `limiter-ctl detach --all`: [`detach`] for every interface pinned under `root`. Goes on past
+/// a failure; the error says how many failed and the first reason.
+pub(crate) fn detach_all(root: &Path, force: bool) -> Result<String, Error> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(format!("nothing pinned under {}\n", root.display()));
+        }
+        Err(error) => return Err(Error::PinFile { doing: "listing", path: root.to_path_buf(), error }),
+    };
+    let mut ifaces: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    ifaces.sort();
+    let (mut report, mut failed) = (String::new(), Vec::new());
+    for iface in &ifaces {
+        match detach(root, iface, force) {
+            Ok(r) => report.push_str(&r),
+            Err(e) => failed.push(e),
+        }
+    }
+    if ifaces.is_empty() {
+        report.push_str(&format!("nothing pinned under {}\n", root.display()));
+    }
+    let count = failed.len();
+    match failed.into_iter().next() {
+        None => Ok(report),
+        Some(first) => Err(Error::DetachSome { report, failed: count, of: ifaces.len(), first: Box::new(first) }),
+    }
 }
 
 /// Whether an XDP program is still attached once the kernel has had time to release ours. The
@@ -181,10 +375,41 @@ fn still_attached_after_release(iface: &str) -> bool {
 /// Whether the interface has any XDP program attached (in any mode, through a link or not):
 /// the kernel's own answer to RTM_GETLINK, its IFLA_XDP attributes.
 pub(crate) fn xdp_attached(iface: &str) -> bool {
-    if_index(iface).is_some_and(|index| query_xdp(index).unwrap_or(false))
+    xdp_program(iface).is_some()
 }
 
-fn query_xdp(index: u32) -> io::Result<bool> {
+/// An XDP program attached to an interface, as the kernel reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdpProgram {
+    /// 0 if the kernel did not say.
+    pub id: u32,
+    /// The program's name (None without the privilege to look it up).
+    pub name: Option<String>,
+    /// "native", "skb", "hw" or "multi".
+    pub mode: &'static str,
+}
+
+impl std::fmt::Display for XdpProgram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "XDP program id {}", self.id)?;
+        if let Some(name) = &self.name {
+            write!(f, " named '{name}'")?;
+        }
+        write!(f, ", {} mode", self.mode)
+    }
+}
+
+/// The XDP program attached to `iface` in this network namespace, if any.
+pub(crate) fn xdp_program(iface: &str) -> Option<XdpProgram> {
+    let (id, mode) = query_xdp(if_index(iface)?).ok()??;
+    let name = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == id)
+        .and_then(|p| p.name_as_str().map(str::to_string));
+    Some(XdpProgram { id, name, mode })
+}
+
+fn query_xdp(index: u32) -> io::Result<Option<(u32, &'static str)>> {
     use netlink_packet_core::{NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
     use netlink_packet_route::{
         RouteNetlinkMessage,
@@ -208,14 +433,30 @@ fn query_xdp(index: u32) -> io::Result<bool> {
     let (reply, _) = socket.recv_from_full()?;
     let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&reply).map_err(io::Error::other)?;
     let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = reply.payload else {
-        return Ok(false);
+        return Ok(None);
     };
-    Ok(link.attributes.iter().any(|a| match a {
-        LinkAttribute::Xdp(xdp) => xdp.iter().any(|x| match x {
-            LinkXdp::Attached(mode) => *mode != XdpAttached::None,
-            LinkXdp::ProgId(id) => *id != 0,
-            _ => false,
-        }),
-        _ => false,
-    }))
+    let Some(xdp) = link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Xdp(xdp) => Some(xdp),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let mode = xdp.iter().find_map(|x| match x {
+        LinkXdp::Attached(XdpAttached::None) => Some(None),
+        LinkXdp::Attached(XdpAttached::Driver) => Some(Some("native")),
+        LinkXdp::Attached(XdpAttached::SocketBuffer) => Some(Some("skb")),
+        LinkXdp::Attached(XdpAttached::Hardware) => Some(Some("hw")),
+        LinkXdp::Attached(_) => Some(Some("multi")),
+        _ => None,
+    });
+    let id = xdp.iter().find_map(|x| match x {
+        LinkXdp::ProgId(id) | LinkXdp::DrvProgId(id) | LinkXdp::SkbProgId(id) | LinkXdp::HwProgId(id) if *id != 0 => {
+            Some(*id)
+        }
+        _ => None,
+    });
+    Ok(match (mode.flatten(), id) {
+        (None, None) => None,
+        (mode, id) => Some((id.unwrap_or(0), mode.unwrap_or("native"))),
+    })
 }
