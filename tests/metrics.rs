@@ -533,10 +533,11 @@ fn bucket_occupancy_is_measured_every_15_s() {
 
 /// Counters live in the pinned maps: after SIGKILL and a restart that adopts, /metrics and
 /// `stats --json` report the same totals as before (no traffic in between), and go on counting
-/// from there. A clean stop (SIGINT) detaches and removes the pins, so the next daemon starts
-/// from zero: documented here as the expected behaviour.
+/// from there. A clean stop (SIGINT) leaves them pinned too, so the next daemon adopts them;
+/// `limiter-ctl detach` removes them, and the daemon after that starts from zero: documented
+/// here as the expected behaviour.
 #[test]
-fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
+fn counters_carry_on_across_restarts_and_reset_after_detach() {
     require_root!();
     let args = ["--buckets", "1024", "--rotate-every", "off"];
     let mut rig = Rig::start(&args).expect("rig");
@@ -580,20 +581,31 @@ fn counters_carry_on_across_an_adopting_restart_and_reset_after_a_clean_stop() {
     assert_eq!(packets(&more, "p", "admitted") + packets(&more, "p", "refused"), run.sent(&flow) + run2.sent(&flow));
 
     rig.daemon.stop_ok();
-    assert!(rig.scratch.pinned(&rig.net.receiver.iface).expect("pins").is_empty(), "a clean stop leaves no pins");
+    assert!(!rig.scratch.pinned(&rig.net.receiver.iface).expect("pins").is_empty(), "a clean stop leaves the pins");
+    rig.daemon = Daemon::adopt(&rig.net.receiver, &rig.scratch, &args).unwrap_or_else(|e| panic!("restart: {e:#}")).0;
+    let (_, kept) = metrics(&rig);
+    assert_eq!(
+        (packets(&kept, "p", "admitted"), packets(&kept, "p", "refused")),
+        (packets(&more, "p", "admitted"), packets(&more, "p", "refused")),
+        "counters after a clean stop and a start"
+    );
+    rig.daemon.stop_ok();
+    let out = rig.scratch.detach(&rig.net.receiver).expect("limiter-ctl detach");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(rig.scratch.pinned(&rig.net.receiver.iface).expect("pins").is_empty(), "detach leaves no pins");
     // Starting waits for " attached " and fails if the daemon adopted instead.
     rig.daemon = Daemon::start(&rig.net.receiver, &rig.scratch, &args)
-        .unwrap_or_else(|e| panic!("after a clean stop the daemon should attach afresh: {e:#}"));
+        .unwrap_or_else(|e| panic!("after detach the daemon should attach afresh: {e:#}"));
     let (_, fresh) = metrics(&rig);
     eprintln!(
-        "after a clean stop and a start: admitted {}, refused {}",
+        "after detach and a start: admitted {}, refused {}",
         packets(&fresh, "p", "admitted"),
         packets(&fresh, "p", "refused")
     );
     assert_eq!(
         (packets(&fresh, "p", "admitted"), packets(&fresh, "p", "refused")),
         (0, 0),
-        "a clean stop resets the counters (by design)"
+        "detach resets the counters (by design)"
     );
 }
 

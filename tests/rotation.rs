@@ -38,7 +38,7 @@ use limiter_tests::{
     observe::{fresh_stats, metrics, value},
     policies::{gcra, src},
     require_root,
-    rig::{METRICS, Rig, SEC, flow, total},
+    rig::{METRICS, Rig, SEC, check_every_frame_judged, flow, total},
 };
 
 /// Beyond the longest burst window, the daemon consults the old buckets this much longer.
@@ -352,21 +352,8 @@ fn sigkill_fails_static_and_a_restart_adopts_the_pinned_limiter() {
     );
     // The whole run: counters from zero (the first daemon started afresh), every frame judged by
     // one program or the other (no moment without one), every admitted frame delivered.
-    let whole = total(&c4);
-    assert_eq!(
-        whole.admitted_packets + whole.refused_packets,
-        run.sent(&flow),
-        "judged vs sent over the whole run: {whole:?}"
-    );
-    assert_eq!(whole.admitted_packets, run.delivered(&flow), "admitted vs delivered");
+    let whole = check_every_frame_judged("the whole run", &run, &flow, &[], &c4, &limit).total;
     assert_eq!(total(&program_counters(p2, 0).expect("counters")), Counters::default(), "traffic other than the flood");
-    check_upper(
-        "delivered over the whole run",
-        run.delivered(&flow),
-        &limit,
-        Judged::new(&c4).cpus.len(),
-        run.window(),
-    );
     let listed = rig.ctl_ok(&["policy", "show", "default", "--json"]);
     let listed: serde_json::Value = serde_json::from_str(&listed).expect("json");
     assert_eq!(listed["counters"]["admitted_packets"].as_u64(), Some(whole.admitted_packets), "{listed}");
@@ -581,7 +568,8 @@ fn a_broken_config_at_start_leaves_the_pinned_limiter_untouched() {
 
 /// With /sys/fs/bpf not a bpffs (under `ip netns exec`, the namespace's own /sys), the daemon
 /// mounts bpffs there, says so, pins and enforces; its pins live in that private mount (not on
-/// the machine's bpffs), and SIGINT detaches.
+/// the machine's bpffs). On SIGINT it leaves the program pinned there and warns that the pins
+/// go with that mount: they do, and the program leaves the interface with them.
 #[test]
 fn a_missing_bpffs_is_mounted_and_said() {
     require_root!();
@@ -621,13 +609,19 @@ fn a_missing_bpffs_is_mounted_and_said() {
     check_upper("delivered", run.delivered(&flow(&stream, src("198.19.1.1"))), &limit, judged.cpus.len(), run.window());
 
     rig.daemon.stop_ok();
-    assert!(rig.daemon.output().contains(&format!(" detached iface={iface}")), "{}", rig.daemon.output());
-    assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None);
+    let out = rig.daemon.output();
+    assert!(out.contains("the pins are on the bpffs this daemon mounted"), "no warning about the private pins:\n{out}");
+    // The mount namespace went with the daemon, the bpffs with it, and the link with its pin.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while xdp_program_id(&rig.net.receiver).expect("ip link").is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None, "the program outlived its private pins");
 }
 
 /// The interface removed (the program goes with it) and created again under the same name: the
 /// daemon notices within about a second, attaches again, says so, and the flood that follows is
-/// held to the bound. SIGINT then detaches and unpins as usual.
+/// held to the bound. SIGINT then leaves it attached and pinned, and `detach` takes it off.
 #[test]
 fn a_recreated_interface_is_reattached_and_enforced() {
     require_root!();
@@ -675,6 +669,9 @@ fn a_recreated_interface_is_reattached_and_enforced() {
     check_lower("delivered after re-creation", run.delivered(&flow), &limit, &run.report);
 
     rig.daemon.stop_ok();
+    assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), Some(program), "{}", rig.daemon.output());
+    let out = rig.scratch.detach(&rig.net.receiver).expect("detach");
+    assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None);
     assert!(!rig.scratch.pin_dir(&iface).exists(), "{:?}", rig.scratch.pinned(&iface));
 }

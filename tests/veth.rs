@@ -164,12 +164,17 @@ fn daemon_limits_a_flood_and_detaches_on_sigint() {
     // The daemon judges every protocol; the fixture keeps the link free of anything but the flood.
     assert_eq!(admitted, delivered.total() + drops, "admitted vs delivered + socket drops");
 
+    // Stopped, the daemon leaves the program enforcing; `detach` takes it off.
     daemon.stop_ok();
     let out = daemon.output();
     assert!(out.contains(" stopping ") && out.contains("SIGINT"), "no 'stopping' line:\n{out}");
-    assert!(out.contains(&format!(" detached iface={iface}")), "no 'detached' line:\n{out}");
+    assert!(out.contains(limiter_tests::daemon::LEFT), "no 'left attached and pinned' line:\n{out}");
     let link = net.receiver.link_details().expect("ip link");
-    assert!(!link.contains("xdp"), "an XDP program is still attached after the daemon exited:\n{link}");
+    assert!(link.contains("xdp"), "the program left with the daemon:\n{link}");
+    let detached = scratch.detach(&net.receiver).expect("limiter-ctl detach");
+    assert_eq!(detached.code, Some(0), "{detached:?}");
+    let link = net.receiver.link_details().expect("ip link");
+    assert!(!link.contains("xdp"), "an XDP program is still attached after detach:\n{link}");
 }
 
 // ---------------------------------------------------------------------------------------------

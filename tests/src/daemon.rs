@@ -5,15 +5,17 @@
 //! Every daemon gets a [`Scratch`] of its own for the config file, the control socket and its
 //! bpffs pins: tests never touch the defaults (`/etc/limiter/limiter.toml`,
 //! `/run/limiter/ctl.sock`, `/sys/fs/bpf/limiter`), which belong to whatever limiter the machine
-//! runs. Daemons are stopped with SIGINT by pid (on drop too, and when the test process dies).
+//! runs. Daemons are stopped with SIGINT by pid (on drop too, and when the test process dies);
+//! a stopped daemon leaves its program attached and pinned, as a killed one does, and
+//! [`Scratch`]'s drop removes the pins, which detaches the program (nothing holds it then).
 //!
 //! A daemon enters only the namespace's network namespace ([`Runner::NetOnly`], `nsenter
 //! --net`): it shares the test's mount namespace, so its pins land on the machine's bpffs under
 //! the scratch directory and outlive it when it is killed (fail static), for a restarted daemon
 //! to adopt. [`Runner::PrivateMounts`] (`ip netns exec`) gives it a mount namespace and a /sys of
 //! its own instead, where /sys/fs/bpf is not bpffs: the daemon must mount one, and its pins go
-//! with it. A daemon that was killed leaves pins behind; [`Scratch`] removes them on drop, which
-//! releases the link and so detaches the program (nothing else holds it).
+//! with it. [`Launch`] starts one any other way (another binary, socket or environment, or
+//! wrapped in another command, such as a container's namespaces).
 
 use std::{
     collections::BTreeMap,
@@ -41,6 +43,11 @@ use crate::netns::{End, NETNS_DIR, PREFIX, Stale, stale};
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// The start of the line a daemon logs when it adopted a pinned limiter.
 pub const ADOPTED: &str = "adopted the pinned limiter";
+/// The start of the line a daemon logs when it took the place of a pinned limiter it could not
+/// adopt (in its link, with fresh state).
+pub const REPLACED: &str = "replaced the pinned limiter in place";
+/// The start of the line a stopped daemon logs when it checked it left its program enforcing.
+pub const LEFT: &str = "left attached and pinned";
 /// How long a daemon gets to exit after SIGINT, or to log the outcome of a signal.
 pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a daemon refusing its config at start gets to exit.
@@ -129,8 +136,13 @@ impl Scratch {
     /// `limiter-ctl detach --iface IFACE --pin-dir <pins>` run in `end`'s network namespace
     /// (where it can tell whether a program is still attached).
     pub fn detach(&self, end: &End) -> anyhow::Result<Ctl> {
+        self.detach_with(end, &[])
+    }
+
+    /// [`Scratch::detach`] with more arguments (`--force`).
+    pub fn detach_with(&self, end: &End, extra: &[&str]) -> anyhow::Result<Ctl> {
         let mut cmd = net_command(end, limiter_ctl_binary()?);
-        cmd.args(["detach", "--iface", &end.iface]).arg("--pin-dir").arg(self.pins());
+        cmd.args(["detach", "--iface", &end.iface]).arg("--pin-dir").arg(self.pins()).args(extra);
         Ctl::run(&mut cmd)
     }
 
@@ -146,7 +158,8 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        // A daemon that exits cleanly unpins; one that was killed leaves its pins ("fail static").
+        // A daemon that stopped, or was killed, left its pins ("fail static"): removing them
+        // releases the link, which detaches the program.
         remove_tree(&self.pins);
     }
 }
@@ -265,11 +278,25 @@ impl Daemon {
 
     /// [`Daemon::spawn`], entering the namespace the way `runner` says.
     pub fn spawn_with(runner: Runner, end: &End, scratch: &Scratch, extra: &[&str]) -> anyhow::Result<Self> {
-        let bin = limiter_ctl_binary()?;
-        let mut cmd = runner.command(end, &bin);
-        cmd.arg("--socket").arg(scratch.socket());
+        Self::launch(end, scratch, extra, Launch { runner, ..Launch::default() })
+    }
+
+    /// [`Daemon::spawn`], the way `launch` says.
+    pub fn launch(end: &End, scratch: &Scratch, extra: &[&str], launch: Launch) -> anyhow::Result<Self> {
+        let bin = match launch.bin {
+            Some(bin) => bin,
+            None => limiter_ctl_binary()?,
+        };
+        let socket = launch.socket.unwrap_or_else(|| scratch.socket());
+        let mut cmd = launch.runner.command(end, &bin);
+        cmd.arg("--socket").arg(&socket);
         cmd.args(["daemon", "--iface", &end.iface, "--mode", "native"]);
-        cmd.arg("--config").arg(scratch.config()).arg("--pin-dir").arg(scratch.pins()).args(extra);
+        cmd.arg("--config").arg(launch.config.unwrap_or_else(|| scratch.config()));
+        cmd.arg("--pin-dir").arg(launch.pin_dir.unwrap_or_else(|| scratch.pins().to_path_buf())).args(extra);
+        if let Some(wrap) = launch.wrap {
+            cmd = wrap(cmd);
+        }
+        cmd.envs(launch.env);
         // Should the test process die without dropping us, the daemon still stops (and unpins).
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
@@ -288,7 +315,7 @@ impl Daemon {
         forward_lines(child.stdout.take(), "", tx.clone());
         forward_lines(child.stderr.take(), "stderr: ", tx);
         let pins = scratch.pin_dir(&end.iface);
-        Ok(Self { child, lines, seen: Vec::new(), bin, socket: scratch.socket(), pins, program: None })
+        Ok(Self { child, lines, seen: Vec::new(), bin, socket, pins, program: None })
     }
 
     /// [`Daemon::spawn`], then [`Daemon::wait_attached`].
@@ -323,26 +350,32 @@ impl Daemon {
     }
 
     /// Waits for the "attached" line, and finds the program on `end`'s interface. Returns the line.
-    /// A daemon that adopted a pinned limiter instead fails this at once.
+    /// A daemon that adopted (or replaced) a pinned limiter instead fails this at once.
     pub fn wait_attached(&mut self, end: &End) -> anyhow::Result<String> {
-        let line = self
-            .wait_for(|l| l.contains(" attached ") || l.contains(ADOPTED), ATTACH_TIMEOUT)
-            .context("waiting for 'attached'")?;
-        anyhow::ensure!(
-            !line.contains(ADOPTED),
-            "the daemon adopted a pinned limiter instead of attaching afresh: {line}"
-        );
-        self.find_program(end, &line)?;
-        Ok(line)
+        self.wait_started(end, " attached ")
     }
 
     /// Waits for the line saying it adopted a pinned limiter, and finds the program (its own,
     /// swapped into the pinned link) on `end`'s interface. Returns the line.
     pub fn wait_adopted(&mut self, end: &End) -> anyhow::Result<String> {
-        let line = self
-            .wait_for(|l| l.contains(ADOPTED) || l.contains(" attached "), ATTACH_TIMEOUT)
-            .context("waiting for 'adopted'")?;
-        anyhow::ensure!(line.contains(ADOPTED), "the daemon attached afresh instead of adopting: {line}");
+        self.wait_started(end, ADOPTED)
+    }
+
+    /// Waits for the line saying it replaced a pinned limiter it could not adopt.
+    pub fn wait_replaced(&mut self, end: &End) -> anyhow::Result<String> {
+        self.wait_started(end, REPLACED)
+    }
+
+    /// Waits for whichever start line it logs (attached afresh or adopted); returns it.
+    pub fn wait_running(&mut self, end: &End) -> anyhow::Result<String> {
+        let line = self.wait_for(is_start_line, ATTACH_TIMEOUT).context("waiting for the daemon to start")?;
+        self.find_program(end, &line)?;
+        Ok(line)
+    }
+
+    fn wait_started(&mut self, end: &End, want: &str) -> anyhow::Result<String> {
+        let line = self.wait_for(is_start_line, ATTACH_TIMEOUT).with_context(|| format!("waiting for '{want}'"))?;
+        anyhow::ensure!(line.contains(want), "expected a line with '{want}', the daemon said: {line}");
         self.find_program(end, &line)?;
         Ok(line)
     }
@@ -354,8 +387,26 @@ impl Daemon {
         Ok(())
     }
 
+    /// The pid of the process the harness started (a wrapper, for a wrapped [`Launch`]).
     pub fn pid(&self) -> Pid {
         Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// The pid of limiter-ctl itself: [`Daemon::pid`], or under a wrapper that forks (a pid
+    /// namespace's `unshare --fork`), its descendant named limiter-ctl.
+    pub fn daemon_pid(&self) -> Pid {
+        let mut pid = self.child.id();
+        for _ in 0..4 {
+            if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "limiter-ctl") {
+                break;
+            }
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            match children.split_whitespace().next().and_then(|c| c.parse().ok()) {
+                Some(child) => pid = child,
+                None => break,
+            }
+        }
+        Pid::from_raw(pid as i32)
     }
 
     pub fn program(&self) -> anyhow::Result<u32> {
@@ -372,9 +423,10 @@ impl Daemon {
         self.ctl(args)?.ok().with_context(|| format!("limiter-ctl {}", args.join(" ")))
     }
 
-    /// Sends `signal` to the daemon's pid.
+    /// Sends `signal` to the daemon's pid ([`Daemon::daemon_pid`]).
     pub fn signal(&self, signal: Signal) -> anyhow::Result<()> {
-        nix::sys::signal::kill(self.pid(), signal).with_context(|| format!("sending {signal} to {}", self.pid()))
+        let pid = self.daemon_pid();
+        nix::sys::signal::kill(pid, signal).with_context(|| format!("sending {signal} to {pid}"))
     }
 
     /// SIGKILL by pid (no chance to detach or unpin: what a crash or the OOM killer does), then
@@ -424,7 +476,7 @@ impl Daemon {
     }
 
     /// SIGINT by pid; panics, with everything the daemon said, unless it exits 0 within
-    /// [`SIGNAL_TIMEOUT`].
+    /// [`SIGNAL_TIMEOUT`]. It leaves its program attached and pinned.
     #[track_caller]
     pub fn stop_ok(&mut self) {
         let pid = self.pid();
@@ -509,7 +561,7 @@ impl Daemon {
     }
 }
 
-/// How long a daemon being dropped gets to stop on SIGINT (detaching and unpinning) before SIGKILL.
+/// How long a daemon being dropped gets to stop on SIGINT before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
 impl Drop for Daemon {
@@ -519,6 +571,29 @@ impl Drop for Daemon {
             eprintln!("daemon {}: did not stop on SIGINT; killed", self.pid());
         }
     }
+}
+
+/// Whether a log line is one of those a daemon logs once it has attached (afresh, adopting, or
+/// replacing).
+fn is_start_line(line: &str) -> bool {
+    line.contains(" attached iface=") || line.contains(ADOPTED) || line.contains(REPLACED)
+}
+
+/// How to start a daemon, beyond [`Daemon::spawn`]'s defaults.
+#[derive(Default)]
+pub struct Launch {
+    pub runner: Runner,
+    /// Another limiter-ctl binary (an installed package's).
+    pub bin: Option<PathBuf>,
+    /// Another control socket, config file or `--pin-dir` than the scratch directory's.
+    pub socket: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub pin_dir: Option<PathBuf>,
+    /// More environment (`NOTIFY_SOCKET`).
+    pub env: Vec<(String, std::ffi::OsString)>,
+    /// The command, wrapped in another that execs it in the end (a container's namespaces).
+    #[allow(clippy::type_complexity)]
+    pub wrap: Option<Box<dyn FnOnce(Command) -> Command>>,
 }
 
 fn forward_lines(stream: Option<impl Read + Send + 'static>, tag: &'static str, tx: mpsc::Sender<(Instant, String)>) {

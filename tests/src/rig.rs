@@ -2,8 +2,8 @@
 //! and pins, the daemon itself, and floods (full speed or paced, stoppable) with a capture of
 //! what got through. Used by the policy, rotation and metrics tests.
 //!
-//! Fields drop in order: the daemon (SIGINT: it detaches and unpins, if it still runs), then the
-//! scratch directory and pins (a killed daemon's pins: removing them detaches its program), then
+//! Fields drop in order: the daemon (SIGINT, if it still runs: it leaves its program attached
+//! and pinned), then the scratch directory and pins (removing them detaches the program), then
 //! the namespaces.
 
 use std::{
@@ -20,7 +20,7 @@ use anyhow::Context as _;
 use limiter_common::maps::Counters;
 
 use crate::{
-    bounds::{self, Judged},
+    bounds::{self, Judged, check_upper},
     capture::{Capture, Captured},
     cpu::flood_cpu,
     daemon::{Daemon, Runner, Scratch, Snapshot},
@@ -53,9 +53,11 @@ impl Rig {
     }
 
     /// A new daemon on the same config, socket and pins, with `extra` arguments (the old one
-    /// must have exited).
+    /// must have exited); it adopts the pinned limiter the old one left, if any.
     pub fn restart(&mut self, extra: &[&str]) -> anyhow::Result<()> {
-        self.daemon = Daemon::start(&self.net.receiver, &self.scratch, extra).context("restarting the daemon")?;
+        let mut daemon = Daemon::spawn(&self.net.receiver, &self.scratch, extra).context("restarting the daemon")?;
+        daemon.wait_running(&self.net.receiver)?;
+        self.daemon = daemon;
         Ok(())
     }
 
@@ -231,6 +233,37 @@ impl Run {
         assert_eq!(self.captured.drops, 0, "the capture dropped frames: counts are incomplete");
         assert_eq!(self.captured.other, 0, "frames other than the flood's reached the receiver");
     }
+}
+
+/// "0 unlimited packets" across a hand-over (a restart, an upgrade, a pod replacement, a crash
+/// and a restart): every frame of `flow` sent during `run` was judged by a limiter program,
+/// whichever daemon's it was. The policy's per-CPU counters, read before the flood (`before`,
+/// through the first program) and after it (`after`, through the last), live in the pinned maps
+/// every program shares, so they must count each frame sent exactly once as admitted or
+/// refused: a frame that passed while no program was attached is counted by none, and counters
+/// that restarted would count fewer. Every admitted frame was delivered, and what was delivered
+/// is within the GCRA bound over the whole run (no fresh burst at the hand-over). Returns what
+/// was judged.
+pub fn check_every_frame_judged(
+    what: &str,
+    run: &Run,
+    flow: &Flow,
+    before: &[Counters],
+    after: &[Counters],
+    limit: &limiter_common::Gcra,
+) -> Judged {
+    let judged = Judged::between(before, after);
+    let (sent, delivered) = (run.sent(flow), run.delivered(flow));
+    eprintln!("{what}: {}; {judged}; delivered {delivered}", run.report);
+    assert!(judged.total.refused_packets > 0, "{what}: nothing was refused, so nothing was measured: {judged}");
+    assert_eq!(
+        judged.total.admitted_packets + judged.total.refused_packets,
+        sent,
+        "{what}: admitted + refused vs sent over the whole run ({judged}): a frame not judged by any program passed          unlimited (or the counters restarted)"
+    );
+    assert_eq!(judged.total.admitted_packets, delivered, "{what}: admitted vs delivered");
+    check_upper(&format!("{what}: delivered over the whole run"), delivered, limit, judged.cpus.len(), run.window());
+    judged
 }
 
 /// The flow of UDP frames from `src` in `stream`.

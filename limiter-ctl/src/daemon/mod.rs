@@ -30,7 +30,7 @@ use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 pub use error::{Error, Rollback};
-use serve::{Daemon, bind};
+use serve::{Daemon, Signals, bind};
 
 use crate::{
     config::{self, Name, PolicyDef, Rate, State},
@@ -97,6 +97,7 @@ struct Made {
 }
 
 pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
+    let mut signals = Signals::install()?;
     // Everything the operator gave is checked before anything is loaded, bound or waited for.
     let file = config::load(&args.config).map_err(Error::File)?;
     let default_policy = args.rate.map(|rate| PolicyDef {
@@ -117,7 +118,9 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         }
     };
     desired(&BTreeMap::new(), config::DEFAULT_MAX_FRAME)?;
-    wait_for_interface(&args.iface, args.wait_iface).await?;
+    if !wait_for_interface(&args.iface, args.wait_iface, &mut signals).await? {
+        return Ok(());
+    }
     // Byte policies must hold the largest frame the interface can carry.
     let max_frame = kernel::interface_mtu(&args.iface).map_or(config::DEFAULT_MAX_FRAME, config::max_frame_for_mtu);
     desired(&BTreeMap::new(), max_frame)?;
@@ -145,7 +148,7 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
             return Err(e);
         }
     };
-    let result = daemon.serve(listener, refusals, &args).await;
+    let result = daemon.serve(listener, refusals, &args, signals).await;
     notify(&[sd_notify::NotifyState::Stopping]);
     if let Err(e) = std::fs::remove_file(socket) {
         warn!(socket = %socket.display(), error = %e, "could not remove the control socket");
@@ -186,11 +189,12 @@ fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> 
     }
 }
 
-/// Waits (up to `limit`) for `iface` to exist; says so once. Polled: the wait is for boot-time
-/// stragglers, where a tenth of a second does not matter.
-async fn wait_for_interface(iface: &str, limit: Duration) -> Result<(), Error> {
+/// Waits (up to `limit`) for `iface` to exist; says so once. False if SIGTERM or SIGINT came
+/// first (`systemctl stop` while waiting at boot). Polled: the wait is for boot-time stragglers,
+/// where a tenth of a second does not matter.
+async fn wait_for_interface(iface: &str, limit: Duration, signals: &mut Signals) -> Result<bool, Error> {
     if kernel::interface_exists(iface) {
-        return Ok(());
+        return Ok(true);
     }
     if limit.is_zero() {
         return Err(Error::NoSuchInterface(iface.into()));
@@ -203,10 +207,20 @@ async fn wait_for_interface(iface: &str, limit: Duration) -> Result<(), Error> {
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::InterfaceNeverAppeared { iface: iface.into(), waited: wait });
         }
-        tokio::time::sleep(IFACE_POLL).await;
+        tokio::select! {
+            _ = tokio::time::sleep(IFACE_POLL) => {}
+            _ = signals.sigterm.recv() => return Ok(stopped_waiting("SIGTERM")),
+            _ = signals.sigint.recv() => return Ok(stopped_waiting("SIGINT")),
+            _ = signals.sigusr2.recv() => return Ok(stopped_waiting("SIGUSR2")),
+        }
     }
     info!(iface, "interface appeared");
-    Ok(())
+    Ok(true)
+}
+
+fn stopped_waiting(signal: &str) -> bool {
+    info!(signal, "stopping while waiting for the interface: nothing was attached");
+    false
 }
 
 /// Binds the socket, serves metrics, loads (or adopts) the program, makes its maps say what the

@@ -39,6 +39,30 @@ pub(super) enum Exit {
     HandOver,
 }
 
+/// The signals the daemon handles, installed first thing at start (see `daemon::run`): one that
+/// arrives while the daemon starts is then handled by the loop, not by the default action
+/// (SIGHUP's and SIGTERM's: death).
+pub(super) struct Signals {
+    pub sigint: tokio::signal::unix::Signal,
+    pub sigterm: tokio::signal::unix::Signal,
+    pub sighup: tokio::signal::unix::Signal,
+    pub sigusr2: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(super) fn install() -> Result<Self, Error> {
+        let install = |kind: SignalKind, signal_name: &'static str| {
+            signal(kind).map_err(|source| Error::Signal { signal: signal_name, source })
+        };
+        Ok(Self {
+            sigint: install(SignalKind::interrupt(), "SIGINT")?,
+            sigterm: install(SignalKind::terminate(), "SIGTERM")?,
+            sighup: install(SignalKind::hangup(), "SIGHUP")?,
+            sigusr2: install(SignalKind::user_defined2(), "SIGUSR2")?,
+        })
+    }
+}
+
 /// Binds the control socket, refusing to take it from a running daemon.
 pub(super) fn bind(path: &Path) -> Result<UnixListener, Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -120,14 +144,9 @@ impl Daemon {
         listener: UnixListener,
         mut refusals: AsyncFd<RingBuf<MapData>>,
         args: &Options,
+        signals: Signals,
     ) -> Result<Exit, Error> {
-        let install = |kind: SignalKind, signal_name: &'static str| {
-            signal(kind).map_err(|source| Error::Signal { signal: signal_name, source })
-        };
-        let mut sigint = install(SignalKind::interrupt(), "SIGINT")?;
-        let mut sigterm = install(SignalKind::terminate(), "SIGTERM")?;
-        let mut sighup = install(SignalKind::hangup(), "SIGHUP")?;
-        let mut sigusr2 = install(SignalKind::user_defined2(), "SIGUSR2")?;
+        let Signals { mut sigint, mut sigterm, mut sighup, mut sigusr2 } = signals;
         let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
         let mut rotation =
