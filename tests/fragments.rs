@@ -11,9 +11,10 @@
 //!   first fragment is dropped as `unreadable_ports`, and only whole SYNs, within the bound, do.
 //! - Fragmented UDP over IPv4 and IPv6 (later IPv6 fragments lying about their next header):
 //!   judged on the port in the first fragment, delivered within the bound.
-//! - IPv6 chains of 1 to 34 destination-options headers: Linux delivers all of them; under a
-//!   `udp:PORT` policy chains up to 32 are judged on their port (each source within its bound,
-//!   none dropped unjudged), 33 and 34 are dropped as unreadable.
+//! - IPv6 chains of 1 to 34 destination-options headers (an earlier Linux 6.18 build delivered
+//!   all of them, 6.18.44 up to 12): under a `udp:PORT` policy chains up to 32 are judged on
+//!   their port (each source within its bound, none dropped unjudged), 33 and 34 are dropped as
+//!   unreadable.
 //!
 //! Every flood is bounded by time first (a unit cap only as a safety), paced, and pinned to
 //! [`flood_cpu`]; assertions are against what was actually sent and the bound over the actual
@@ -25,7 +26,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket},
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread,
     time::{Duration, Instant},
@@ -55,6 +56,10 @@ const PACE: f64 = 1000.0;
 const FLOOD: Duration = Duration::from_secs(1);
 /// A safety cap on datagrams: twice what the pace allows in the flood's time.
 const CAP: u64 = 2 * 1000;
+/// How long the receiver may take to deliver what the policy admitted, on a loaded machine, and
+/// how long a pause in delivery means the stack delivers no more.
+const DELIVERY: Duration = Duration::from_secs(5);
+const QUIET: Duration = Duration::from_secs(1);
 
 fn gcra() -> Gcra {
     Gcra::new(RATE, SEC, BURST, 1).expect("10/s burst 5 is valid")
@@ -278,6 +283,7 @@ fn settled_in_segs(receiver: &End) -> u64 {
 /// namespace: datagrams received per source address.
 struct UdpCounter {
     stop: Arc<AtomicBool>,
+    received: Arc<AtomicU64>,
     thread: thread::JoinHandle<anyhow::Result<anyhow::Result<BTreeMap<IpAddr, u64>>>>,
 }
 
@@ -293,6 +299,8 @@ impl UdpCounter {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let received = Arc::new(AtomicU64::new(0));
+        let count = received.clone();
         let thread = receiver.spawn(move || -> anyhow::Result<BTreeMap<IpAddr, u64>> {
             let mut got = BTreeMap::new();
             let mut buf = [0u8; 2048];
@@ -304,6 +312,7 @@ impl UdpCounter {
                     match s.recv_from(&mut buf) {
                         Ok((_, from)) => {
                             *got.entry(from.ip()).or_insert(0) += 1;
+                            count.fetch_add(1, Ordering::Relaxed);
                             any = true;
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -318,12 +327,27 @@ impl UdpCounter {
                 }
             }
         });
-        Self { stop, thread }
+        Self { stop, received, thread }
     }
 
-    /// Waits for the stack to settle, then stops reading.
-    fn finish(self) -> BTreeMap<IpAddr, u64> {
-        thread::sleep(Duration::from_millis(300));
+    /// Stops reading once `expected` datagrams have arrived, or once none has arrived for
+    /// [`QUIET`] (the stack dropped the rest), or after [`DELIVERY`]; then a moment more for any
+    /// the test did not expect. The stack delivers from softirq context, which a loaded machine
+    /// defers to ksoftirqd: a fixed wait is not enough there.
+    fn finish(self, expected: u64) -> BTreeMap<IpAddr, u64> {
+        let start = Instant::now();
+        let (mut seen, mut moved) = (0, start);
+        loop {
+            let now = self.received.load(Ordering::Relaxed);
+            if now != seen {
+                (seen, moved) = (now, Instant::now());
+            }
+            if now >= expected || moved.elapsed() >= QUIET || start.elapsed() >= DELIVERY {
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        thread::sleep(Duration::from_millis(100));
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().expect("the UDP reader panicked").expect("namespace").expect("reading UDP")
     }
@@ -348,6 +372,32 @@ fn delta(before: &[Vec<Counters>], after: &[Vec<Counters>], id: u16) -> (Counter
 /// The upper bound for one bucket judged on `cpus` CPUs over `window`.
 fn bound(cpus: usize, window: Duration) -> u64 {
     cpus.max(1) as u64 * gcra().bound(nanos(window))
+}
+
+/// A protected UDP flood as measured: what was sent, what the sockets received per source, what
+/// nothing matched (`none`) and what policy `id` counted, on how many CPUs, and its bound.
+struct UdpFlood {
+    run: Sent,
+    got: BTreeMap<IpAddr, u64>,
+    none: Counters,
+    policy: Counters,
+    cpus: usize,
+    window: Duration,
+    upper: u64,
+}
+
+/// Sends `units` (at most [`CAP`], for [`FLOOD`]) to UDP sockets on the receiver and measures
+/// what policy `id` did with them.
+fn udp_flood(rig: &Rig, units: Vec<Unit>, id: u16) -> UdpFlood {
+    let reader = UdpCounter::start(&rig.net.receiver);
+    let c0 = counters(rig);
+    let run = send(&rig.net.sender, units, FLOOD, CAP);
+    let c1 = counters(rig);
+    let window = Instant::now().duration_since(run.first);
+    let (none, _) = delta(&c0, &c1, 0);
+    let (policy, cpus) = delta(&c0, &c1, id);
+    let got = reader.finish(policy.admitted_packets);
+    UdpFlood { run, got, none, policy, cpus, window, upper: bound(cpus, window) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -479,15 +529,7 @@ fn fragmented_udp_is_judged_on_its_port() {
             ]
         })
         .collect();
-    let reader = UdpCounter::start(&net.receiver);
-    let c0 = counters(&rig);
-    let run = send(&net.sender, units, FLOOD, CAP);
-    let got = reader.finish();
-    let c1 = counters(&rig);
-    let window = Instant::now().duration_since(run.first);
-    let (none, _) = delta(&c0, &c1, 0);
-    let (dns, cpus) = delta(&c0, &c1, id);
-    let upper = bound(cpus, window);
+    let UdpFlood { run, got, none, policy: dns, cpus, window, upper } = udp_flood(&rig, units, id);
     let (r4, r6) = (got.get(&src4.into()).copied().unwrap_or(0), got.get(&src6.into()).copied().unwrap_or(0));
     eprintln!(
         "udp:{PORT}: sent {:?} in {:?}; received {r4} (IPv4) {r6} (IPv6), all {got:?}; policy admitted {} refused {} \
@@ -509,8 +551,8 @@ fn fragmented_udp_is_judged_on_its_port() {
     assert_eq!(none.unmatched, run.units, "every later fragment passes unmatched: {none:?}");
 }
 
-/// IPv6 UDP behind 1 to 34 destination-options headers: Linux delivers every one of them (RFC
-/// 8200 sets no limit), so a chain the parser does not walk must not pass a port policy. Under
+/// IPv6 UDP behind 1 to 34 destination-options headers: RFC 8200 sets no limit and Linux has
+/// delivered every one of them, so a chain the parser does not walk must not pass a port policy. Under
 /// `udp:PORT`, chains up to 32 are judged on their port (each source, its own /64, gets at least
 /// one and at most its bound); 33 and 34 are dropped as unreadable.
 #[test]
@@ -531,16 +573,18 @@ fn ipv6_chains_up_to_32_are_judged_on_their_port_and_longer_ones_dropped() {
         "21", "22", "23", "24", "25", "26", "27", "28", "29", "30", "31", "32", "33", "34",
     ];
 
-    // Unprotected: one datagram per chain length, every one delivered.
+    // Unprotected: one datagram per chain length. Which lengths the stack delivers depends on the
+    // kernel: an earlier 6.18 build of these machines delivered all 34, 6.18.44 discards chains
+    // past 12 (Ip6InDiscards). The
+    // policy's verdicts below do not depend on it; what the sockets can receive does.
     let reader = UdpCounter::start(&net.receiver);
     let units: Vec<Unit> = (1..=LONGEST).map(|n| Unit { kind: KINDS[n - 1], frames: chain(n, 0) }).collect();
     let open = send(&net.sender, units, FLOOD, LONGEST as u64);
-    let got = reader.finish();
-    eprintln!("no policy: sent {} datagrams, received per source {got:?}", open.units);
+    let got = reader.finish(open.units);
     assert_eq!(open.units, LONGEST as u64, "the unprotected round sends one of each chain length");
-    for n in 1..=LONGEST {
-        assert_eq!(got.get(&src(n).into()), Some(&1), "Linux delivers UDP behind {n} extension headers: {got:?}");
-    }
+    let delivers: Vec<usize> = (1..=LONGEST).filter(|&n| got.get(&src(n).into()).is_some()).collect();
+    eprintln!("no policy: sent {} datagrams; this kernel delivers chains of {delivers:?} headers", open.units);
+    assert!(delivers.contains(&1), "Linux delivers UDP behind one extension header: {got:?}");
 
     // Protected: a flood of every chain length, round robin.
     let id = set_policy(&rig, "chains", &format!("udp:{PORT}"));
@@ -548,15 +592,7 @@ fn ipv6_chains_up_to_32_are_judged_on_their_port_and_longer_ones_dropped() {
         .flat_map(|i| (1..=LONGEST).map(move |n| (n, i)))
         .map(|(n, i)| Unit { kind: KINDS[n - 1], frames: chain(n, i) })
         .collect();
-    let reader = UdpCounter::start(&net.receiver);
-    let c0 = counters(&rig);
-    let run = send(&net.sender, units, FLOOD, CAP);
-    let got = reader.finish();
-    let c1 = counters(&rig);
-    let window = Instant::now().duration_since(run.first);
-    let (none, _) = delta(&c0, &c1, 0);
-    let (pol, cpus) = delta(&c0, &c1, id);
-    let upper = bound(cpus, window);
+    let UdpFlood { run, got, none, policy: pol, cpus, window, upper } = udp_flood(&rig, units, id);
     let received = |n: usize| got.get(&src(n).into()).copied().unwrap_or(0);
     let per_length: Vec<(usize, u64, u64)> = (1..=LONGEST).map(|n| (n, run.of(KINDS[n - 1]), received(n))).collect();
     eprintln!(
@@ -569,8 +605,11 @@ fn ipv6_chains_up_to_32_are_judged_on_their_port_and_longer_ones_dropped() {
     );
     let mut failures = Vec::new();
     for &(n, sent, got_n) in &per_length {
-        if n <= MAX_WALKED && sent > 0 && !(1..=upper).contains(&got_n) {
-            failures.push(format!("{n} headers: received {got_n} of {sent}, outside [1, bound {upper}]"));
+        if n <= MAX_WALKED && got_n > upper {
+            failures.push(format!("{n} headers: received {got_n} of {sent}, over the bound {upper}"));
+        }
+        if n <= MAX_WALKED && delivers.contains(&n) && sent > 0 && got_n == 0 {
+            failures.push(format!("{n} headers: received none of {sent}, though the stack delivers this length"));
         }
         if n > MAX_WALKED && got_n != 0 {
             failures.push(format!("{n} headers: received {got_n} of {sent}; past {MAX_WALKED} must be dropped"));
@@ -582,6 +621,11 @@ fn ipv6_chains_up_to_32_are_judged_on_their_port_and_longer_ones_dropped() {
     assert!(longer > 0 && walked > 0, "the flood must reach every chain length: {per_length:?}");
     assert_eq!(none.unreadable_ports, longer, "every chain past {MAX_WALKED} is dropped as unreadable: {none:?}");
     assert_eq!(pol.packets(), walked, "every chain up to {MAX_WALKED} is judged by the port policy: {pol:?}");
+    // What the stack delivers of what the policy admitted: all of it where it takes every length.
     let total_received: u64 = per_length.iter().map(|(.., r)| r).sum();
-    assert_eq!(total_received, pol.admitted_packets, "the socket received exactly what the policy admitted");
+    if (1..=MAX_WALKED).all(|n| delivers.contains(&n)) {
+        assert_eq!(total_received, pol.admitted_packets, "the socket received exactly what the policy admitted");
+    } else {
+        assert!(total_received <= pol.admitted_packets, "the socket received more than the policy admitted");
+    }
 }
