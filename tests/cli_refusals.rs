@@ -67,6 +67,23 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         (set(&["--key", "dst/24"]), "key"),
         (set(&["--key", "src/24+sport"]), "key"),
         (set(&["--unit", "frames"]), "unit"),
+        // One form for every number: no sign, no leading zero (C and inet_aton read 010 as 8).
+        (set(&["--match", "udp:+53"]), "match"),
+        (set(&["--match", "udp:053"]), "match"),
+        (set(&["--match", "tcp:080-090"]), "match"),
+        (set(&["--match", "tcp:80-+90"]), "match"),
+        (set(&["--key", "src/024"]), "key"),
+        (set(&["--key", "src/24,/056"]), "key"),
+        (args(&["policy", "set", "p", "--rate", "+100/s"]), "rate"),
+        (args(&["policy", "set", "p", "--rate", "0100/s"]), "rate"),
+        (set(&["--burst", "+5"]), "burst"),
+        (set(&["--burst", "05"]), "burst"),
+        (args(&["allow", "add", "010.1.1.0/24"]), "cidr"),
+        (args(&["deny", "add", "10.1.1.0/024"]), "cidr"),
+        (args(&["deny", "add", "10.1.1.0/+24"]), "cidr"),
+        (args(&["deny", "add", "::ffff:010.1.1.1/128"]), "cidr"),
+        (args(&["deny", "rm", "198.019.0.0/16"]), "cidr"),
+        (set(&["--dry-run", "--enforce"]), "--enforce"),
         (args(&["policy", "set", "_p", "--rate", "1/s"]), "name"),
         (args(&["policy", "set", "has space", "--rate", "1/s"]), "name"),
         (args(&["policy", "set", &long_name, "--rate", "1/s"]), "name"),
@@ -96,6 +113,14 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         (args(&["deny", "add", "198.19.10.0/24"]), "allow"),
         (args(&["allow", "rm", "198.18.0.0/24"]), "198.18.0.0/24"),
         (args(&["deny", "rm", "2001:db8::/32"]), "2001:db8::/32"),
+        // A byte policy's burst must hold the largest frame (MTU 1500 + 22): else every such
+        // frame is refused forever. New, and by changing an existing packet policy's unit.
+        (args(&["policy", "set", "p", "--rate", "1000000/s", "--unit", "bytes", "--burst", "1000"]), "burst"),
+        (args(&["policy", "set", "p", "--rate", "1000000/s", "--unit", "bytes", "--burst", "1521"]), "1522"),
+        (args(&["policy", "set", "dns", "--unit", "bytes"]), "burst"),
+        // A new policy needs a rate; the fields given to an existing one are checked as for a new one.
+        (args(&["policy", "set", "p", "--match", "udp:7"]), "--rate"),
+        (args(&["policy", "set", "dns", "--match", "tcp:85-95"]), "web"),
     ];
     let file = rig.scratch.config_file().expect("config").expect("the daemon wrote its config");
     let maps = rig.snapshot();
@@ -137,6 +162,11 @@ fn check_good_input_works(rig: &Rig) {
     assert_eq!(rig.show("web")["match"], "tcp:80-89");
     assert_eq!(rig.ctl_ok(&["deny", "list"]).trim(), "198.19.0.0/16");
     assert_eq!(list_json(rig, "allow"), vec!["198.19.10.0/24"]);
+    // The largest frame exactly (MTU 1500 + 22) is a byte policy's smallest burst.
+    let bytes_ok = ["policy", "set", "bytes-ok", "--match", "icmp", "--rate", "1000000/s", "--unit", "bytes"];
+    rig.ctl_ok(&[&bytes_ok[..], &["--burst", "1522"]].concat());
+    assert_eq!(rig.show("bytes-ok")["burst"], 1522);
+    rig.ctl_ok(&["policy", "rm", "bytes-ok"]);
     let script = rig.ctl_ok(&["completions", "bash"]);
     assert!(script.contains("limiter-ctl") && script.contains("policy"), "no bash completions");
 }

@@ -1,6 +1,7 @@
 //! The config file: policies and lists survive a restart, SIGHUP applies a valid hand edit and
-//! refuses a bad one, and a config that does not parse stops the daemon at start with its
-//! position.
+//! refuses a bad one, a config that does not parse stops the daemon at start with its
+//! position, and the daemon's writes keep the operator's file (comments, order, owner, mode,
+//! symlink).
 //!
 //! End to end through the real `limiter-ctl` (daemon and CLI) and the real XDP program on a veth
 //! pair, on the shared [`limiter_tests::rig`], with policies as [`limiter_tests::policies`] sets
@@ -145,6 +146,10 @@ fn a_bad_config_at_start_aborts_with_its_position() {
         ("a bad rate", "\n[[policy]]\nname = \"a\"\nrate = \"10/d\"\n", 4),
         ("a bad match", "[[policy]]\nname = \"a\"\nmatch = \"udp:0\"\nrate = \"10/s\"\n", 3),
         ("a bad CIDR", "deny = [\"198.19.0.0/16\", \"2001:db8::/129\"]\n", 1),
+        ("a leading zero in an address", "allow = [\n  \"198.19.0.0/16\",\n  \"010.1.1.0/24\",\n]\n", 3),
+        ("a leading zero in a prefix length", "deny = [\"198.19.0.0/016\"]\n", 1),
+        ("a signed port", "[[policy]]\nname = \"a\"\nmatch = \"udp:+53\"\nrate = \"10/s\"\n", 3),
+        ("a leading zero in a rate", "[[policy]]\nname = \"a\"\nrate = \"010/s\"\n", 3),
     ];
     let path = scratch.config();
     for (what, text, line) in cases {
@@ -160,4 +165,99 @@ fn a_bad_config_at_start_aborts_with_its_position() {
         assert_eq!(xdp_program_id(&net.receiver).expect("ip link"), None, "{what}: an XDP program is attached");
         assert!(!scratch.socket().exists(), "{what}: the control socket was created");
     }
+}
+
+/// The operator's config, with comments and an order of its own, reached through a symlink.
+const OPERATOR_CONFIG: &str = r#"# Edge limits: ask the network team before changing.
+deny = [
+    "198.19.66.0/24", # scanner
+    "2001:db8:bad::/48",
+]
+
+# DNS first.
+[[policy]]
+name = "dns"  # resolvers
+match = "udp:53"
+rate = "300/s"   # agreed with the DNS team
+burst = 30
+key = "src/24"
+
+[[policy]]
+name = "bulk"
+match = "tcp"
+rate = "200/s"
+burst = 20
+mode = "dry-run" # watching first
+"#;
+
+/// The daemon keeps the operator's file: started on a config reached through a symlink (mode
+/// 0600, owned by nobody), it writes nothing at start; each CLI change then edits the file in
+/// place: one changed value on its line with its comment, a new policy appended, a removed list
+/// entry gone with its comment, every other comment and the order kept; the symlink stays a
+/// symlink, the target keeps its owner and mode, and no temporary file is left.
+#[test]
+fn cli_changes_keep_the_operators_file() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    require_root!();
+    let net = TestNet::new().expect("test network");
+    let scratch = Scratch::new().expect("scratch directory");
+    let site = scratch.path().join("site");
+    std::fs::create_dir(&site).expect("mkdir site");
+    let target = site.join("edge.toml");
+    std::fs::write(&target, OPERATOR_CONFIG).expect("writing the operator's config");
+    const NOBODY: u32 = 65534;
+    std::os::unix::fs::chown(&target, Some(NOBODY), Some(NOBODY)).expect("chown nobody");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).expect("chmod 0600");
+    std::os::unix::fs::symlink("site/edge.toml", scratch.config()).expect("symlinking the config");
+    let daemon = Daemon::start(&net.receiver, &scratch, &[]).expect("starting the daemon");
+    let rig = Rig { daemon, scratch, net };
+
+    let check_file = |rig: &Rig, expected: &str, what: &str| {
+        let link = rig.scratch.config();
+        let meta = std::fs::symlink_metadata(&link).expect("the config's link");
+        assert!(meta.file_type().is_symlink(), "{what}: the symlink was replaced by a file");
+        assert_eq!(std::fs::read_link(&link).expect("readlink").to_string_lossy(), "site/edge.toml", "{what}");
+        let now = std::fs::read_to_string(&target).expect("reading the target");
+        assert_eq!(now, expected, "{what}: the file as written");
+        let meta = std::fs::metadata(&target).expect("the target");
+        assert_eq!((meta.uid(), meta.gid()), (NOBODY, NOBODY), "{what}: owner");
+        assert_eq!(meta.mode() & 0o7777, 0o600, "{what}: mode {:o}", meta.mode() & 0o7777);
+        let mut beside: Vec<String> = std::fs::read_dir(&site)
+            .expect("listing site/")
+            .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        beside.sort();
+        assert_eq!(beside, vec!["edge.toml"], "{what}: files beside the target");
+    };
+    check_file(&rig, OPERATOR_CONFIG, "after start");
+    let dns = Pol::new("dns", "udp:53", 300, 30).key("src/24");
+    rig.check_installed(&dns, rig.policy_id("dns"));
+
+    rig.ctl_ok(&["policy", "set", "dns", "--rate", "400/s"]);
+    let mut expected = OPERATOR_CONFIG.replace(r#"rate = "300/s"   #"#, r#"rate = "400/s"   #"#);
+    check_file(&rig, &expected, "after `policy set dns --rate 400/s`");
+    rig.check_installed(&Pol { per_sec: 400, ..dns }, rig.policy_id("dns"));
+
+    rig.ctl_ok(&["policy", "set", "web", "--match", "tcp:443", "--rate", "50/s", "--burst", "5"]);
+    expected.push_str("\n[[policy]]\nname = \"web\"\nmatch = \"tcp:443\"\nrate = \"50/s\"\nburst = 5\n");
+    check_file(&rig, &expected, "after `policy set web ...` (new)");
+
+    rig.ctl_ok(&["deny", "rm", "198.19.66.0/24"]);
+    expected = expected.replace("    \"198.19.66.0/24\", # scanner\n", "");
+    check_file(&rig, &expected, "after `deny rm 198.19.66.0/24`");
+
+    rig.ctl_ok(&["policy", "rm", "bulk"]);
+    let bulk = "\n[[policy]]\nname = \"bulk\"\nmatch = \"tcp\"\nrate = \"200/s\"\nburst = 20\nmode = \"dry-run\" # watching first\n";
+    assert!(expected.contains(bulk), "the test's own expectation");
+    expected = expected.replace(bulk, "");
+    check_file(&rig, &expected, "after `policy rm bulk`");
+
+    // And what the file says is what runs: re-reading it (SIGHUP) changes nothing.
+    let mut rig = rig;
+    let listed = rig.ctl_ok(&["policy", "list", "--json"]);
+    let rules = rig.snapshot().rules;
+    rig.hup("reloaded");
+    assert_eq!(rig.ctl_ok(&["policy", "list", "--json"]), listed, "`policy list --json` after a reload");
+    assert_eq!(rig.snapshot().rules, rules, "the kernel's rules after a reload");
+    check_file(&rig, &expected, "after a reload");
 }

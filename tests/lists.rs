@@ -1,5 +1,6 @@
 //! The allow and deny lists: allowed sources are never refused, denied ones always dropped, the
-//! longest prefix wins, for traffic a policy matches and traffic none does.
+//! longest prefix wins, for traffic a policy matches and traffic none does; every list decision
+//! shows in `stats` and /metrics, also for traffic no policy matches.
 //!
 //! End to end through the real `limiter-ctl` (daemon and CLI) and the real XDP program on a veth
 //! pair, on the shared [`limiter_tests::rig`], with policies as [`limiter_tests::policies`] sets
@@ -10,6 +11,7 @@ use std::{collections::BTreeMap, time::Duration};
 use limiter_tests::{
     bounds::{check_bounds, check_overload},
     flood::{Flow, L4, Limits, Stream},
+    observe::{fresh_stats, metrics, policy_stats, value},
     policies::{Pol, PolicyRig as _, check_sent_all, list_json},
     require_root,
     rig::{Rig, flow_of},
@@ -92,5 +94,77 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
     let shown = rig.show("udp");
     assert_eq!(shown["counters"]["allowed_packets"], Value::from(t.allowed_packets), "{shown}");
     assert_eq!(shown["counters"]["denied_packets"], Value::from(t.denied_packets), "{shown}");
+    run.check_capture();
+}
+
+/// Every deny drop is visible, also where no policy matches: a deny-listed source sending to a
+/// port no policy covers is dropped (none delivered), and `stats --json` (`denied`,
+/// `no_policy.denied_packets`), the `stats` table (its "(no policy)" row and its "deny-listed"
+/// total) and /metrics (`limiter_dropped_packets_total{reason="deny"}`) report exactly what was
+/// sent, as the kernel counted it. A deny-listed source sending to a policy's port counts under
+/// the policy too; an allow-listed one to no policy shows the same way (`allowed`).
+#[test]
+fn deny_drops_no_policy_matches_show_in_stats_and_metrics() {
+    require_root!();
+    let rig = Rig::start(&[]).expect("starting the rig");
+    let pol = Pol::new("seven", "udp:7000", 100, 10);
+    rig.set(&pol);
+    rig.ctl_ok(&["deny", "add", "198.19.0.0/16"]);
+    rig.ctl_ok(&["allow", "add", "198.18.7.0/24"]);
+    let unmatched_denied = rig.stream(L4::Udp, 9999, "198.19.1.1");
+    let matched_denied = rig.stream(L4::Udp, 7000, "198.19.1.2");
+    let unmatched_allowed = rig.stream(L4::Udp, 9999, "198.18.7.1");
+    let streams = [unmatched_denied.clone(), matched_denied.clone(), unmatched_allowed.clone()];
+    let before = fresh_stats(&rig);
+    let (_, samples) = metrics(&rig);
+    let deny_before = value(&samples, "limiter_dropped_packets_total", &[("reason", "deny")]);
+    let run = rig.counted_flood(&streams, Limits::timed(Duration::from_millis(300)));
+    eprintln!("deny visibility: {}", run.report);
+    let f = flow_of;
+    let sent = |s: &Stream| run.sent(&f(s));
+    let (nd, md, na) = (sent(&unmatched_denied), sent(&matched_denied), sent(&unmatched_allowed));
+    assert!(nd > 0 && md > 0 && na > 0, "every stream sent something: {nd}, {md}, {na}");
+    assert_eq!(run.delivered(&f(&unmatched_denied)), 0, "a denied source to no policy got through");
+    assert_eq!(run.delivered(&f(&matched_denied)), 0, "a denied source to 'seven' got through");
+    assert_eq!(run.delivered(&f(&unmatched_allowed)), na, "an allowed source to no policy was refused");
+    let none = rig.judged(&run, 0).total;
+    assert_eq!((none.denied_packets, none.allowed_packets), (nd, na), "the kernel's slot 0 (no policy)");
+    assert_eq!(rig.judged(&run, rig.policy_id("seven")).total.denied_packets, md, "the kernel: 'seven' denied");
+
+    let after = fresh_stats(&rig);
+    let grew = |key: &str| after[key].as_u64().unwrap_or(0) - before[key].as_u64().unwrap_or(0);
+    assert_eq!(grew("denied"), nd + md, "stats --json `denied` (every deny drop): {after}");
+    assert_eq!(grew("allowed"), na, "stats --json `allowed`: {after}");
+    let hits = |s: &Value, k: &str| s["no_policy"][k].as_u64().unwrap_or(0);
+    assert_eq!(
+        hits(&after, "denied_packets") - hits(&before, "denied_packets"),
+        nd,
+        "stats --json `no_policy.denied_packets`: {after}"
+    );
+    assert_eq!(hits(&after, "allowed_packets") - hits(&before, "allowed_packets"), na, "{after}");
+    assert_eq!(policy_stats(&after, "seven")["totals"]["denied_packets"].as_u64(), Some(md), "{after}");
+
+    let table = rig.ctl_ok(&["stats"]);
+    let row: Vec<&str> = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("(no policy)"))
+        .unwrap_or_else(|| panic!("no '(no policy)' row in `stats`:\n{table}"))
+        .split_whitespace()
+        .collect();
+    let (allowed, denied) = (hits(&after, "allowed_packets"), hits(&after, "denied_packets"));
+    assert_eq!(row[row.len() - 2..], [allowed.to_string(), denied.to_string()], "the '(no policy)' row:\n{table}");
+    let total = after["denied"].as_u64().unwrap_or(0);
+    assert!(table.contains(&format!("{total} deny-listed")), "no '{total} deny-listed' in `stats`:\n{table}");
+
+    let (_, samples) = metrics(&rig);
+    let deny = value(&samples, "limiter_dropped_packets_total", &[("reason", "deny")]);
+    assert_eq!(deny - deny_before, nd + md, "limiter_dropped_packets_total{{reason=\"deny\"}}");
+    assert_eq!(deny, total, "/metrics and stats --json agree on deny drops");
+    assert_eq!(
+        value(&samples, "limiter_unjudged_packets_total", &[("reason", "allowed")]),
+        after["allowed"].as_u64().unwrap_or(0)
+    );
+    let seven = value(&samples, "limiter_packets_total", &[("policy", "seven"), ("decision", "denied")]);
+    assert_eq!(seven, md, "limiter_packets_total{{policy=\"seven\",decision=\"denied\"}}");
     run.check_capture();
 }

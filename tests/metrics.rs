@@ -220,9 +220,13 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     let after_rates = &policy_stats(&after, "flood")["rates"];
     assert!(after_rates["admitted_per_s"].as_f64().is_some(), "{after}");
 
-    for reason in ["not_ip", "malformed", "unmatched"] {
+    for reason in ["not_ip", "malformed", "unmatched", "allowed"] {
         assert_eq!(value(&samples, "limiter_unjudged_packets_total", &[("reason", reason)]), 0, "unjudged {reason}");
     }
+    for reason in ["deny", "unreadable_port"] {
+        assert_eq!(value(&samples, "limiter_dropped_packets_total", &[("reason", reason)]), 0, "dropped {reason}");
+    }
+    assert_eq!((after["denied"].as_u64(), after["allowed"].as_u64()), (Some(0), Some(0)), "{after}");
     assert_eq!(value(&samples, "limiter_errors_total", &[]), 0);
     assert_eq!(after["unjudged"], serde_json::json!({"not_ip": 0, "malformed": 0, "unmatched": 0, "errors": 0}));
     assert_eq!(gauge(&samples, "limiter_attach_mode", &[("mode", "native")]), 1.0);
@@ -667,7 +671,7 @@ fn metrics_carry_no_label_per_source() {
     for needle in ["198.19.", "2001:db8", "2001:DB8"] {
         assert!(!body.contains(needle), "an address in /metrics ({needle}):\n{body}");
     }
-    // The series: 5 packet and 3 byte decisions per policy, 3 unjudged reasons, 1 drop reason, errors, mode,
+    // The series: 5 packet and 3 byte decisions per policy, 4 unjudged reasons, 2 drop reasons, errors, mode,
     // policy count, salt age, occupancy. The sources do not add any.
     let names: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
     let expected: BTreeSet<&str> = [
@@ -683,12 +687,16 @@ fn metrics_carry_no_label_per_source() {
     ]
     .into();
     assert_eq!(names, expected, "metric families");
-    assert_eq!(samples.len(), 3 * (5 + 3) + 3 + 1 + 4 + 1, "series count:\n{body}");
+    assert_eq!(samples.len(), 3 * (5 + 3) + 4 + 2 + 4 + 1, "series count:\n{body}");
     // The flood did reach every policy, so the labels were tested with traffic behind them.
     assert!(packets(&samples, "per-source", "refused") > 0 && packets(&samples, "per-net", "refused") > 0);
     assert!(packets(&samples, "watch", "dry_run") > 0 && packets(&samples, "per-source", "allowed") > 0);
     assert!(packets(&samples, "per-net", "denied") > 0);
     assert!(value(&samples, "limiter_unjudged_packets_total", &[("reason", "unmatched")]) > 0);
+    // Every list decision is in the totals: here all of them met a policy.
+    let sum = |decision| ["per-source", "per-net", "watch"].map(|p| packets(&samples, p, decision)).iter().sum::<u64>();
+    assert_eq!(value(&samples, "limiter_dropped_packets_total", &[("reason", "deny")]), sum("denied"), "deny drops");
+    assert_eq!(value(&samples, "limiter_unjudged_packets_total", &[("reason", "allowed")]), sum("allowed"), "allowed");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 //! A policy changed under a flood: a new rate applies within a second, and the other policies
-//! keep their counters and buckets.
+//! keep their counters and buckets. A change names only what changes: the other fields stay.
 //!
 //! End to end through the real `limiter-ctl` (daemon and CLI) and the real XDP program on a veth
 //! pair, on the shared [`limiter_tests::rig`], with policies as [`limiter_tests::policies`] sets
@@ -99,4 +99,58 @@ fn a_rate_changed_mid_flood_applies_within_a_second() {
     assert_eq!(judged.total.admitted_packets, run.delivered(&flow_a), "'changing' admitted vs delivered");
 
     rig.check_policy(&other, &run, &[vec![flow_b]]);
+}
+
+/// `policy set NAME --rate X` on a dry-run policy with match udp:53 and key src/24 changes its rate
+/// and nothing else: `policy show` lists the same match, key, burst, unit and mode (still
+/// dry-run), and the kernel's maps differ from before in that policy's GCRA alone (flags, masks,
+/// routes, lists and the other policy untouched). Leaving dry-run takes `--enforce`, which changes
+/// the mode alone; `--burst default` goes back to one second's worth of the rate.
+#[test]
+fn a_rate_change_keeps_every_other_field() {
+    require_root!();
+    let rig = Rig::start(&[]).expect("starting the rig");
+    let watched = Pol::new("watched", "udp:53", 300, 30).key("src/24").dry_run();
+    rig.set_all(&[watched.clone(), Pol::new("other", "tcp", 100, 10)]);
+    rig.ctl_ok(&["deny", "add", "198.19.0.0/16"]);
+    let id = rig.policy_id("watched");
+    let fields = |rig: &Rig| {
+        let mut shown = rig.show("watched");
+        shown.as_object_mut().expect("policy show --json is an object").remove("counters");
+        shown
+    };
+    let shown = fields(&rig);
+    let before = rig.snapshot().rules;
+
+    // The rate alone.
+    rig.ctl_ok(&["policy", "set", "watched", "--rate", "500/s"]);
+    let faster = Pol { per_sec: 500, ..watched.clone() };
+    let mut expected = shown.clone();
+    expected["rate"] = "500/s".into();
+    assert_eq!(fields(&rig), expected, "`policy show watched` after `policy set watched --rate 500/s`");
+    rig.check_installed(&faster, id);
+    let mut expected_rules = before.clone();
+    let policy = &mut expected_rules.view.policies.get_mut(&id).expect("'watched' in the kernel").0;
+    policy.gcra = faster.gcra();
+    let after = rig.snapshot().rules;
+    assert_eq!(after, expected_rules, "the kernel after a rate change: only the rate may differ");
+
+    // --enforce: the mode alone.
+    rig.ctl_ok(&["policy", "set", "watched", "--enforce"]);
+    expected["mode"] = "enforce".into();
+    assert_eq!(fields(&rig), expected, "`policy show watched` after --enforce");
+    let enforcing = Pol { dry_run: false, ..faster.clone() };
+    rig.check_installed(&enforcing, id);
+    let policy = &mut expected_rules.view.policies.get_mut(&id).expect("'watched' in the kernel").0;
+    policy.flags &= !limiter_common::maps::Policy::DRY_RUN;
+    assert_eq!(rig.snapshot().rules, expected_rules, "the kernel after --enforce: only the dry-run flag may differ");
+
+    // --burst default: one second's worth of the rate (500).
+    rig.ctl_ok(&["policy", "set", "watched", "--burst", "default"]);
+    expected["burst"] = 500.into();
+    assert_eq!(fields(&rig), expected, "`policy show watched` after --burst default");
+    rig.check_installed(&Pol { burst: 500, ..enforcing }, id);
+    let file = rig.scratch.config_file().expect("config").expect("the daemon wrote its config");
+    assert!(!file.contains("burst = 30"), "a default burst is left out of the file:\n{file}");
+    assert!(file.contains("key = \"src/24,/64\""), "the key kept in the file:\n{file}");
 }

@@ -60,18 +60,14 @@ impl Pol {
         Self { dry_run: true, ..self }
     }
 
+    /// Every field given (`policy set` changes only the fields given): setting a `Pol` over an
+    /// existing policy makes it exactly this one.
     pub fn args(&self) -> Vec<String> {
         let mut args: Vec<String> = ["policy", "set", self.name, "--match", self.matches].map(String::from).to_vec();
         args.extend(["--rate".into(), format!("{}/s", self.per_sec), "--burst".into(), self.burst.to_string()]);
-        if let Some(key) = self.key {
-            args.extend(["--key".into(), key.into()]);
-        }
-        if self.bytes {
-            args.extend(["--unit".into(), "bytes".into()]);
-        }
-        if self.dry_run {
-            args.push("--dry-run".into());
-        }
+        args.extend(["--key".into(), self.key.unwrap_or("src/32,/64").into()]);
+        args.extend(["--unit".into(), if self.bytes { "bytes" } else { "packets" }.into()]);
+        args.push(if self.dry_run { "--dry-run" } else { "--enforce" }.into());
         args
     }
 

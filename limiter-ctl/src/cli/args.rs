@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 
 use crate::{
-    config::{self, KeySpec, Match, Mode, Name, PolicyDef, Rate, Unit, parse_burst},
+    config::{self, BurstEdit, KeySpec, Match, Mode, Name, PolicyEdit, Rate, Unit, parse_burst},
     daemon::{self, ipc},
     kernel::{self, ModeRequest, pins},
 };
@@ -188,27 +188,34 @@ pub(crate) enum PolicyCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "On an existing policy only the fields given change; the others keep their values (leaving \
+dry-run takes --enforce). A new policy needs --rate; the fields not given take the defaults shown.")]
 pub(crate) struct PolicySetArgs {
     /// 1-32 of A-Z a-z 0-9 _ . -
     pub name: Name,
-    /// any, tcp, udp or icmp, optionally with a destination port or range: udp:53, tcp:8000-8999.
-    #[arg(long = "match", value_name = "MATCH", default_value = "any")]
-    pub matches: Match,
-    /// Rate per key: N/s, N/min or N/h.
+    /// any, tcp, udp or icmp, optionally with a destination port or range: udp:53, tcp:8000-8999
+    /// [new policy: any].
+    #[arg(long = "match", value_name = "MATCH")]
+    pub matches: Option<Match>,
+    /// Rate per key: N/s, N/min or N/h (required for a new policy).
     #[arg(long, allow_hyphen_values = true)]
-    pub rate: Rate,
-    /// Burst in the policy's unit [default: one second's worth; in bytes at least 65535].
-    #[arg(long, value_name = "N", value_parser = parse_burst, allow_negative_numbers = true)]
-    pub burst: Option<u64>,
-    /// Sources sharing an allowance: src/V4LEN,/V6LEN, optionally +dport.
-    #[arg(long, value_name = "KEY", default_value = "src/32,/64")]
-    pub key: KeySpec,
-    /// What the rate counts.
-    #[arg(long, value_enum, default_value_t = Unit::Packets)]
-    pub unit: Unit,
+    pub rate: Option<Rate>,
+    /// Burst in the policy's unit, or `default`: one second's worth of the rate (in bytes at least
+    /// 65535), following the rate when it changes [new policy: default].
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub burst: Option<BurstEdit>,
+    /// Sources sharing an allowance: src/V4LEN,/V6LEN, optionally +dport [new policy: src/32,/64].
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<KeySpec>,
+    /// What the rate counts [new policy: packets].
+    #[arg(long, value_enum)]
+    pub unit: Option<Unit>,
     /// Pass everything; count what would have been refused.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "enforce")]
     pub dry_run: bool,
+    /// Drop what is over the rate (the default for a new policy; ends a dry run).
+    #[arg(long)]
+    pub enforce: bool,
 }
 
 impl DaemonArgs {
@@ -232,15 +239,19 @@ impl DaemonArgs {
 }
 
 impl PolicySetArgs {
-    pub(crate) fn def(&self) -> PolicyDef {
-        PolicyDef {
-            name: self.name.clone(),
+    /// The fields given, as the daemon applies them (see [`PolicyEdit::apply`]).
+    pub(crate) fn edit(&self) -> PolicyEdit {
+        PolicyEdit {
             matches: self.matches,
             rate: self.rate,
             burst: self.burst,
             key: self.key,
             unit: self.unit,
-            mode: if self.dry_run { Mode::DryRun } else { Mode::Enforce },
+            mode: match (self.dry_run, self.enforce) {
+                (true, _) => Some(Mode::DryRun),
+                (_, true) => Some(Mode::Enforce),
+                _ => None,
+            },
         }
     }
 }
@@ -264,10 +275,9 @@ pub(crate) enum ListCommand {
     },
 }
 
+/// The config's parser, so the CLI, the file and the socket refuse the same (`010.1.1.1/32`).
 fn parse_cidr(s: &str) -> Result<IpNet, String> {
-    s.parse().map_err(|_| {
-        format!("invalid CIDR '{s}': expected an IPv4 or IPv6 network with its prefix length, such as 198.18.0.0/24 or 2001:db8::/32")
-    })
+    config::parse_net(s).map_err(|e| e.to_string())
 }
 
 fn parse_buckets(s: &str) -> Result<u32, String> {

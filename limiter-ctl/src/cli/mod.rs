@@ -217,7 +217,7 @@ fn stats_command(socket: &std::path::Path, watch: bool, json: bool) -> ExitCode 
 
 fn policy_request(cmd: &PolicyCommand) -> Request {
     match cmd {
-        PolicyCommand::Set(args) => Request::PolicySet { policy: args.def() },
+        PolicyCommand::Set(args) => Request::PolicySet { name: args.name.clone(), edit: args.edit() },
         PolicyCommand::Rm { name } => Request::PolicyRm { name: name.clone() },
         PolicyCommand::List { .. } => Request::PolicyList,
         PolicyCommand::Show { name, .. } => Request::PolicyShow { name: name.clone() },

@@ -91,14 +91,32 @@ pub(super) fn stats(s: &stats::Snapshot) -> String {
             right(p.totals.denied_packets),
         ]);
     }
+    // What the lists decided for traffic no policy matched: otherwise seen nowhere in the table.
+    let none = &s.no_policy;
+    if none.allowed_packets + none.denied_packets > 0 {
+        let dash = || Cell::new("-").set_alignment(CellAlignment::Right);
+        t.add_row(vec![
+            Cell::new("(no policy)"),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            right(none.allowed_packets),
+            right(none.denied_packets),
+        ]);
+    }
     let u = &s.unjudged;
     let occupancy = s.bucket_occupancy.map_or("not measured yet".to_string(), |o| format!("{:.2}%", o * 100.0));
     format!(
-        "{}\npassed unjudged: {} not IP, {} malformed, {} unmatched; dropped with unreadable ports: {}; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n",
+        "{}\npassed unjudged: {} not IP, {} malformed, {} unmatched, {} allow-listed; dropped unjudged: {} deny-listed, {} with unreadable ports; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n",
         t.trim_fmt(),
         u.not_ip,
         u.malformed,
         u.unmatched,
+        s.allowed,
+        s.denied,
         s.unreadable_ports,
         u.errors,
         s.attach_mode,

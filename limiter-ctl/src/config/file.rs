@@ -1,5 +1,5 @@
-//! The daemon's TOML config: policies and allow/deny lists. Loaded at start and on SIGHUP,
-//! written atomically (temp file, fsync, rename, fsync of the directory) on every change.
+//! The daemon's TOML config: policies and allow/deny lists. Loaded at start and on SIGHUP;
+//! edited in place on every change (`write.rs`: comments and order kept, written atomically).
 //!
 //! ```toml
 //! allow = ["198.18.7.0/24"]
@@ -17,7 +17,7 @@
 
 use std::{
     fs,
-    io::{self, Write as _},
+    io,
     path::Path,
 };
 
@@ -31,9 +31,6 @@ use super::{
 };
 
 pub const DEFAULT_PATH: &str = "/etc/limiter/limiter.toml";
-
-const HEADER: &str = "# limiter: policies and allow/deny lists.\n\
-# Written by limiter-ctl on every change; edit by hand, then `systemctl reload limiter` (SIGHUP).\n\n";
 
 /// A named policy as the file, the socket and `policy show` carry it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,9 +71,10 @@ impl PolicyDef {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    // Through the config's own parser: ipnet's reads `010.1.1.1/32` as 10.1.1.1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "super::net_serde::deserialize_vec")]
     pub allow: Vec<IpNet>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "super::net_serde::deserialize_vec")]
     pub deny: Vec<IpNet>,
     #[serde(default, rename = "policy", skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<PolicyDef>,
@@ -104,27 +102,6 @@ pub fn load(path: &Path) -> Result<ConfigFile, Error> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ConfigFile::default()),
         Err(source) => Err(Error::Read { path: path.to_path_buf(), source }),
     }
-}
-
-/// Writes the config so that a crash leaves either the old file or the new one, never a mix.
-pub fn save(path: &Path, config: &ConfigFile) -> Result<(), Error> {
-    let werr = |source| Error::Write { path: path.to_path_buf(), source };
-    let body = toml::to_string_pretty(config).map_err(|e| werr(io::Error::other(e)))?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(werr)?;
-    let mut tmp = tempfile::Builder::new().prefix(".limiter.toml.").tempfile_in(dir).map_err(werr)?;
-    tmp.write_all(HEADER.as_bytes()).map_err(werr)?;
-    tmp.write_all(body.as_bytes()).map_err(werr)?;
-    tmp.as_file().sync_all().map_err(werr)?;
-    set_mode(tmp.path(), 0o644).map_err(werr)?;
-    tmp.persist(path).map_err(|e| werr(e.error))?;
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(werr)?;
-    Ok(())
-}
-
-fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
 }
 
 #[cfg(test)]
@@ -159,7 +136,7 @@ mode = "dry-run"
         assert_eq!(config.policies[1].unit, Unit::Bytes);
         assert_eq!(config.policies[1].mode, Mode::DryRun);
         assert_eq!(config.policies[1].burst, None);
-        save(&path, &config).unwrap();
+        super::super::save(&path, &config).unwrap();
         assert_eq!(load(&path).unwrap(), config);
         // Nothing but the file is left behind in the directory.
         let names: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();

@@ -10,9 +10,14 @@ mod file;
 mod policy;
 mod rate;
 mod state;
+mod write;
 
 pub use error::Error;
-pub use file::{ConfigFile, DEFAULT_PATH, PolicyDef, load, parse, save};
-pub use policy::{FieldError, KeySpec, Match, Mode, Name, PolicySpec, Ports, Proto, Unit, parse_burst};
+pub use file::{ConfigFile, DEFAULT_PATH, PolicyDef, load, parse};
+pub use policy::{
+    BurstEdit, FieldError, KeySpec, Match, Mode, Name, PolicyEdit, PolicySpec, Ports, Proto, Unit, decimal, net_serde,
+    parse_burst, parse_net,
+};
 pub use rate::{Rate, RateError};
+pub use write::save;
 pub use state::{DEFAULT_MAX_FRAME, Entry, L2_OVERHEAD, List, Routes, State, longest_window, max_frame_for_mtu};

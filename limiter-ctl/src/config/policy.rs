@@ -14,7 +14,7 @@ use limiter_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::rate::Rate;
+use super::{file::PolicyDef, rate::Rate};
 
 /// A field's value was not in its accepted form.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -27,6 +27,70 @@ pub struct FieldError {
 
 fn field_err(field: &'static str, value: &str, expected: &'static str) -> FieldError {
     FieldError { field, value: value.to_string(), expected }
+}
+
+/// A whole number written the one way: ASCII digits, no sign, no leading zero (but `0` itself).
+/// Rust's integer parsers take `+53` and `053`; C's `strtol` with base 0 and `inet_aton` read a
+/// leading zero as octal. Refusing both means every tool reads the same number.
+pub fn decimal(s: &str) -> Option<u64> {
+    let canonical = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    canonical.then(|| s.parse().ok()).flatten()
+}
+
+const CIDR_FORM: &str = "expected an IPv4 or IPv6 network with its prefix length, such as 198.18.0.0/24 or \
+                         2001:db8::/32 (decimal numbers without leading zeros)";
+
+/// Parses a network `ADDR/LEN`. Stricter than ipnet, which reads `010.1.1.1/32` as 10.1.1.1
+/// while `inet_aton` reads it as 8.1.1.1: the address goes through the standard library's parser
+/// (which refuses leading zeros in IPv4 octets, also inside IPv6), the length through
+/// [`decimal`]. Host bits are the state's to refuse (with the network to use instead).
+pub fn parse_net(s: &str) -> Result<ipnet::IpNet, FieldError> {
+    let err = || field_err("CIDR", s, CIDR_FORM);
+    let (addr, len) = s.split_once('/').ok_or_else(err)?;
+    let addr: std::net::IpAddr = addr.parse().map_err(|_| err())?;
+    let len = decimal(len).and_then(|n| u8::try_from(n).ok()).ok_or_else(err)?;
+    ipnet::IpNet::new(addr, len).map_err(|_| err())
+}
+
+/// serde for allow/deny entries, through [`parse_net`] (ipnet's own parser is laxer).
+pub mod net_serde {
+    use std::fmt;
+
+    use ipnet::IpNet;
+    use serde::{Deserializer, de};
+
+    /// Refused inside the visitor, so the file's error points at the entry itself.
+    struct Visitor;
+
+    impl de::Visitor<'_> for Visitor {
+        type Value = IpNet;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a network such as 198.18.0.0/24")
+        }
+
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<IpNet, E> {
+            super::parse_net(s).map_err(E::custom)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<IpNet, D::Error> {
+        d.deserialize_str(Visitor)
+    }
+
+    /// One entry of a list.
+    struct Strict(IpNet);
+
+    impl<'de> serde::Deserialize<'de> for Strict {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            deserialize(d).map(Strict)
+        }
+    }
+
+    /// A list of networks, each through [`super::parse_net`].
+    pub fn deserialize_vec<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+        Ok(<Vec<Strict> as serde::Deserialize>::deserialize(d)?.into_iter().map(|s| s.0).collect())
+    }
 }
 
 /// A policy name: 1 to 32 of `A-Z a-z 0-9 _ . -`, starting with a letter or digit.
@@ -102,7 +166,8 @@ pub struct Match {
     pub ports: Option<Ports>,
 }
 
-const MATCH_FORM: &str = "expected any, tcp, udp or icmp, optionally tcp:PORT or udp:LOW-HIGH with ports 1-65535 (e.g. udp:53, tcp:8000-8999)";
+const MATCH_FORM: &str = "expected any, tcp, udp or icmp, optionally tcp:PORT or udp:LOW-HIGH with ports 1-65535, \
+                          without sign or leading zeros (e.g. udp:53, tcp:8000-8999)";
 
 impl FromStr for Match {
     type Err = FieldError;
@@ -120,7 +185,7 @@ impl FromStr for Match {
             "any" => Proto::Any,
             _ => return Err(err()),
         };
-        let port = |p: &str| p.parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(err);
+        let port = |p: &str| decimal(p).and_then(|p| u16::try_from(p).ok()).filter(|&p| p != 0).ok_or_else(err);
         let ports = match ports {
             None => None,
             Some(_) if !matches!(proto, Proto::Tcp | Proto::Udp) => return Err(err()),
@@ -171,7 +236,8 @@ impl Default for KeySpec {
     }
 }
 
-const KEY_FORM: &str = "expected src, src/V4LEN or src/V4LEN,/V6LEN (IPv4 0-32, IPv6 0-128), optionally followed by +dport (e.g. src/24,/56+dport)";
+const KEY_FORM: &str = "expected src, src/V4LEN or src/V4LEN,/V6LEN (IPv4 0-32, IPv6 0-128, without leading zeros), \
+                        optionally followed by +dport (e.g. src/24,/56+dport)";
 
 impl FromStr for KeySpec {
     type Err = FieldError;
@@ -192,9 +258,10 @@ impl FromStr for KeySpec {
             Some((v4, v6)) => (v4, Some(v6)),
             None => (lens, None),
         };
-        key.v4_prefix = v4.parse().ok().filter(|&n| n <= 32).ok_or_else(err)?;
+        let len = |s: &str, max: u8| decimal(s).and_then(|n| u8::try_from(n).ok()).filter(|&n| n <= max);
+        key.v4_prefix = len(v4, 32).ok_or_else(err)?;
         if let Some(v6) = v6 {
-            key.v6_prefix = v6.parse().ok().filter(|&n| n <= 128).ok_or_else(err)?;
+            key.v6_prefix = len(v6, 128).ok_or_else(err)?;
         }
         Ok(key)
     }
@@ -267,7 +334,81 @@ serde_via_string!(Name, Match, KeySpec);
 
 /// Parses a burst: a whole number from 1.
 pub fn parse_burst(s: &str) -> Result<u64, FieldError> {
-    s.parse::<u64>().ok().filter(|&n| n >= 1).ok_or_else(|| field_err("burst", s, "expected a whole number from 1"))
+    decimal(s)
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| field_err("burst", s, "expected a whole number from 1, without sign or leading zeros"))
+}
+
+/// `policy set`'s burst: a count, or back to the default (one second's worth of the rate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BurstEdit {
+    Default,
+    Count(u64),
+}
+
+impl FromStr for BurstEdit {
+    type Err = FieldError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "default" {
+            return Ok(Self::Default);
+        }
+        decimal(s).filter(|&n| n >= 1).map(Self::Count).ok_or_else(|| {
+            field_err("burst", s, "expected a whole number from 1, without sign or leading zeros, or default")
+        })
+    }
+}
+
+/// What `policy set` changes: the fields given, nothing else. An existing policy keeps every
+/// field not given (a rate change must not turn a dry-run policy into an enforcing one); a new
+/// policy takes the defaults for them, and needs a rate.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyEdit {
+    #[serde(rename = "match", default, skip_serializing_if = "Option::is_none")]
+    pub matches: Option<Match>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<BurstEdit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeySpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<Unit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
+}
+
+impl PolicyEdit {
+    /// The policy `name` becomes: `existing` with the given fields changed, or (none existing)
+    /// a new policy of the given fields and the defaults. A burst left at its default stays
+    /// "one second's worth" of whatever the rate becomes.
+    pub fn apply(&self, name: &Name, existing: Option<&PolicyDef>) -> Result<PolicyDef, super::Error> {
+        let mut def = match existing {
+            Some(def) => def.clone(),
+            None => PolicyDef {
+                name: name.clone(),
+                matches: Match::default(),
+                rate: self.rate.ok_or_else(|| super::Error::NewPolicyNeedsRate(name.clone()))?,
+                burst: None,
+                key: KeySpec::default(),
+                unit: Unit::default(),
+                mode: Mode::default(),
+            },
+        };
+        def.matches = self.matches.unwrap_or(def.matches);
+        def.rate = self.rate.unwrap_or(def.rate);
+        def.burst = match self.burst {
+            None => def.burst,
+            Some(BurstEdit::Default) => None,
+            Some(BurstEdit::Count(n)) => Some(n),
+        };
+        def.key = self.key.unwrap_or(def.key);
+        def.unit = self.unit.unwrap_or(def.unit);
+        def.mode = self.mode.unwrap_or(def.mode);
+        Ok(def)
+    }
 }
 
 /// One policy, validated: everything the kernel needs except its id.
@@ -342,9 +483,28 @@ mod tests {
         for s in ["any", "tcp", "udp", "icmp", "tcp:80", "udp:53", "tcp:8000-8999", "udp:1-65535"] {
             assert_eq!(s.parse::<Match>().map(|m| m.to_string()), Ok(s.to_string()));
         }
-        for bad in
-            ["", "TCP", "tcp:", "tcp:0", "tcp:65536", "udp:9-8", "icmp:1", "any:53", "tcp:1-", "sctp", "tcp:80,81"]
-        {
+        for bad in [
+            "",
+            "TCP",
+            "tcp:",
+            "tcp:0",
+            "tcp:65536",
+            "udp:9-8",
+            "icmp:1",
+            "any:53",
+            "tcp:1-",
+            "sctp",
+            "tcp:80,81",
+            "udp:+53",
+            "udp:053",
+            "udp:-53",
+            "udp:0053",
+            "tcp:080-090",
+            "tcp:80-+90",
+            "tcp:+80-90",
+            "udp: 53",
+            "udp:53 ",
+        ] {
             let err = bad.parse::<Match>().unwrap_err();
             assert_eq!(err.field, "match", "{bad}");
         }
@@ -358,8 +518,69 @@ mod tests {
         assert_eq!(k("src/24,/56+dport"), Ok(KeySpec { v4_prefix: 24, v6_prefix: 56, dport: true }));
         assert_eq!(k("src+dport"), Ok(KeySpec { dport: true, ..KeySpec::default() }));
         assert_eq!(k("src/0,/0").map(|k| k.to_string()), Ok("src/0,/0".into()));
-        for bad in ["", "dst/24", "src/33", "src/24,/129", "src/", "src/24,56", "src/24+sport", "src/-1"] {
+        assert_eq!(k("src/0"), Ok(KeySpec { v4_prefix: 0, ..KeySpec::default() }));
+        for bad in [
+            "",
+            "dst/24",
+            "src/33",
+            "src/24,/129",
+            "src/",
+            "src/24,56",
+            "src/24+sport",
+            "src/-1",
+            "src/024",
+            "src/+24",
+            "src/24,/056",
+            "src/00",
+        ] {
             assert!(k(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn numbers_have_one_form() {
+        assert_eq!(decimal("0"), Some(0));
+        assert_eq!(decimal("53"), Some(53));
+        assert_eq!(decimal("18446744073709551615"), Some(u64::MAX));
+        for bad in ["", "+53", "-53", "053", "00", " 53", "53 ", "5_3", "0x35", "18446744073709551616", "٥"] {
+            assert_eq!(decimal(bad), None, "{bad:?}");
+        }
+        assert_eq!(parse_burst("10"), Ok(10));
+        for bad in ["0", "+10", "010", "-1", "1.5"] {
+            assert!(parse_burst(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn networks_refuse_leading_zeros_and_signs() {
+        for (ok, canonical) in [
+            ("10.1.1.1/32", "10.1.1.1/32"),
+            ("0.0.0.0/0", "0.0.0.0/0"),
+            ("198.18.0.0/15", "198.18.0.0/15"),
+            ("2001:db8::/32", "2001:db8::/32"),
+            ("2001:0db8::/32", "2001:db8::/32"),
+            ("::ffff:10.1.1.1/128", "::ffff:10.1.1.1/128"),
+        ] {
+            assert_eq!(parse_net(ok).map(|n| n.to_string()), Ok(canonical.to_string()), "{ok}");
+        }
+        for bad in [
+            "010.1.1.1/32",
+            "10.01.1.1/32",
+            "10.1.1.001/32",
+            "10.1.1.1/032",
+            "10.1.1.1/+32",
+            "10.1.1.1/33",
+            "2001:db8::/0128",
+            "2001:db8::/129",
+            "::ffff:010.1.1.1/128",
+            "10.1.1.1",
+            "10.1.1.1/",
+            "10.1.1/24",
+            " 10.1.1.1/32",
+            "0x0a.1.1.1/32",
+        ] {
+            let err = parse_net(bad).unwrap_err();
+            assert!(err.to_string().starts_with(&format!("invalid CIDR '{bad}'")), "{bad}: {err}");
         }
     }
 
@@ -370,6 +591,40 @@ mod tests {
         }
         for bad in ["", "-dns", "has space", "é", &"x".repeat(33), "a/b"] {
             assert!(bad.parse::<Name>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_edit_changes_only_the_fields_given() {
+        let name: Name = "dns".parse().unwrap();
+        let existing = PolicyDef {
+            name: name.clone(),
+            matches: "udp:53".parse().unwrap(),
+            rate: "100/s".parse().unwrap(),
+            burst: Some(20),
+            key: "src/24".parse().unwrap(),
+            unit: Unit::Packets,
+            mode: Mode::DryRun,
+        };
+        let rate = PolicyEdit { rate: Some("500/s".parse().unwrap()), ..PolicyEdit::default() };
+        let changed = rate.apply(&name, Some(&existing)).unwrap();
+        assert_eq!(changed, PolicyDef { rate: "500/s".parse().unwrap(), ..existing.clone() });
+        let enforce =
+            PolicyEdit { mode: Some(Mode::Enforce), burst: Some(BurstEdit::Default), ..PolicyEdit::default() };
+        assert_eq!(
+            enforce.apply(&name, Some(&existing)).unwrap(),
+            PolicyDef { mode: Mode::Enforce, burst: None, ..existing.clone() }
+        );
+        assert_eq!(PolicyEdit::default().apply(&name, Some(&existing)).unwrap(), existing);
+        // A new policy: the defaults, and a rate is required.
+        let new = rate.apply(&name, None).unwrap();
+        assert_eq!((new.matches, new.key, new.unit, new.mode, new.burst), Default::default());
+        let err = PolicyEdit::default().apply(&name, None).unwrap_err().to_string();
+        assert!(err.contains("'dns'") && err.contains("--rate"), "{err}");
+        assert_eq!("default".parse(), Ok(BurstEdit::Default));
+        assert_eq!("7".parse(), Ok(BurstEdit::Count(7)));
+        for bad in ["0", "07", "+7", "Default", ""] {
+            assert!(bad.parse::<BurstEdit>().is_err(), "{bad}");
         }
     }
 

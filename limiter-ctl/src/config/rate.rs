@@ -12,7 +12,9 @@ pub struct Rate {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("invalid rate '{0}': expected N/s, N/min or N/h with N a whole number from 1 (e.g. 1000/s)")]
+#[error(
+    "invalid rate '{0}': expected N/s, N/min or N/h with N a whole number from 1, without sign or leading zeros (e.g. 1000/s)"
+)]
 pub struct RateError(pub String);
 
 impl FromStr for Rate {
@@ -21,10 +23,8 @@ impl FromStr for Rate {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || RateError(s.to_string());
         let (count, unit) = s.trim().split_once('/').ok_or_else(err)?;
-        let count: u64 = count.trim().parse().map_err(|_| err())?;
-        if count == 0 {
-            return Err(err());
-        }
+        // One form, as for every number: `+100/s` and `0100/s` are refused.
+        let count = super::policy::decimal(count.trim()).filter(|&n| n >= 1).ok_or_else(err)?;
         let period_ns = match unit.trim() {
             "s" | "sec" | "second" => NS_PER_SEC,
             "m" | "min" | "minute" => 60 * NS_PER_SEC,
@@ -81,7 +81,8 @@ mod tests {
 
     #[test]
     fn rejects_everything_else() {
-        for bad in ["", "1000", "0/s", "-1/s", "1.5/s", "10/d", "/s", "ten/s", "1000/ s x"] {
+        for bad in ["", "1000", "0/s", "-1/s", "1.5/s", "10/d", "/s", "ten/s", "1000/ s x", "+100/s", "0100/s", "00/s"]
+        {
             assert!(bad.parse::<Rate>().is_err(), "{bad}");
         }
     }

@@ -6,7 +6,7 @@ use ipnet::IpNet;
 use limiter_common::maps::Counters;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{List, Name, PolicyDef};
+use crate::config::{List, Name, PolicyDef, PolicyEdit};
 
 pub(crate) const DEFAULT_SOCKET: &str = "/run/limiter/ctl.sock";
 /// Requests are small; anything longer is not ours.
@@ -15,12 +15,22 @@ pub(crate) const MAX_REQUEST: usize = 64 * 1024;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub(crate) enum Request {
-    PolicySet { policy: PolicyDef },
+    /// Create a policy, or change the given fields of an existing one.
+    PolicySet { name: Name, edit: PolicyEdit },
     PolicyRm { name: Name },
     PolicyList,
     PolicyShow { name: Name },
-    ListAdd { list: List, cidr: IpNet },
-    ListRm { list: List, cidr: IpNet },
+    // Through the config's parser: a client other than ours cannot slip in `010.1.1.1/32`.
+    ListAdd {
+        list: List,
+        #[serde(deserialize_with = "crate::config::net_serde::deserialize")]
+        cidr: IpNet,
+    },
+    ListRm {
+        list: List,
+        #[serde(deserialize_with = "crate::config::net_serde::deserialize")]
+        cidr: IpNet,
+    },
     ListShow { list: List },
     SaltRotate,
     Stats,
@@ -89,5 +99,7 @@ mod tests {
         assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), req);
         let bad = serde_json::from_str::<Request>(r#"{"op":"list-add","list":"deny","cidr":"2001:db8::/200"}"#);
         assert!(bad.is_err());
+        let octal = serde_json::from_str::<Request>(r#"{"op":"list-add","list":"deny","cidr":"010.1.1.0/24"}"#);
+        assert!(octal.unwrap_err().to_string().contains("invalid CIDR"));
     }
 }

@@ -79,15 +79,22 @@ impl Collector for Exposition {
         counter(
             &mut encoder,
             "limiter_unjudged_packets",
-            "Packets passed without a policy's judgement, by reason.",
-            vec![reason("not_ip", u.not_ip), reason("malformed", u.malformed), reason("unmatched", u.unmatched)],
+            "Packets passed without a policy's judgement, by reason (allowed: every allow list pass, whether a \
+             policy matched or not).",
+            vec![
+                reason("not_ip", u.not_ip),
+                reason("malformed", u.malformed),
+                reason("unmatched", u.unmatched),
+                reason("allowed", s.allowed),
+            ],
         )?;
         counter(
             &mut encoder,
             "limiter_dropped_packets",
-            "Packets dropped without a policy's judgement, by reason (unreadable_port: a TCP/UDP \
-             datagram whose port could not be read while port policies exist, RFC 1858).",
-            vec![(vec![("reason", "unreadable_port".to_string())], s.unreadable_ports)],
+            "Packets dropped without a policy's judgement, by reason (deny: every deny list drop, whether a \
+             policy matched or not; unreadable_port: a TCP/UDP datagram whose port could not be read while \
+             port policies exist, RFC 1858).",
+            vec![reason("deny", s.denied), reason("unreadable_port", s.unreadable_ports)],
         )?;
         counter(
             &mut encoder,
@@ -179,6 +186,8 @@ mod tests {
             }],
             attach_mode: "native".into(),
             bucket_occupancy: Some(0.25),
+            denied: 5,
+            allowed: 2,
             ..Default::default()
         };
         let text = render(&Arc::new(RwLock::new(snapshot))).unwrap();
@@ -186,6 +195,8 @@ mod tests {
         assert!(text.contains(r#"limiter_packets_total{policy="dns",decision="refused"} 3"#), "{text}");
         assert!(text.contains(r#"limiter_attach_mode{mode="native"} 1"#), "{text}");
         assert!(text.contains("limiter_bucket_occupancy_ratio 0.25"), "{text}");
+        assert!(text.contains(r#"limiter_dropped_packets_total{reason="deny"} 5"#), "{text}");
+        assert!(text.contains(r#"limiter_unjudged_packets_total{reason="allowed"} 2"#), "{text}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let labels = line.split_once('{').map_or("", |(_, rest)| rest.split_once('}').map_or("", |(l, _)| l));
             for label in labels.split(',').filter(|l| !l.is_empty()) {

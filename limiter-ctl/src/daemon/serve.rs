@@ -211,7 +211,9 @@ impl Daemon {
 
     pub(super) fn start_up(&mut self, file: &ConfigFile) -> Result<(), Error> {
         self.snapshot()?;
-        if self.state.to_config() != *file {
+        // Written only if the rules differ (`--rate` installed or changed "default"): a file that
+        // says the same in its own order, spelling and comments is the operator's, left alone.
+        if !self.state.to_config().same_rules(file) {
             self.save().map_err(Error::SaveConfig)?;
         }
         Ok(())
@@ -303,7 +305,12 @@ impl Daemon {
 
     fn handle(&mut self, request: Request) -> Response {
         match request {
-            Request::PolicySet { policy } => {
+            Request::PolicySet { name, edit } => {
+                // Only the fields given change (see `PolicyEdit::apply`).
+                let policy = match edit.apply(&name, self.state.policy(&name).map(|e| &e.def)) {
+                    Ok(policy) => policy,
+                    Err(error) => return Response::Usage { error: error.to_string() },
+                };
                 let what = format!(
                     "name={} match={} rate={} burst={} key={} unit={} mode={}",
                     policy.name,

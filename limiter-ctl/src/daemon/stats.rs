@@ -55,11 +55,29 @@ pub struct Snapshot {
     /// extension chains), dropped while port policies exist.
     #[serde(default)]
     pub unreadable_ports: u64,
+    /// Every packet the deny list dropped, whether a policy matched it or not (each policy's
+    /// `denied_packets` are its share; `no_policy` has the rest). Removing a policy takes its
+    /// share out.
+    #[serde(default)]
+    pub denied: u64,
+    /// Every packet the allow list passed, whether a policy matched it or not.
+    #[serde(default)]
+    pub allowed: u64,
+    /// Allow and deny list hits of traffic no policy matched (counted in the kernel's slot 0).
+    #[serde(default)]
+    pub no_policy: ListHits,
     pub attach_mode: String,
     pub salt_age_s: f64,
     /// Fraction of buckets (over CPUs) whose TAT is ahead of now: the chance that a newcomer
     /// shares an allowance with a busy source. None until first measured.
     pub bucket_occupancy: Option<f64>,
+}
+
+/// Packets a list decided, with no policy behind them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListHits {
+    pub allowed_packets: u64,
+    pub denied_packets: u64,
 }
 
 pub type Shared = Arc<RwLock<Snapshot>>;
@@ -113,6 +131,9 @@ impl Sampler {
             unmatched: global.unmatched,
             errors: counters.iter().map(|c| c.errors).sum(),
         };
+        // Over every slot (a removed policy's counters are zeroed with it: a drop is a reset).
+        let denied = counters.iter().map(|c| c.denied_packets).sum();
+        let allowed = counters.iter().map(|c| c.allowed_packets).sum();
         self.last = Some((now, counters));
         Snapshot {
             taken_at_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
@@ -120,6 +141,9 @@ impl Sampler {
             policies,
             unjudged,
             unreadable_ports: global.unreadable_ports,
+            denied,
+            allowed,
+            no_policy: ListHits { allowed_packets: global.allowed_packets, denied_packets: global.denied_packets },
             attach_mode: attach_mode.to_string(),
             salt_age_s: salt_age.as_secs_f64(),
             bucket_occupancy: occupancy,

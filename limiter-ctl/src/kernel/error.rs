@@ -139,11 +139,18 @@ impl fmt::Display for Incompatible {
         match self {
             Self::Unreadable { map, error } => write!(f, "map {map} is not readable ({error})"),
             Self::Shape { map, found, needs } => {
-                let needed = needs.kind.map_or_else(|| "None".to_string(), |k| format!("{k:?}"));
                 write!(
                     f,
-                    "map {map} is {:?} key {} value {} entries {}, this build needs {needed} key {} value {} entries {}",
-                    found.kind, found.key, found.value, found.entries, needs.key, needs.value, needs.entries
+                    "map {map} is {} with {}-byte keys, {}-byte values and {} entries; this build needs {} with \
+                     {}-byte keys, {}-byte values and {} entries",
+                    kind_words(found.kind),
+                    found.key,
+                    found.value,
+                    found.entries,
+                    kind_words(needs.kind),
+                    needs.key,
+                    needs.value,
+                    needs.entries
                 )?;
                 if *map == limiter_common::maps::MAP_BUCKETS && found.entries != needs.entries {
                     write!(
@@ -159,5 +166,47 @@ impl fmt::Display for Incompatible {
                 write!(f, "its maps are layout version {found}, this build uses {LAYOUT_VERSION}")
             }
         }
+    }
+}
+
+/// A map type in words, for messages ("a per-CPU array"), never Rust's `Some(PerCpuArray)`.
+fn kind_words(kind: Option<MapType>) -> &'static str {
+    match kind {
+        Some(MapType::Array) => "an array",
+        Some(MapType::PerCpuArray) => "a per-CPU array",
+        Some(MapType::Hash) => "a hash map",
+        Some(MapType::PerCpuHash) => "a per-CPU hash map",
+        Some(MapType::LruHash) => "an LRU hash map",
+        Some(MapType::LruPerCpuHash) => "a per-CPU LRU hash map",
+        Some(MapType::LpmTrie) => "an LPM trie",
+        Some(MapType::RingBuf) => "a ring buffer",
+        Some(MapType::PerfEventArray) => "a perf event array",
+        Some(_) => "a map of another type",
+        None => "a map of a type this build does not know",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_incompatible_map_is_described_in_words() {
+        let shape = |kind, entries| MapShape { kind, key: 4, value: 8, entries };
+        let why = Incompatible::Shape {
+            map: limiter_common::maps::MAP_BUCKETS,
+            found: shape(Some(MapType::Array), 2048),
+            needs: shape(Some(MapType::PerCpuArray), 4096),
+        };
+        let text = Error::Adopt { dir: "/sys/fs/bpf/limiter/eth0".into(), why }.to_string();
+        assert!(text.contains("is an array with 4-byte keys, 8-byte values and 2048 entries"), "{text}");
+        assert!(text.contains("needs a per-CPU array with 4-byte keys, 8-byte values and 4096 entries"), "{text}");
+        assert!(text.contains("--buckets 1024"), "{text}");
+        for debug in ["Some(", "None", "PerCpuArray", "Array "] {
+            assert!(!text.contains(debug), "{debug} in {text}");
+        }
+        let unknown =
+            Incompatible::Shape { map: "CONFIG", found: shape(None, 1), needs: shape(Some(MapType::Array), 1) };
+        assert!(!unknown.to_string().contains("None"), "{unknown}");
     }
 }

@@ -1,0 +1,499 @@
+//! Writing the config back: the operator's file is edited, not replaced.
+//!
+//! The daemon's rules are written into the document on disk with `toml_edit`: a changed field is
+//! set in its `[[policy]]` table (its comment kept), a field that did not change keeps its
+//! spelling (`src/24` stays `src/24`), a new policy is appended, a removed one deleted, list
+//! entries added or removed one by one. Comments, order and blank lines survive. The file is
+//! replaced atomically (temp file in the same directory, fsync, rename, fsync of the directory)
+//! with its owner and mode; a symlink is followed and its target replaced, the link kept.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fs,
+    io::{self, Write as _},
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use toml_edit::{ArrayOfTables, DocumentMut, Item, Table, Value};
+
+use super::{
+    ConfigFile, Error, PolicyDef,
+    policy::{KeySpec, Match, Mode, Unit, parse_net},
+    rate::Rate,
+};
+
+/// The top of a file the daemon creates.
+const HEADER: &str = "# limiter: policies and allow/deny lists.\n\
+# limiter-ctl edits this file in place on every change (comments and order are kept);\n\
+# edit by hand, then `systemctl reload limiter` (SIGHUP).\n";
+
+/// Mode of a file the daemon creates (it holds no secret; an existing file keeps its own).
+const NEW_FILE_MODE: u32 = 0o644;
+
+/// Symlinks followed before giving up (as the kernel's MAXSYMLINKS).
+const MAX_LINKS: usize = 40;
+
+/// Writes `config` into the file at `path` (see the module's comment). A file that already says
+/// exactly this is left alone. A file that does not parse is not overwritten: the operator's
+/// unfinished edit would be lost; the error says where it is broken.
+pub fn save(path: &Path, config: &ConfigFile) -> Result<(), Error> {
+    let target = resolve(path).map_err(|source| Error::Write { path: path.to_path_buf(), source })?;
+    let werr = |source| Error::Write { path: target.clone(), source };
+    let (text, meta) = match fs::read_to_string(&target) {
+        Ok(text) => (text, Some(fs::metadata(&target).map_err(werr)?)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => (String::new(), None),
+        Err(source) => return Err(Error::Read { path: target.clone(), source }),
+    };
+    // The comment block that opens the file is the file's own, not the first key's: kept apart,
+    // so that it stays on top whatever happens to what follows.
+    let (opening, rest) = if meta.is_some() { split_opening(&text) } else { (format!("{HEADER}\n"), String::new()) };
+    let mut doc = rest.parse::<DocumentMut>().map_err(|e| {
+        let (line, column) = e.span().map_or((1, 1), |span| line_column(&rest, span.start));
+        let line = line + opening.matches('\n').count();
+        let message = format!("{} (not overwritten: fix it, then retry)", e.message().trim().replace('\n', " "));
+        Error::Parse { path: target.clone(), line, column, message }
+    })?;
+    edit(&mut doc, config);
+    let body = format!("{opening}{doc}");
+    if meta.is_some() && body == text {
+        return Ok(());
+    }
+    replace(&target, body.as_bytes(), meta.as_ref()).map_err(werr)
+}
+
+impl ConfigFile {
+    /// Whether the two say the same rules, however written: policies in any order, list
+    /// entries in any order or repeated, fields at their defaults written out or left out.
+    pub fn same_rules(&self, other: &ConfigFile) -> bool {
+        let policies =
+            |c: &ConfigFile| c.policies.iter().map(|d| (d.name.clone(), d.clone())).collect::<BTreeMap<_, _>>();
+        let nets = |l: &[IpNet]| l.iter().copied().collect::<BTreeSet<_>>();
+        policies(self) == policies(other)
+            && nets(&self.allow) == nets(&other.allow)
+            && nets(&self.deny) == nets(&other.deny)
+    }
+}
+
+/// The comment lines that open `text` with the blank line after them, and the rest. Without a
+/// blank line after it, the comment is the first key's or table's, and moves with it.
+fn split_opening(text: &str) -> (String, String) {
+    let mut end = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim_start().starts_with('#') {
+            end += line.len();
+        } else {
+            if end > 0 && line.trim().is_empty() {
+                end += line.len();
+                return (text[..end].to_string(), text[end..].to_string());
+            }
+            break;
+        }
+    }
+    (String::new(), text.to_string())
+}
+
+/// Edits `doc` in place so that it says `config`, changing only what differs.
+fn edit(doc: &mut DocumentMut, config: &ConfigFile) {
+    set_list(doc, "allow", &config.allow);
+    set_list(doc, "deny", &config.deny);
+    set_policies(doc, &config.policies);
+    if config.policies.is_empty() && config.allow.is_empty() && config.deny.is_empty() {
+        // Said explicitly: a file with no rules is refused on reload unless it says `policy = []`.
+        doc.insert("policy", toml_edit::value(toml_edit::Array::new()));
+    }
+}
+
+/// Keeps the entries still listed (with their comments, in their order), removes the others,
+/// appends the new ones.
+fn set_list(doc: &mut DocumentMut, key: &str, nets: &[IpNet]) {
+    if nets.is_empty() {
+        doc.remove(key);
+        return;
+    }
+    let Some(array) = doc.get_mut(key).and_then(Item::as_array_mut) else {
+        doc.insert(key, toml_edit::value(nets.iter().map(|n| n.to_string()).collect::<toml_edit::Array>()));
+        return;
+    };
+    let wanted: BTreeSet<IpNet> = nets.iter().copied().collect();
+    let mut kept = BTreeSet::new();
+    let keep: Vec<bool> = array
+        .iter()
+        .map(|v| v.as_str().and_then(|s| parse_net(s).ok()).is_some_and(|n| wanted.contains(&n) && kept.insert(n)))
+        .collect();
+    for i in (0..keep.len()).rev().filter(|&i| !keep[i]) {
+        remove_entry(array, i);
+    }
+    // A new entry goes on a line of its own if the last one has one (after the last entry's
+    // comment, which is in the array's trailing), else after a space.
+    for net in nets.iter().filter(|n| !kept.contains(n)) {
+        let indent = array.iter().last().map(|v| split_line(&raw(v.decor().prefix())).1);
+        let (last_line, rest) = split_line(&raw(Some(array.trailing())));
+        let mut value = Value::from(net.to_string());
+        match indent {
+            Some(indent)
+                if !last_line.is_empty()
+                    || raw(array.iter().last().and_then(|v| v.decor().prefix())).contains('\n') =>
+            {
+                value.decor_mut().set_prefix(last_line + &indent);
+                array.set_trailing(format!("\n{rest}"));
+            }
+            Some(_) => value.decor_mut().set_prefix(" "),
+            None => {}
+        }
+        array.push_formatted(value);
+    }
+}
+
+fn raw(r: Option<&toml_edit::RawString>) -> String {
+    r.and_then(|r| r.as_str()).unwrap_or("").to_string()
+}
+
+/// Up to and including the last newline (the end of the previous line), and after it (indentation).
+fn split_line(s: &str) -> (String, String) {
+    s.rfind('\n').map_or((String::new(), s.to_string()), |at| (s[..=at].to_string(), s[at + 1..].to_string()))
+}
+
+/// Removes entry `i` with its own comment, keeping the previous entry's. An entry's prefix
+/// holds what follows the comma before it: the rest of the previous line (its comment), then the
+/// indentation of its own; its comment is in the next entry's prefix (or the array's trailing).
+fn remove_entry(array: &mut toml_edit::Array, i: usize) {
+    let split = |s: &str| split_line(s);
+    let (previous_line, _) = split(&raw(array.get(i).and_then(|v| v.decor().prefix())));
+    if i + 1 < array.len() {
+        if let Some(next) = array.get_mut(i + 1) {
+            let (_, indent) = split(&raw(next.decor().prefix()));
+            next.decor_mut().set_prefix(previous_line + &indent);
+        }
+    } else {
+        let (_, indent) = split(&raw(Some(array.trailing())));
+        array.set_trailing(previous_line + &indent);
+    }
+    array.remove(i);
+}
+
+/// Updates the `[[policy]]` tables by name, removes those no longer defined, appends new ones.
+fn set_policies(doc: &mut DocumentMut, defs: &[PolicyDef]) {
+    let wanted: BTreeMap<&str, &PolicyDef> = defs.iter().map(|d| (d.name.as_str(), d)).collect();
+    if !matches!(doc.get("policy"), Some(Item::ArrayOfTables(_))) {
+        // Absent, or written inline (`policy = [{...}]`): rewritten as tables.
+        doc.remove("policy");
+        if defs.is_empty() {
+            return;
+        }
+        doc.insert("policy", Item::ArrayOfTables(ArrayOfTables::new()));
+    }
+    let Some(tables) = doc.get_mut("policy").and_then(Item::as_array_of_tables_mut) else {
+        return;
+    };
+    let mut seen = BTreeSet::new();
+    tables.retain(|t| {
+        t.get("name").and_then(Item::as_str).is_some_and(|n| wanted.contains_key(n) && seen.insert(n.to_string()))
+    });
+    for table in tables.iter_mut() {
+        if let Some(def) = table.get("name").and_then(Item::as_str).and_then(|n| wanted.get(n)).copied() {
+            set_fields(table, def);
+        }
+    }
+    for def in defs.iter().filter(|d| !seen.contains(d.name.as_str())) {
+        let mut table = Table::new();
+        table.insert("name", toml_edit::value(def.name.as_str()));
+        set_fields(&mut table, def);
+        table.decor_mut().set_prefix("\n");
+        tables.push(table);
+    }
+    if tables.is_empty() {
+        doc.remove("policy");
+    }
+}
+
+/// Sets each field of `table` to what `def` says, where it says something else.
+fn set_fields(table: &mut Table, def: &PolicyDef) {
+    fn parsed<T: std::str::FromStr>(item: &Item) -> Option<T> {
+        item.as_str().and_then(|s| s.parse().ok())
+    }
+    let is = |want: &'static str| move |i: &Item| i.as_str() == Some(want);
+    set(table, "match", def.matches.to_string(), def.matches == Match::default(), |i| {
+        parsed::<Match>(i) == Some(def.matches)
+    });
+    set(table, "rate", def.rate.to_string(), false, |i| parsed::<Rate>(i) == Some(def.rate));
+    match def.burst {
+        Some(n) if table.get("burst").and_then(Item::as_integer).and_then(|v| u64::try_from(v).ok()) == Some(n) => {}
+        // Beyond i64 TOML has no integer (and no valid policy has such a burst): written as text,
+        // the next load names it.
+        Some(n) => {
+            replace_value(table, "burst", i64::try_from(n).map_or_else(|_| Value::from(n.to_string()), Value::from))
+        }
+        None => {
+            table.remove("burst");
+        }
+    }
+    set(table, "key", def.key.to_string(), def.key == KeySpec::default(), |i| parsed::<KeySpec>(i) == Some(def.key));
+    set(table, "unit", def.unit.as_str().to_string(), def.unit == Unit::default(), is(def.unit.as_str()));
+    set(table, "mode", def.mode.as_str().to_string(), def.mode == Mode::default(), is(def.mode.as_str()));
+}
+
+/// One string field: left as written if it already means `want`, left out if absent and `want`
+/// is the default, else set (keeping the old value's comment).
+fn set(table: &mut Table, key: &str, want: String, is_default: bool, same: impl Fn(&Item) -> bool) {
+    match table.get(key) {
+        Some(item) if same(item) => {}
+        None if is_default => {}
+        _ => replace_value(table, key, Value::from(want)),
+    }
+}
+
+/// Sets `key` to `value`, keeping the decor (spacing, trailing comment) of the value it replaces.
+fn replace_value(table: &mut Table, key: &str, mut value: Value) {
+    if let Some(old) = table.get(key).and_then(Item::as_value) {
+        *value.decor_mut() = old.decor().clone();
+    }
+    table.insert(key, Item::Value(value));
+}
+
+/// `path` with every symlink along its last component followed: the file to replace.
+fn resolve(path: &Path) -> io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        match fs::symlink_metadata(&p) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let to = fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) if to.is_relative() => dir.join(to),
+                    _ => to,
+                };
+            }
+            Ok(_) => return Ok(p),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(p),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::from(nix::errno::Errno::ELOOP))
+}
+
+/// Replaces `target` with `body` so that a crash leaves the old file or the new one, never a mix;
+/// the new file has the old one's owner and mode (`meta`), or 0644 if there was none.
+fn replace(target: &Path, body: &[u8], meta: Option<&fs::Metadata>) -> io::Result<()> {
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if meta.is_none() {
+        fs::create_dir_all(dir)?;
+    }
+    let name = target.file_name().map_or("limiter.toml".into(), |n| n.to_string_lossy());
+    let mut tmp = tempfile::Builder::new().prefix(&format!(".{name}.")).tempfile_in(dir)?;
+    tmp.write_all(body)?;
+    let file = tmp.as_file();
+    match meta {
+        Some(meta) => {
+            // Owner first: chown clears set-id bits, the mode then restores them.
+            std::os::unix::fs::fchown(file, Some(meta.uid()), Some(meta.gid()))?;
+            file.set_permissions(fs::Permissions::from_mode(meta.mode() & 0o7777))?;
+        }
+        None => file.set_permissions(fs::Permissions::from_mode(NEW_FILE_MODE))?,
+    }
+    file.sync_all()?;
+    tmp.persist(target).map_err(|e| e.error)?;
+    fs::File::open(dir)?.sync_all()
+}
+
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+    use crate::config::{PolicyEdit, load};
+
+    const OPERATOR: &str = r#"# Site limits. Ask ops before changing.
+deny = [
+    "198.51.100.0/24", # scanner
+    "2001:db8:bad::/48",
+]
+
+# Web first: it matters most.
+[[policy]]
+name = "web"   # the storefront
+match = "tcp:80"
+rate = "50/s"  # agreed with the web team
+key = "src/24"
+
+[[policy]]
+name = "dns"
+match = "udp:53"
+rate = "100/s"
+mode = "dry-run" # watching first
+"#;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// The config with `f` applied to policy `name`.
+    fn edited(config: &ConfigFile, name: &str, edit: PolicyEdit) -> ConfigFile {
+        let mut next = config.clone();
+        let def = next.policies.iter_mut().find(|d| d.name.as_str() == name).unwrap();
+        *def = edit.apply(&def.name.clone(), Some(def)).unwrap();
+        next
+    }
+
+    #[test]
+    fn a_change_edits_the_operators_file_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "limiter.toml", OPERATOR);
+        let config = load(&path).unwrap();
+        // The same rules: nothing is written.
+        save(&path, &config).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), OPERATOR);
+
+        let rate = PolicyEdit { rate: Some("80/s".parse().unwrap()), ..PolicyEdit::default() };
+        let next = edited(&config, "web", rate);
+        save(&path, &next).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(text, OPERATOR.replace(r#"rate = "50/s"  #"#, r#"rate = "80/s"  #"#), "one value changed");
+        assert_eq!(load(&path).unwrap(), next);
+    }
+
+    #[test]
+    fn policies_and_list_entries_are_added_and_removed_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "limiter.toml", OPERATOR);
+        let mut config = load(&path).unwrap();
+        config.policies.retain(|d| d.name.as_str() != "web");
+        let new = PolicyEdit {
+            rate: Some("5/s".parse().unwrap()),
+            burst: Some(crate::config::BurstEdit::Count(9)),
+            ..PolicyEdit::default()
+        };
+        config.policies.push(new.apply(&"icmp".parse().unwrap(), None).unwrap());
+        config.deny.retain(|n| n.to_string() != "2001:db8:bad::/48");
+        config.deny.push("203.0.113.0/24".parse().unwrap());
+        config.allow.push("198.18.0.0/15".parse().unwrap());
+        let dns = edited(&config, "dns", PolicyEdit { mode: Some(Mode::Enforce), ..PolicyEdit::default() });
+        save(&path, &dns).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(load(&path).unwrap().same_rules(&dns), "{text}");
+        assert!(text.contains("    \"203.0.113.0/24\",\n]\n"), "{text}");
+        for kept in ["# Site limits. Ask ops before changing.", r#""198.51.100.0/24", # scanner"#, "# watching first"] {
+            assert!(text.contains(kept), "lost {kept:?}:\n{text}");
+        }
+        for gone in ["2001:db8:bad::/48", "storefront", "web"] {
+            assert!(!text.contains(gone), "{gone:?} still there:\n{text}");
+        }
+        assert!(text.contains(r#"mode = "enforce" # watching first"#), "{text}");
+        assert!(text.contains("    \"203.0.113.0/24\","), "a new entry laid out like the others:\n{text}");
+        // dns stays where it was, icmp comes after it.
+        let (dns_at, icmp_at) = (text.find("\"dns\"").unwrap(), text.find("\"icmp\"").unwrap());
+        assert!(dns_at < icmp_at, "{text}");
+        assert!(text.contains("\n\n[[policy]]\nname = \"icmp\"\nrate = \"5/s\"\nburst = 9\n"), "{text}");
+        assert!(text.starts_with("# Site limits."), "{text}");
+        assert!(text.find("allow = ").unwrap() < text.find("[[policy]]").unwrap(), "{text}");
+    }
+
+    #[test]
+    fn a_burst_left_to_its_default_is_taken_out_and_spellings_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "[[policy]]\nname = \"a\"\nrate = \"10/s\"\nburst = 5\nkey = \"src\"\nunit = \"packets\"\nmatch = \"any\"\n";
+        let path = write(dir.path(), "limiter.toml", text);
+        let config = load(&path).unwrap();
+        let next = edited(
+            &config,
+            "a",
+            PolicyEdit { burst: Some(crate::config::BurstEdit::Default), ..PolicyEdit::default() },
+        );
+        save(&path, &next).unwrap();
+        // `src` and the defaults written out stay as the operator wrote them.
+        assert_eq!(fs::read_to_string(&path).unwrap(), text.replace("burst = 5\n", ""));
+    }
+
+    #[test]
+    fn a_new_file_gets_a_header_and_every_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/limiter.toml");
+        let edit = PolicyEdit { rate: Some("10/s".parse().unwrap()), ..PolicyEdit::default() };
+        let config = ConfigFile {
+            deny: vec!["198.51.100.0/24".parse().unwrap()],
+            policies: vec![
+                edit.apply(&"a".parse().unwrap(), None).unwrap(),
+                edit.apply(&"b".parse().unwrap(), None).unwrap(),
+            ],
+            ..ConfigFile::default()
+        };
+        save(&path, &config).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(HEADER), "{text}");
+        assert_eq!(load(&path).unwrap(), config, "{text}");
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, NEW_FILE_MODE);
+        let names: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("limiter.toml")], "nothing left beside it");
+        // Lists added after the policies go above them, the header stays on top, once.
+        let with_deny = ConfigFile { deny: vec!["203.0.113.0/24".parse().unwrap()], ..config.clone() };
+        save(&path, &with_deny).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with(&format!("{HEADER}\ndeny = [")), "{text}");
+        assert_eq!(text.matches(HEADER).count(), 1, "{text}");
+        // Emptied: the policies and lists go, the header stays, and the file says it has no rules.
+        save(&path, &ConfigFile::default()).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), format!("{HEADER}\npolicy = []\n"));
+        assert_eq!(load(&path).unwrap(), ConfigFile::default());
+    }
+
+    #[test]
+    fn a_symlink_is_followed_and_the_targets_mode_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("real")).unwrap();
+        let target = write(&dir.path().join("real"), "site.toml", OPERATOR);
+        fs::set_permissions(&target, fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("limiter.toml");
+        symlink("real/site.toml", &link).unwrap();
+        let config = load(&link).unwrap();
+        let next = edited(&config, "dns", PolicyEdit { rate: Some("7/s".parse().unwrap()), ..PolicyEdit::default() });
+        save(&link, &next).unwrap();
+        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("real/site.toml"));
+        assert!(fs::read_to_string(&target).unwrap().contains(r#"rate = "7/s""#));
+        assert_eq!(fs::metadata(&target).unwrap().mode() & 0o7777, 0o600);
+        let beside: Vec<_> = fs::read_dir(dir.path().join("real")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(beside.len(), 1, "{beside:?}");
+    }
+
+    #[test]
+    fn a_file_that_does_not_parse_is_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let broken = "[[policy]\nname = \"half-edited\"\n";
+        let path = write(dir.path(), "limiter.toml", broken);
+        let err = save(&path, &ConfigFile::default()).unwrap_err().to_string();
+        assert!(err.contains("limiter.toml:1:") && err.contains("not overwritten"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        assert_eq!(fs::read_to_string(&path).unwrap(), broken);
+    }
+
+    #[test]
+    fn a_leading_zero_in_the_file_is_refused_where_it_is() {
+        let text = "allow = [\n  \"198.19.0.0/16\",\n  \"010.1.1.0/24\",\n]\n";
+        match crate::config::parse(Path::new("c.toml"), text) {
+            Err(Error::Parse { line: 3, message, .. }) => assert!(message.contains("invalid CIDR"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn same_rules_ignores_order_spelling_and_repeats() {
+        let a = crate::config::parse(Path::new("a"), OPERATOR).unwrap();
+        let mut b = a.clone();
+        b.policies.reverse();
+        b.deny.reverse();
+        b.deny.push(b.deny[0]);
+        assert!(a.same_rules(&b));
+        b.deny.pop();
+        b.deny.pop();
+        assert!(!a.same_rules(&b));
+    }
+}
