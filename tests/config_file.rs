@@ -19,8 +19,8 @@ use limiter_tests::{
     rig::{Rig, flow_of},
 };
 
-/// Policies and lists survive a restart: stopped with SIGINT and started again on the same
-/// config, the daemon lists the same policies and lists, puts the same rules in the kernel (all
+/// Policies and lists survive a restart from the file alone: stopped with SIGINT, detached (so
+/// there is nothing to adopt) and started again on the same config, the daemon lists the same policies and lists, puts the same rules in the kernel (all
 /// but the salt), leaves the file alone, and enforces the same way.
 #[test]
 fn policies_and_lists_survive_a_restart() {
@@ -51,6 +51,8 @@ fn policies_and_lists_survive_a_restart() {
 
     let mut rig = rig;
     rig.daemon.stop_ok();
+    let detached = rig.scratch.detach(&rig.net.receiver).expect("limiter-ctl detach");
+    assert_eq!(detached.code, Some(0), "{detached:?}");
     rig.restart(&[]).expect("restarting the daemon");
     assert_eq!(rig.ctl_ok(&["policy", "list", "--json"]), listed, "`policy list --json` after the restart");
     assert_eq!((list_json(&rig, "allow"), list_json(&rig, "deny")), lists, "lists after the restart");
