@@ -101,7 +101,8 @@ pub(crate) struct DaemonArgs {
     /// Still missing then: exit 1, so a supervisor retries.
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_wait)]
     pub wait_iface: Duration,
-    /// Policies and lists, loaded at start, re-read on SIGHUP, rewritten on every change.
+    /// Policies and lists, loaded at start, re-read on SIGHUP, edited in place on every change
+    /// (comments, order, owner, mode and a symlink kept).
     #[arg(long, value_name = "PATH", default_value = config::DEFAULT_PATH)]
     pub config: PathBuf,
     /// Install (or replace) the policy "default", matching all traffic, at this rate per source.
@@ -170,7 +171,8 @@ pub(crate) enum SaltCommand {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum PolicyCommand {
-    /// Create a policy, or replace the one of that name (it keeps its buckets and counters).
+    /// Create a policy, or change the fields given of the one of that name (it keeps its buckets
+    /// and counters).
     Set(PolicySetArgs),
     /// Remove a policy: its traffic falls to the next matching policy, or passes.
     Rm { name: Name },

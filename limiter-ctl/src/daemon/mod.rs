@@ -44,7 +44,7 @@ use crate::{
 pub(crate) struct Options {
     /// The interface to protect, how long to wait for it to appear, and how to attach to it.
     pub iface: String, pub wait_iface: Duration, pub mode: ModeRequest,
-    /// The policies and lists; loaded at start, re-read on SIGHUP, rewritten on every change.
+    /// The policies and lists; loaded at start, re-read on SIGHUP, edited in place on every change.
     pub config: PathBuf,
     /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
     pub rate: Option<Rate>, pub burst: Option<u64>,
