@@ -1,10 +1,13 @@
-//! The packaging as an operator's tools see it: the systemd unit (`systemd-analyze verify` and
+//! The packaging as an operator's tools see it: the systemd units (`systemd-analyze verify` and
 //! `security`), the Kubernetes manifests (parsed as YAML, checked for what a kubelet needs), the
 //! shipped configs (parsed by the daemon's own parser), and the Debian package (built by
 //! `cargo xtask package`, installed with dpkg into a scratch root, its binary and man page run).
+//! On the real kernel (as root): a flood through a package upgrade and a purge, run by the
+//! package's own binary and maintainer scripts, and through a DaemonSet pod replacement, replayed
+//! the way a kubelet does it (there is no cluster here).
 //!
-//! Runs as any user and needs no kernel privileges. Needs cargo-deb, systemd-analyze, man and
-//! dpkg, which `cargo xtask setup` installs; none of these tests skips.
+//! The unprivileged tests run as any user. Needs cargo-deb, systemd-analyze, man and dpkg, which
+//! `cargo xtask setup` installs; none of these tests skips (the privileged ones need root).
 //!
 //! The package is installed with the real dpkg (`-i`: unpack and configure) under
 //! `--root=DIR --force-not-root --force-script-chrootless`: a chroot would need root and a shell
@@ -19,9 +22,19 @@ use std::{
     path::{Path, PathBuf},
     process::{Command, Output},
     sync::OnceLock,
+    time::Duration,
 };
 
 use limiter_ctl::config::{self, State};
+use limiter_tests::{
+    daemon::{Daemon, LEFT, Launch, SIGNAL_TIMEOUT, Scratch, net_command, program_counters, xdp_program_id},
+    flood::{Limits, Sources},
+    netns::{End, TestNet},
+    policies::{gcra, src},
+    require_root,
+    rig::{Rig, check_every_frame_judged, flow},
+};
+use nix::sys::signal::Signal;
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -76,9 +89,10 @@ fn deb() -> &'static Path {
     }
 }
 
-/// Stand-ins for the systemd tools the maintainer scripts call: each logs its arguments and
-/// succeeds, except that no unit counts as having been enabled (as on a fresh machine).
-const STUBBED: [&str; 3] = ["systemctl", "deb-systemd-helper", "deb-systemd-invoke"];
+/// Stand-ins for the systemd tools the maintainer scripts call (and for limiter-ctl, where a test
+/// points the prerm's detach at it): each logs its arguments and succeeds, except that no unit
+/// counts as having been enabled (as on a fresh machine).
+const STUBBED: [&str; 4] = ["systemctl", "deb-systemd-helper", "deb-systemd-invoke", "limiter-ctl"];
 const STUB: &str =
     "#!/bin/sh\necho \"$(basename \"$0\") $*\" >> \"$STUB_LOG\"\ncase \"$*\" in *was-enabled*) exit 1;; esac\nexit 0\n";
 
@@ -231,6 +245,38 @@ fn unit_passes_systemd_analyze_verify() {
     assert!(verify(&copy, &manpath).is_err(), "a misspelt key must fail the check");
 }
 
+/// The template: everything per instance comes from its name, it has the same hardening and
+/// lifecycle as limiter.service, and an instance of it passes `systemd-analyze verify`.
+#[test]
+fn template_unit_derives_everything_from_the_instance() {
+    let pkg = Installed::new();
+    let installed = read(&pkg.path("usr/lib/systemd/system/limiter@.service"));
+    assert_eq!(installed, read(&packaging("limiter@.service")), "the package must ship packaging/limiter@.service");
+    let single = read(&packaging("limiter.service"));
+    let (t, s) = (unit_section(&installed, "Service"), unit_section(&single, "Service"));
+    for (key, values) in &s {
+        if !["ExecStart", "EnvironmentFile"].contains(&key.as_str()) {
+            assert_eq!(t.get(key), Some(values), "{key} differs between limiter@.service and limiter.service");
+        }
+    }
+    let exec = one(&t, "ExecStart");
+    for part in [
+        "--socket=/run/limiter/%i.sock",
+        "--iface=%i",
+        "--config=/etc/limiter/%i.toml",
+        "--wait-iface=",
+        "--metrics=auto",
+    ] {
+        assert!(exec.contains(part), "ExecStart lacks {part}: {exec}");
+    }
+    assert!(!exec.contains("--pin-dir"), "pins go to <default pin dir>/%i: {exec}");
+    assert_eq!(one(&t, "EnvironmentFile"), "-/etc/default/limiter@%i");
+    let (_dir, copy) = verifiable_copy(&installed, &pkg.path("usr/sbin/limiter-ctl"));
+    let instance = copy.with_file_name("limiter@eth1.service");
+    fs::rename(&copy, &instance).expect("naming the instance");
+    verify(&instance, &pkg.path("usr/share/man")).unwrap_or_else(|e| panic!("systemd-analyze verify: {e}"));
+}
+
 #[test]
 fn unit_is_hardened_with_the_measured_capabilities() {
     let unit = read(&packaging("limiter.service"));
@@ -239,6 +285,10 @@ fn unit_is_hardened_with_the_measured_capabilities() {
     let expected: BTreeSet<String> = CAPABILITIES.iter().map(|c| format!("CAP_{c}")).collect();
     assert_eq!(caps("CapabilityBoundingSet"), expected);
     assert_eq!(caps("AmbientCapabilities"), expected);
+    assert_eq!(one(&service, "Type"), "notify", "`systemctl start` returns once the program is attached");
+    assert_eq!(one(&service, "NotifyAccess"), "main");
+    assert!(one(&service, "ExecStart").contains(" --wait-iface="), "a late interface must be waited for");
+    assert_eq!(one(&service, "RuntimeDirectoryPreserve"), "yes", "stopping one unit keeps the others' sockets");
     assert_eq!(one(&service, "Restart"), "on-failure", "the pinned program enforces while the daemon restarts");
     assert_eq!(one(&service, "RestartPreventExitStatus"), "2", "bad input is not retried");
     assert_eq!(one(&service, "ExecReload"), "/bin/kill -HUP $MAINPID");
@@ -439,6 +489,7 @@ fn deb_installs_with_dpkg_and_runs() {
     }
     assert_eq!(read(&pkg.path("etc/limiter/limiter.toml")), read(&packaging("limiter.toml")));
     assert_eq!(read(&pkg.path("etc/default/limiter")), read(&packaging("limiter.default")));
+    assert!(pkg.path("usr/lib/systemd/system/limiter@.service").is_file(), "no limiter@.service");
 
     let binary = pkg.path("usr/sbin/limiter-ctl");
     let mode = fs::metadata(&binary).expect("usr/sbin/limiter-ctl").permissions().mode();
@@ -489,32 +540,36 @@ fn man_page_renders() {
     }
 }
 
-/// Upgrading must not restart the daemon (SIGTERM detaches: a gap, and all state lost);
-/// removing the package must stop it (which detaches).
-#[test]
-fn upgrade_leaves_the_daemon_alone_and_removal_stops_it() {
-    let pkg = Installed::new();
-    // The real dpkg, upgrading in place. Its scripts call systemctl only where systemd runs
-    // (/run/systemd/system), so on a host without it this is a guard; the scripts run below as if
-    // systemd were running are the check that can fail here.
-    let calls = pkg.dpkg(&["-i", &deb().to_string_lossy()]);
-    for forbidden in ["stop", "restart", "kill", "start limiter"] {
-        assert!(
-            !calls.lines().any(|l| l.starts_with("deb-systemd-invoke") && l.contains(forbidden)),
-            "upgrade ran {calls}"
-        );
-        assert!(!calls.lines().any(|l| l.starts_with("systemctl") && l.contains(forbidden)), "upgrade ran {calls}");
+/// The package's maintainer scripts, extracted from the .deb, run as if systemd were running
+/// (they test for /run/systemd/system, which this machine may not have).
+struct Scripts {
+    control: tempfile::TempDir,
+    systemd_dir: tempfile::TempDir,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let control = tempfile::tempdir().expect("temp dir");
+        let out = run(Command::new("dpkg-deb").arg("-e").arg(deb()).arg(control.path()));
+        assert!(out.status.success(), "dpkg-deb -e: {}", text(&out.stderr));
+        Self { control, systemd_dir: tempfile::tempdir().expect("temp dir") }
     }
-    // The same scripts as if systemd were running (they test for /run/systemd/system).
-    let control = tempfile::tempdir().expect("temp dir");
-    let out = run(Command::new("dpkg-deb").arg("-e").arg(deb()).arg(control.path()));
-    assert!(out.status.success(), "dpkg-deb -e: {}", text(&out.stderr));
-    let systemd_dir = tempfile::tempdir().expect("temp dir");
-    let script = |name: &str, args: &[&str]| -> String {
-        let body =
-            read(&control.path().join(name)).replace("/run/systemd/system", &systemd_dir.path().to_string_lossy());
+
+    /// Runs script `name` with `args` (after replacing each `(from, to)` in its text) with the
+    /// stubs first on PATH, optionally in a test network namespace; returns the stub calls.
+    fn run(&self, pkg: &Installed, name: &str, args: &[&str], replace: &[(&str, String)], ns: Option<&End>) -> String {
+        let mut body = read(&self.control.path().join(name))
+            .replace("/run/systemd/system", &self.systemd_dir.path().to_string_lossy());
+        for (from, to) in replace {
+            assert!(body.contains(from), "{name} has no {from:?}");
+            body = body.replace(from, to);
+        }
         let _ = fs::remove_file(pkg.log());
-        let out = run(Command::new("sh")
+        let mut cmd = match ns {
+            Some(end) => net_command(end, "sh"),
+            None => Command::new("sh"),
+        };
+        let out = run(cmd
             .arg("-e")
             .arg("-c")
             .arg(&body)
@@ -522,24 +577,207 @@ fn upgrade_leaves_the_daemon_alone_and_removal_stops_it() {
             .args(args)
             .env("PATH", pkg.env_path())
             .env("STUB_LOG", pkg.log()));
-        assert!(out.status.success(), "{name} {args:?}: {}", text(&out.stderr));
+        assert!(out.status.success(), "{name} {args:?}: {}{}", text(&out.stdout), text(&out.stderr));
+        eprintln!("{name} {args:?}: {}{}", text(&out.stdout), text(&out.stderr));
         fs::read_to_string(pkg.log()).unwrap_or_default()
-    };
-    let upgrade = script("prerm", &["upgrade", "0.1.0-1"]) + &script("postinst", &["configure", "0.1.0-1"]);
+    }
+}
+
+/// An upgrade restarts the running units (try-restart: each daemon leaves its program pinned
+/// and the new binary adopts it) and nothing else; a fresh install starts and enables nothing;
+/// removing the package stops the units and then detaches every interface (stopping alone
+/// leaves the programs enforcing).
+#[test]
+fn upgrade_try_restarts_and_removal_detaches() {
+    let pkg = Installed::new();
+    // The real dpkg, upgrading in place. Its scripts call systemctl only where systemd runs
+    // (/run/systemd/system), so on a host without it this is a guard; the scripts run below as if
+    // systemd were running are the check that can fail here.
+    let calls = pkg.dpkg(&["-i", &deb().to_string_lossy()]);
+    for forbidden in ["stop", "kill", "start limiter"] {
+        assert!(!calls.lines().any(|l| l.contains(forbidden)), "upgrade ran {calls}");
+    }
+    let scripts = Scripts::new();
+    let stub_ctl = (LIMITER_CTL, pkg.dir.path().join("stubs/limiter-ctl").display().to_string());
+    let upgrade = scripts.run(&pkg, "prerm", &["upgrade", "0.1.0-1"], &[], None)
+        + &scripts.run(&pkg, "postinst", &["configure", "0.1.0-1"], &[], None);
     assert!(
-        !upgrade.contains("stop") && !upgrade.contains("restart") && !upgrade.contains("kill"),
+        !upgrade.contains("stop") && !upgrade.contains("kill") && !upgrade.contains("detach"),
         "upgrade: {upgrade}"
     );
     assert!(upgrade.contains("systemctl --system daemon-reload"), "the next start must use the new unit: {upgrade}");
-    let install = script("postinst", &["configure", ""]);
     assert!(
-        !install.contains(" start") && !install.contains("helper enable"),
+        upgrade.lines().any(|l| l == "systemctl try-restart limiter.service limiter@*.service"),
+        "an upgrade must restart the running daemons onto the new binary: {upgrade}"
+    );
+    let install = scripts.run(&pkg, "postinst", &["configure", ""], &[], None);
+    assert!(
+        !install.contains("start") && !install.contains("helper enable"),
         "a fresh install must not start or enable: {install}"
     );
-    let remove = script("prerm", &["remove"]);
-    assert_eq!(remove.trim(), "deb-systemd-invoke stop limiter.service");
+    let remove = scripts.run(&pkg, "prerm", &["remove"], std::slice::from_ref(&stub_ctl), None);
+    let lines: Vec<&str> = remove.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "deb-systemd-invoke stop limiter.service",
+            "systemctl stop limiter@*.service",
+            "limiter-ctl detach --all --force"
+        ],
+        "removal: stop the units, then detach every interface"
+    );
     // And the package comes off cleanly, conffiles staying until purge.
     pkg.dpkg(&["--remove", "limiter"]);
     assert!(!pkg.path("usr/sbin/limiter-ctl").exists());
     assert!(pkg.path("etc/limiter/limiter.toml").exists());
+}
+
+/// Where the maintainer scripts call the binary.
+const LIMITER_CTL: &str = "/usr/sbin/limiter-ctl";
+
+/// The daemon's flags in the flood tests below.
+const FLOOD_ARGS: [&str; 8] = ["--rate", "1000/s", "--burst", "400", "--buckets", "1024", "--metrics", "off"];
+
+/// A flood through a package upgrade, with the package's own binary and scripts: the installed
+/// daemon runs; dpkg upgrades the package under it; the postinst asks for a try-restart, which
+/// is replayed as systemd does it (SIGTERM, wait for the exit, start the unit's command again,
+/// now the new binary). Every frame of the flood was judged by a limiter program, the counters
+/// went on, and what got through is within the GCRA bound over the whole run. Then removal (the
+/// prerm, its detach pointed at this test's pin directory) stops the daemon and detaches, and a
+/// purge leaves no program on the interface and no pins.
+#[test]
+fn a_flood_through_an_upgrade_and_a_purge() {
+    require_root!();
+    let pkg = Installed::new();
+    let bin = pkg.path("usr/sbin/limiter-ctl");
+    let net = TestNet::new().expect("test network");
+    let scratch = Scratch::new().expect("scratch");
+    let launch = || Launch { bin: Some(bin.clone()), ..Launch::default() };
+    let mut rig =
+        Rig { daemon: Daemon::launch(&net.receiver, &scratch, &FLOOD_ARGS, launch()).expect("daemon"), scratch, net };
+    rig.daemon.wait_attached(&rig.net.receiver).expect("attached");
+    let iface = rig.net.receiver.iface.clone();
+    let id = rig.policy_id("default");
+    let p1 = rig.daemon.program().expect("program");
+    let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
+    let flow = flow(&stream, src("198.19.1.1"));
+    let flooding = rig
+        .start_counted_flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_secs(60)), None)
+        .expect("flood");
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The upgrade: files replaced under the running daemon, then the postinst.
+    pkg.dpkg(&["-i", &deb().to_string_lossy()]);
+    let scripts = Scripts::new();
+    let calls = scripts.run(&pkg, "postinst", &["configure", "0.1.0-1"], &[], None);
+    assert!(calls.contains("systemctl try-restart limiter.service"), "{calls}");
+    // What systemd's try-restart does to a running unit: stop (SIGTERM, wait), then start.
+    rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
+    let status = rig.daemon.wait_exit(SIGNAL_TIMEOUT).expect("exit");
+    assert!(status.success() && rig.daemon.output().contains(LEFT), "{status}\n{}", rig.daemon.output());
+    rig.daemon = Daemon::launch(&rig.net.receiver, &rig.scratch, &FLOOD_ARGS, launch()).expect("daemon");
+    let line = rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("after the upgrade: {line}");
+    let p2 = rig.daemon.program().expect("program");
+    assert_ne!(p1, p2);
+    std::thread::sleep(Duration::from_millis(300));
+    flooding.stop();
+    let run = flooding.finish().expect("flood");
+    let before = run.counted.as_ref().expect("baseline")[usize::from(id)].clone();
+    let after = program_counters(p2, id).expect("counters");
+    check_every_frame_judged("through the upgrade", &run, &flow, &before, &after, &gcra(1000, 400));
+
+    // Removal: the prerm's detach, on this test's pins, in this test's network namespace.
+    let detach = (
+        "/usr/sbin/limiter-ctl detach --all",
+        format!("{} detach --pin-dir {} --all", bin.display(), rig.scratch.pins().display()),
+    );
+    scripts.run(&pkg, "prerm", &["remove"], &[detach], Some(&rig.net.receiver));
+    let status = rig.daemon.wait_exit(SIGNAL_TIMEOUT).expect("the daemon should have been stopped");
+    assert!(status.success(), "{status}: {}", rig.daemon.output());
+    pkg.dpkg(&["--purge", "limiter"]);
+    assert!(!bin.exists());
+    assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None, "a program is attached after the purge");
+    assert!(!rig.scratch.pin_dir(&iface).exists(), "pins after the purge: {:?}", rig.scratch.pinned(&iface));
+}
+
+/// A DaemonSet pod replacement, replayed as a kubelet does it (there is no cluster here): the
+/// old container gets SIGTERM and has terminationGracePeriodSeconds to exit; the new container
+/// starts in a mount and pid namespace of its own (`unshare --mount --pid --fork`) with the host's
+/// bpffs bind-mounted at the container's mount path from the manifest's hostPath volume, and the
+/// manifest's --pin-dir under it. Under a flood: every frame judged, counters and salt carried
+/// over, within the GCRA bound over the whole run.
+#[test]
+fn a_daemonset_pod_replacement_keeps_enforcing() {
+    require_root!();
+    let docs = yaml_documents(&packaging("kubernetes/daemonset.yaml"));
+    let ds = kind(&docs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let grace =
+        Duration::from_secs(pod["terminationGracePeriodSeconds"].as_u64().expect("terminationGracePeriodSeconds"));
+    let c = &array_at(pod, "/containers")[0];
+    let args: Vec<&str> = array_at(c, "/args").iter().filter_map(Value::as_str).collect();
+    let volumes: BTreeMap<&str, &Value> = array_at(pod, "/volumes").iter().map(|v| (str_at(v, "/name"), v)).collect();
+    let (mount_path, host_path) = array_at(c, "/volumeMounts")
+        .iter()
+        .find_map(|m| {
+            let host = volumes[str_at(m, "/name")].pointer("/hostPath/path").and_then(Value::as_str)?;
+            (host == "/sys/fs/bpf").then(|| (str_at(m, "/mountPath"), host))
+        })
+        .expect("a mount of the host's bpffs");
+    let pin_dir = flag(&args, "pin-dir");
+    assert!(pin_dir.starts_with(&format!("{mount_path}/")), "--pin-dir={pin_dir} is not under {mount_path}");
+    assert!(args.contains(&"--wait-iface=5min"), "{args:?}");
+
+    let net = TestNet::new().expect("test network");
+    let scratch = Scratch::new().expect("scratch");
+    // The container's mount path, inside the test's scratch directory (the container's root is
+    // the host's here); the manifest's pin directory name is replaced by the scratch's own, so
+    // the pins land where the harness cleans up.
+    let container_mount = scratch.path().join(mount_path.trim_start_matches('/'));
+    fs::create_dir_all(&container_mount).expect("mount point");
+    let pins_in_container = container_mount.join(scratch.pins().file_name().expect("name"));
+    let pod_launch = |host_path: String, at: PathBuf, pins: PathBuf| Launch {
+        pin_dir: Some(pins),
+        wrap: Some(Box::new(move |cmd: Command| {
+            let mut pod = Command::new("unshare");
+            pod.args(["--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c"])
+                .arg("mount --bind \"$0\" \"$1\" && shift && exec \"$@\"")
+                .arg(&host_path)
+                .arg(&at)
+                .arg(cmd.get_program())
+                .args(cmd.get_args());
+            pod
+        })),
+        ..Launch::default()
+    };
+    let new_pod = || pod_launch(host_path.to_string(), container_mount.clone(), pins_in_container.clone());
+    let mut rig =
+        Rig { daemon: Daemon::launch(&net.receiver, &scratch, &FLOOD_ARGS, new_pod()).expect("pod"), scratch, net };
+    rig.daemon.wait_attached(&rig.net.receiver).expect("attached");
+    let iface = rig.net.receiver.iface.clone();
+    assert!(rig.scratch.pin_dir(&iface).join("link").exists(), "the pod's pins are not on the host's bpffs");
+    let id = rig.policy_id("default");
+    let salts = rig.snapshot().rules.config.salts;
+    let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
+    let flow = flow(&stream, src("198.19.1.1"));
+    let flooding = rig
+        .start_counted_flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_secs(60)), None)
+        .expect("flood");
+    std::thread::sleep(Duration::from_millis(300));
+
+    rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
+    let status = rig.daemon.wait_exit(grace).expect("the old pod should exit within its grace period");
+    assert!(status.success() && rig.daemon.output().contains(LEFT), "{status}\n{}", rig.daemon.output());
+    rig.daemon = Daemon::launch(&rig.net.receiver, &rig.scratch, &FLOOD_ARGS, new_pod()).expect("pod");
+    let line = rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("the new pod: {line}");
+    assert_eq!(rig.snapshot().rules.config.salts, salts, "the salt did not carry over");
+    std::thread::sleep(Duration::from_millis(300));
+    flooding.stop();
+    let run = flooding.finish().expect("flood");
+    let p2 = rig.daemon.program().expect("program");
+    let before = run.counted.as_ref().expect("baseline")[usize::from(id)].clone();
+    let after = program_counters(p2, id).expect("counters");
+    check_every_frame_judged("through the pod replacement", &run, &flow, &before, &after, &gcra(1000, 400));
 }
