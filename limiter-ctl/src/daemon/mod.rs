@@ -138,7 +138,9 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         Ok(started) => started,
         Err(e) => {
             // The limiter this start loaded is gone by now: unpinning releases its link.
-            if made.pins && let Err(e) = pins.remove_pins() {
+            if made.pins
+                && let Err(e) = pins.remove_pins()
+            {
                 warn!(error = %e, "removing the pins of the failed start");
             }
             if made.socket {
@@ -177,7 +179,9 @@ fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> 
         Some(found) if Some(found.id) == ours => {
             info!(iface, pins = %pins.dir().display(), "left attached and pinned, enforcing: the next daemon adopts it (buckets, counters and salt); `limiter-ctl detach --iface {iface}` takes it off");
             if mounted {
-                warn!("the pins are on the bpffs this daemon mounted: if that mount goes (a mount namespace of the daemon's own), the program goes with it");
+                warn!(
+                    "the pins are on the bpffs this daemon mounted: if that mount goes (a mount namespace of the daemon's own), the program goes with it"
+                );
             }
             Ok(())
         }
@@ -296,4 +300,20 @@ async fn start(
     // Ready only now: `systemctl start` returning means the program is attached.
     notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
     Ok((daemon, listener, refusals))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_metrics_port;
+
+    #[test]
+    fn the_auto_metrics_port_is_derived_from_the_name_alone() {
+        // FNV-1a-32("eth0") = 0x67b1_9724 (computed apart, from the published constants).
+        assert_eq!(auto_metrics_port("eth0"), 9465 + (0x67b1_9724_u32 % 535) as u16);
+        assert_eq!(auto_metrics_port("eth0"), auto_metrics_port("eth0"));
+        assert_ne!(auto_metrics_port("eth0"), auto_metrics_port("eth1"));
+        for name in ["lo", "eth0", "ens3", "enp1s0f0", "enp1s0f1", "bond0.100", "a-very-long-name"] {
+            assert!((9465..=9999).contains(&auto_metrics_port(name)), "{name}");
+        }
+    }
 }

@@ -66,7 +66,8 @@ impl PinDir {
     /// naming its pid, having changed nothing. The claim says which directories it created, so
     /// a start that fails can take them away again.
     pub fn claim(&self) -> Result<Claim, Error> {
-        let mut created: Vec<PathBuf> = self.dir.ancestors().take(2).filter(|d| !d.exists()).map(Path::to_path_buf).collect();
+        let mut created: Vec<PathBuf> =
+            self.dir.ancestors().take(2).filter(|d| !d.exists()).map(Path::to_path_buf).collect();
         let mounted = self.prepare()?;
         // A detach that holds the lock removes the directory; whoever locked the old inode must
         // lock the new directory instead. Three rounds: a detach that keeps racing is a bug.
@@ -279,7 +280,11 @@ pub(crate) fn detach(root: &Path, iface: &str, force: bool) -> Result<String, Er
     }
     let mut report = String::new();
     let open = || {
-        File::open(pins.dir()).map_err(|error| Error::PinFile { doing: "opening", path: pins.dir().to_path_buf(), error })
+        File::open(pins.dir()).map_err(|error| Error::PinFile {
+            doing: "opening",
+            path: pins.dir().to_path_buf(),
+            error,
+        })
     };
     let _lock = match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => lock,
@@ -312,7 +317,8 @@ pub(crate) fn detach(root: &Path, iface: &str, force: bool) -> Result<String, Er
 fn wait_for_lock(dir: &Path, pid: u32) -> Result<Flock<File>, Error> {
     let start = Instant::now();
     loop {
-        let file = File::open(dir).map_err(|error| Error::PinFile { doing: "opening", path: dir.to_path_buf(), error })?;
+        let file =
+            File::open(dir).map_err(|error| Error::PinFile { doing: "opening", path: dir.to_path_buf(), error })?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => return Ok(lock),
             Err((_, Errno::EWOULDBLOCK)) if start.elapsed() < OWNER_EXIT => {
@@ -459,4 +465,23 @@ fn query_xdp(index: u32) -> io::Result<Option<(u32, &'static str)>> {
         (None, None) => None,
         (mode, id) => Some((id.unwrap_or(0), mode.unwrap_or("native"))),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_holder_of_a_directory_lock_is_found_in_proc_locks() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert_eq!(lock_owner(dir.path()), Owner(None), "nobody holds it yet");
+        let held = Flock::lock(File::open(dir.path()).expect("open"), FlockArg::LockExclusiveNonblock).expect("lock");
+        assert_eq!(lock_owner(dir.path()), Owner(Some(std::process::id())));
+        // A second open file description is refused while the first holds it, as a second daemon is.
+        let again = Flock::lock(File::open(dir.path()).expect("open"), FlockArg::LockExclusiveNonblock);
+        assert!(matches!(again, Err((_, Errno::EWOULDBLOCK))), "a second lock was granted");
+        drop(held);
+        assert_eq!(lock_owner(dir.path()), Owner(None), "released with the descriptor");
+        assert_eq!(Owner(Some(42)).to_string(), "pid 42");
+    }
 }
