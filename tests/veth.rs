@@ -129,9 +129,10 @@ fn spoofed_sources_share_allowances_by_predicted_bucket() {
 }
 
 /// The real daemon in the receiver's namespace: it attaches natively, holds a flood to its
-/// configured rate, and on SIGINT detaches, says so and exits 0, leaving no XDP program behind.
+/// configured rate, and on SIGINT exits 0 leaving the program attached and pinned (and says
+/// so); `limiter-ctl detach` then leaves no XDP program behind.
 #[test]
-fn daemon_limits_a_flood_and_detaches_on_sigint() {
+fn daemon_limits_a_flood_and_leaves_it_enforcing_on_sigint() {
     require_root!();
     let net = TestNet::new().expect("test network");
     let scratch = Scratch::new().expect("scratch directory");

@@ -67,8 +67,13 @@ impl PinDir {
     /// a start that fails can take them away again.
     pub fn claim(&self) -> Result<Claim, Error> {
         let mut created: Vec<PathBuf> =
-            self.dir.ancestors().take(2).filter(|d| !d.exists()).map(Path::to_path_buf).collect();
-        let mounted = self.prepare()?;
+            self.dir.ancestors().take_while(|d| !d.exists()).map(Path::to_path_buf).collect();
+        let mounted = self.prepare().inspect_err(|_| {
+            // Not bpffs (or not creatable): take back the directories made on the way.
+            for dir in &created {
+                let _ = std::fs::remove_dir(dir);
+            }
+        })?;
         // A detach that holds the lock removes the directory; whoever locked the old inode must
         // lock the new directory instead. Three rounds: a detach that keeps racing is a bug.
         for _ in 0..3 {
@@ -177,7 +182,7 @@ impl PinDir {
 #[derive(Debug)]
 pub(crate) struct Claim {
     _lock: Flock<File>,
-    /// The directories the claim made (the interface's, and the root if it was missing too).
+    /// The directories the claim made (the interface's, and those above it that were missing).
     created: Vec<PathBuf>,
     /// Set when bpffs had to be mounted first: what was done.
     mounted: Option<String>,
