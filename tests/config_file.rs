@@ -83,7 +83,7 @@ fn check_enforced(rig: &Rig, a: &Pol, streams: &[Stream; 5], round: &str) {
 }
 
 /// SIGHUP re-reads the file: a valid hand edit is applied (listed, in the kernel, enforced); an
-/// edit that does not parse or does not validate is refused with "reload failed", the running
+/// edit that does not parse or does not validate is refused with "reload refused", the running
 /// rules stay exactly as they were, and the daemon keeps serving.
 #[test]
 fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
@@ -126,7 +126,7 @@ fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
         let listed = rig.ctl_ok(&["policy", "list", "--json"]);
         let rules = rig.snapshot().rules;
         std::fs::write(rig.scratch.config(), text).expect("editing the config");
-        rig.hup("reload failed");
+        rig.hup("reload refused");
         assert!(rig.daemon.is_running(), "{what}: the daemon exited:\n{}", rig.daemon.output());
         assert_eq!(rig.snapshot().rules, rules, "{what}: the kernel rules changed");
         assert_eq!(rig.ctl_ok(&["policy", "list", "--json"]), listed, "{what}: `policy list --json` changed");

@@ -40,7 +40,7 @@ use serde_json::Value;
 /// How fast /metrics must answer, also under a flood.
 const SCRAPE_BUDGET: Duration = Duration::from_millis(100);
 /// The label keys a metric may carry: never one per source.
-const LABEL_KEYS: [&str; 4] = ["policy", "decision", "reason", "mode"];
+const LABEL_KEYS: [&str; 5] = ["policy", "decision", "reason", "mode", "result"];
 
 /// A network `ADDR/LEN` as `top` prints it (host bits zero).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -672,7 +672,8 @@ fn metrics_carry_no_label_per_source() {
         assert!(!body.contains(needle), "an address in /metrics ({needle}):\n{body}");
     }
     // The series: 5 packet and 3 byte decisions per policy, 4 unjudged reasons, 2 drop reasons, errors, mode,
-    // policy count, salt age, occupancy. The sources do not add any.
+    // policy count, salt age, occupancy, 2 reload results, the last reload's outcome and time. The sources do
+    // not add any.
     let names: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
     let expected: BTreeSet<&str> = [
         "limiter_packets_total",
@@ -684,10 +685,13 @@ fn metrics_carry_no_label_per_source() {
         "limiter_policies",
         "limiter_salt_age_seconds",
         "limiter_bucket_occupancy_ratio",
+        "limiter_config_reloads_total",
+        "limiter_config_last_reload_successful",
+        "limiter_config_last_reload_success_timestamp_seconds",
     ]
     .into();
     assert_eq!(names, expected, "metric families");
-    assert_eq!(samples.len(), 3 * (5 + 3) + 4 + 2 + 4 + 1, "series count:\n{body}");
+    assert_eq!(samples.len(), 3 * (5 + 3) + 4 + 2 + 4 + 1 + 2 + 2, "series count:\n{body}");
     // The flood did reach every policy, so the labels were tested with traffic behind them.
     assert!(packets(&samples, "per-source", "refused") > 0 && packets(&samples, "per-net", "refused") > 0);
     assert!(packets(&samples, "watch", "dry_run") > 0 && packets(&samples, "per-source", "allowed") > 0);

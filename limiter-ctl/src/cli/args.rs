@@ -58,6 +58,17 @@ pub(crate) enum Command {
     /// The secret salt that hashes sources into buckets.
     #[command(subcommand)]
     Salt(SaltCommand),
+    /// Make the daemon re-read its config file, and say whether it applied it.
+    ///
+    /// What SIGHUP does, with an answer: exit 0 when applied; exit 2, with the reason, when the
+    /// file was refused (missing, empty, not a regular file, unreadable, not parsing or not
+    /// validating, or without any rule while rules run, unless it says `policy = []`); the
+    /// running config then stays. Exit 1 when the daemon could not be asked or failed. For
+    /// `ExecReload=` (`systemctl reload limiter`).
+    Reload,
+    /// Check config files without a daemon.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Take the limiter off an interface: unpin its program and maps, with all its state.
     ///
     /// The one step that removes the limiter: stopping or restarting the daemon leaves the
@@ -101,8 +112,8 @@ pub(crate) struct DaemonArgs {
     /// Still missing then: exit 1, so a supervisor retries.
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_wait)]
     pub wait_iface: Duration,
-    /// Policies and lists, loaded at start, re-read on SIGHUP, edited in place on every change
-    /// (comments, order, owner, mode and a symlink kept).
+    /// Policies and lists, loaded at start, re-read on `limiter-ctl reload` or SIGHUP, edited in
+    /// place on every change (comments, order, owner, mode and a symlink kept).
     #[arg(long, value_name = "PATH", default_value = config::DEFAULT_PATH)]
     pub config: PathBuf,
     /// Install (or replace) the policy "default", matching all traffic, at this rate per source.
@@ -161,6 +172,20 @@ fn parse_sample(s: &str) -> Result<u32, String> {
         Ok(n) if n == 0 || (n.is_power_of_two() && n <= 1 << 20) => Ok(n),
         _ => Err(format!("invalid sample rate '{s}': expected 0 (none) or a power of two up to 1048576, such as 256")),
     }
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Read, parse and validate a config file as the daemon would, touching nothing (like
+    /// `nft -c -f`): exit 0 with a one-line summary, or exit 2 with PATH:LINE:COL: what is wrong.
+    Check {
+        /// The file to check.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Check byte policies' bursts against this interface's MTU [default: a 1500-byte MTU].
+        #[arg(long, value_name = "IFACE")]
+        iface: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

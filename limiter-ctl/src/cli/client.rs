@@ -32,8 +32,15 @@ pub(super) fn call(socket: &Path, request: &Request) -> Result<Response, ClientE
     stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(io_err)?;
     let mut line = serde_json::to_string(request).map_err(|e| io_err(io::Error::other(e)))?;
     line.push('\n');
-    (&stream).write_all(line.as_bytes()).map_err(io_err)?;
+    let sent = (&stream).write_all(line.as_bytes());
+    // A daemon that refuses the connection (too many open) answers and closes before reading:
+    // its answer is still there to read after the write failed.
     let mut reply = String::new();
-    BufReader::new(&stream).read_line(&mut reply).map_err(io_err)?;
+    let read = BufReader::new(&stream).read_line(&mut reply);
+    match (sent, read) {
+        (Err(e), _) if reply.is_empty() => return Err(io_err(e)),
+        (_, Err(e)) => return Err(io_err(e)),
+        _ => {}
+    }
     serde_json::from_str(&reply).map_err(|source| ClientError::Protocol { path: socket.to_path_buf(), source })
 }

@@ -11,15 +11,15 @@ mod show;
 
 use std::{io::Write as _, process::ExitCode};
 
-use args::{Cli, Command, ListCommand, PolicyCommand, SaltCommand};
+use args::{Cli, Command, ConfigCommand, ListCommand, PolicyCommand, SaltCommand};
 use clap::{CommandFactory as _, Parser as _};
 use client::ClientError;
 
 use crate::{
-    config::List,
+    config::{self, List},
     daemon::{
         self,
-        ipc::{PolicyStatus, Request, Response},
+        ipc::{PolicyStatus, Reloaded, Request, Response},
         stats, top,
     },
     kernel::{self, pins},
@@ -52,13 +52,27 @@ pub(crate) enum Error {
     ManPages(std::io::Error),
     #[error("starting the async runtime failed: {0}")]
     Runtime(std::io::Error),
+    /// `config check`: the file cannot be read or does not parse (the error names the file).
+    #[error(transparent)]
+    BadFile(config::Error),
+    /// `config check`: the file parses but does not validate; where, if the error names a place.
+    #[error("{}: {error}", place(path, *at))]
+    Invalid { path: std::path::PathBuf, at: Option<(usize, usize)>, error: config::Error },
+}
+
+/// PATH:LINE:COL, or PATH alone.
+fn place(path: &std::path::Path, at: Option<(usize, usize)>) -> String {
+    match at {
+        Some((line, column)) => format!("{}:{line}:{column}", path.display()),
+        None => path.display().to_string(),
+    }
 }
 
 /// The exit code of an error: 2 for bad input, 1 for a failure.
 fn exit_code(e: &Error) -> u8 {
     use daemon::Error as D;
     match e {
-        Error::Refused(_) => BAD_INPUT,
+        Error::Refused(_) | Error::BadFile(_) | Error::Invalid { .. } => BAD_INPUT,
         Error::Daemon(d) => match **d {
             D::File(_) | D::Config { .. } | D::DefaultPolicy(_) | D::NoSuchInterface(_) => BAD_INPUT,
             _ => FAILED,
@@ -88,6 +102,8 @@ fn fail(e: &Error) -> ExitCode {
             }
             eprintln!("error: {line}");
         }
+        // PATH:LINE:COL first, as compilers put it, for editors to jump to.
+        Error::BadFile(_) | Error::Invalid { .. } => eprintln!("{e}"),
         _ => eprintln!("error: {e}"),
     }
     ExitCode::from(code)
@@ -127,6 +143,23 @@ pub fn main() -> ExitCode {
             render::<top::Report>(data, json, |report| show::top(&report))
         }),
         Command::Salt(SaltCommand::Rotate) => client(&cli.socket, Request::SaltRotate, |_| Ok("salt rotated\n".into())),
+        Command::Reload => client(&cli.socket, Request::Reload, |data| {
+            let r: Reloaded = serde_json::from_value(data).map_err(Error::Unexpected)?;
+            Ok(format!(
+                "reloaded {}: {} policies, {} allow and {} deny entries\n",
+                r.config.display(),
+                r.policies,
+                r.allow,
+                r.deny
+            ))
+        }),
+        Command::Config(ConfigCommand::Check { file, iface }) => match config_check(&file, iface.as_deref()) {
+            Ok(summary) => {
+                println!("{summary}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
         Command::Detach { iface, all, force, pin_dir } => {
             let result = match iface {
                 Some(iface) if !all => pins::detach(&pin_dir, &iface, force),
@@ -194,6 +227,33 @@ fn run_daemon(args: args::DaemonArgs, socket: &std::path::Path) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&Error::Daemon(Box::new(e))),
     }
+}
+
+/// `config check FILE`: the file read, parsed and validated as the daemon reads a config (at
+/// start and on reload), with no daemon and no kernel; a one-line summary.
+fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<String, Error> {
+    let max_frame = match iface {
+        None => config::DEFAULT_MAX_FRAME,
+        Some(iface) => kernel::interface_mtu(iface)
+            .map(config::max_frame_for_mtu)
+            .ok_or_else(|| Error::Daemon(Box::new(daemon::Error::NoSuchInterface(iface.to_string()))))?,
+    };
+    let text = config::read(path).map_err(Error::BadFile)?;
+    let file = config::parse(path, &text).map_err(Error::BadFile)?;
+    if let Err(error) = config::State::build_for(&file, &Default::default(), max_frame) {
+        return Err(Error::Invalid { path: path.to_path_buf(), at: config::position(&text, &error), error });
+    }
+    let mut summary = format!(
+        "{}: ok: {} policies, {} allow and {} deny entries",
+        path.display(),
+        file.policies.len(),
+        file.allow.len(),
+        file.deny.len()
+    );
+    if file.has_no_rules() && !config::says_no_rules(&text) {
+        summary.push_str(" (no rules: a reload onto it is refused while rules run, unless it says `policy = []`)");
+    }
+    Ok(summary)
 }
 
 /// `stats`, once or (`--watch`) redrawn once a second until interrupted.

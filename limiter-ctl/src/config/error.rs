@@ -16,6 +16,19 @@ pub enum Error {
     Read { path: PathBuf, source: io::Error },
     #[error("writing {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
+    #[error("{path} does not exist")]
+    Missing { path: PathBuf },
+    #[error("{path} is {kind}, not a regular file")]
+    NotAFile { path: PathBuf, kind: &'static str },
+    #[error("{path} is {size} bytes, more than a config may be ({max} bytes)")]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
+    #[error("{path} is empty (a config without rules says so: `policy = []`)")]
+    Empty { path: PathBuf },
+    #[error(
+        "{path} has no policy and no allow/deny entry: it would remove every rule; if that is meant, \
+         write `policy = []` in it"
+    )]
+    NoRules { path: PathBuf },
     #[error("policy '{0}' is defined twice")]
     DefinedTwice(Name),
     #[error("no policy named '{0}' (see `limiter-ctl policy list`)")]

@@ -95,13 +95,126 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
-/// Loads the config; a missing file is an empty config.
-pub fn load(path: &Path) -> Result<ConfigFile, Error> {
-    match fs::read_to_string(path) {
-        Ok(text) => parse(path, &text),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(ConfigFile::default()),
-        Err(source) => Err(Error::Read { path: path.to_path_buf(), source }),
+/// The largest config read: 256 policies and 2 x 16384 list entries take well under 2 MiB.
+pub const MAX_FILE_BYTES: u64 = 8 << 20;
+
+/// Reads the config file's text, refusing anything that is not a config: a missing file, one
+/// that is not a regular file (a FIFO, a directory, a device), one larger than
+/// [`MAX_FILE_BYTES`], one that is not UTF-8, one with nothing in it but whitespace.
+///
+/// It never blocks: the file is opened with O_NONBLOCK (opening a FIFO would otherwise wait for
+/// a writer) and its type checked on the open descriptor (fstat) before a byte is read.
+pub fn read(path: &Path) -> Result<String, Error> {
+    use std::{
+        io::Read as _,
+        os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _},
+    };
+    let rerr = |source| Error::Read { path: path.to_path_buf(), source };
+    let flags = nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_NOCTTY;
+    let file = match fs::OpenOptions::new().read(true).custom_flags(flags.bits()).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Error::Missing { path: path.to_path_buf() }),
+        Err(e) => return Err(rerr(e)),
+    };
+    let meta = file.metadata().map_err(rerr)?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let kind = match () {
+            _ if kind.is_dir() => "a directory",
+            _ if kind.is_fifo() => "a FIFO",
+            _ if kind.is_socket() => "a socket",
+            _ if kind.is_char_device() => "a character device",
+            _ if kind.is_block_device() => "a block device",
+            _ => "not a regular file",
+        };
+        return Err(Error::NotAFile { path: path.to_path_buf(), kind });
     }
+    let too_large = |size| Error::TooLarge { path: path.to_path_buf(), size, max: MAX_FILE_BYTES };
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_large(meta.len()));
+    }
+    // Capped again while reading: the file may grow between the fstat and the read.
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(rerr)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large(bytes.len() as u64));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|e| rerr(io::Error::new(io::ErrorKind::InvalidData, format!("not UTF-8 text ({e})"))))?;
+    if text.trim().is_empty() {
+        return Err(Error::Empty { path: path.to_path_buf() });
+    }
+    Ok(text)
+}
+
+/// Loads the config at start: [`read`] and [`parse`], except that a missing file is an empty
+/// config (a first start; the daemon writes the file). An empty or non-regular file is refused.
+pub fn load(path: &Path) -> Result<ConfigFile, Error> {
+    match read(path) {
+        Ok(text) => parse(path, &text),
+        Err(Error::Missing { .. }) => Ok(ConfigFile::default()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Loads the config for a reload: [`read`] and [`parse`], a missing file refused like an empty
+/// one. Returns the text too, for [`says_no_rules`].
+pub fn load_existing(path: &Path) -> Result<(ConfigFile, String), Error> {
+    let text = read(path)?;
+    Ok((parse(path, &text)?, text))
+}
+
+/// Whether the text says, explicitly, that it has no policies: `policy = []`. A reload onto a
+/// file without rules is refused unless it does (see docs/OPERATIONS.md, "Reload").
+pub fn says_no_rules(text: &str) -> bool {
+    text.parse::<toml::Table>()
+        .ok()
+        .and_then(|t| t.get("policy").and_then(|p| p.as_array().map(Vec::is_empty)))
+        .unwrap_or(false)
+}
+
+impl ConfigFile {
+    /// No policy and no list entry.
+    pub fn has_no_rules(&self) -> bool {
+        self.policies.is_empty() && self.allow.is_empty() && self.deny.is_empty()
+    }
+}
+
+/// Where in `text` (line, column) the thing a validation error names is: the `name` of the
+/// policy it is about (for a policy defined twice, its second definition), or the list entry.
+/// None for errors about the whole file, and for text that does not parse.
+pub fn position(text: &str, error: &Error) -> Option<(usize, usize)> {
+    use toml::de::{DeTable, DeValue};
+    let root = DeTable::parse(text).ok()?;
+    let get = |key: &str| root.get_ref().iter().find(|(k, _)| k.get_ref() == key).map(|(_, v)| v);
+    let items = |key: &str| match get(key).map(|v| v.get_ref()) {
+        Some(DeValue::Array(items)) => items.iter().collect::<Vec<_>>(),
+        _ => Vec::new(),
+    };
+    let policy_names = |name: &Name| {
+        items("policy")
+            .into_iter()
+            .filter_map(|item| match item.get_ref() {
+                DeValue::Table(t) => t.iter().find(|(k, _)| k.get_ref() == "name").map(|(_, v)| v),
+                _ => None,
+            })
+            .filter(|v| matches!(v.get_ref(), DeValue::String(s) if s.as_ref() == name.as_str()))
+            .map(|v| v.span())
+            .collect::<Vec<_>>()
+    };
+    let span = match error {
+        Error::DefinedTwice(name) => policy_names(name).get(1)?.clone(),
+        Error::BurstBelowFrame { name, .. } | Error::Policy { name, .. } | Error::Clash { name, .. } => {
+            policy_names(name).first()?.clone()
+        }
+        Error::HostBits { net } | Error::OnOtherList { net, .. } => ["allow", "deny"]
+            .into_iter()
+            .flat_map(items)
+            .find(|v| matches!(v.get_ref(), DeValue::String(s) if s.parse::<IpNet>().is_ok_and(|n| n == *net)))?
+            .span(),
+        _ => return None,
+    };
+    Some(line_column(text, span.start))
 }
 
 #[cfg(test)]
@@ -170,5 +283,58 @@ mode = "dry-run"
     fn a_missing_file_is_an_empty_config() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(load(&dir.path().join("none.toml")).unwrap(), ConfigFile::default());
+    }
+
+    #[test]
+    fn only_a_regular_non_empty_file_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str| dir.path().join(name);
+        assert!(matches!(read(&at("none.toml")), Err(Error::Missing { .. })));
+        nix::unistd::mkfifo(&at("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Opened without a writer, and not read: no wait.
+        assert!(matches!(read(&at("fifo")), Err(Error::NotAFile { kind: "a FIFO", .. })));
+        assert!(matches!(load(&at("fifo")), Err(Error::NotAFile { .. })));
+        assert!(matches!(read(dir.path()), Err(Error::NotAFile { kind: "a directory", .. })));
+        assert!(matches!(read(Path::new("/dev/null")), Err(Error::NotAFile { kind: "a character device", .. })));
+        for empty in ["", " \n\t\n"] {
+            fs::write(at("empty.toml"), empty).unwrap();
+            assert!(matches!(read(&at("empty.toml")), Err(Error::Empty { .. })), "{empty:?}");
+            assert!(matches!(load(&at("empty.toml")), Err(Error::Empty { .. })), "{empty:?}");
+        }
+        fs::write(at("big.toml"), vec![b'#'; MAX_FILE_BYTES as usize + 1]).unwrap();
+        assert!(matches!(read(&at("big.toml")), Err(Error::TooLarge { .. })));
+        fs::write(at("latin1.toml"), b"# caf\xe9\n").unwrap();
+        assert!(matches!(read(&at("latin1.toml")), Err(Error::Read { .. })));
+        fs::write(at("comments.toml"), "# nothing yet\n").unwrap();
+        assert_eq!(load(&at("comments.toml")).unwrap(), ConfigFile::default());
+        for e in [read(&at("none.toml")).unwrap_err(), read(&at("fifo")).unwrap_err()] {
+            assert!(e.to_string().contains(&dir.path().display().to_string()), "{e}");
+        }
+    }
+
+    #[test]
+    fn no_rules_must_be_said() {
+        assert!(says_no_rules("policy = []\n"));
+        assert!(says_no_rules("# off for now\nallow = []\npolicy = []\n"));
+        assert!(!says_no_rules("# policy = []\n"));
+        assert!(!says_no_rules("allow = []\n"));
+        assert!(!says_no_rules(EXAMPLE));
+        assert!(parse(Path::new("x"), "policy = []\n").unwrap().has_no_rules());
+        assert!(!parse(Path::new("x"), "deny = [\"198.18.0.0/24\"]\n").unwrap().has_no_rules());
+    }
+
+    #[test]
+    fn validation_errors_are_placed_on_what_they_name() {
+        let text = "allow = [\"198.18.0.0/24\", \"198.18.1.1/24\"]\n\n[[policy]]\nname = \"a\"\nrate = \"1/s\"\n\n\
+                    [[policy]]\nname = \"b\"\nrate = \"1/s\"\n\n[[policy]]\n  name = \"a\"\nrate = \"2/s\"\n";
+        let a: Name = "a".parse().unwrap();
+        assert_eq!(position(text, &Error::DefinedTwice(a.clone())), Some((12, 10)));
+        let clash =
+            Error::Clash { name: a.clone(), matches: Match::default(), other: a, other_matches: Match::default() };
+        assert_eq!(position(text, &clash), Some((4, 8)));
+        let net: IpNet = "198.18.1.1/24".parse().unwrap();
+        assert_eq!(position(text, &Error::HostBits { net }), Some((1, 27)));
+        assert_eq!(position(text, &Error::TooManyPolicies { max: 1 }), None);
+        assert_eq!(position("[[policy]\n", &Error::TooManyPolicies { max: 1 }), None);
     }
 }

@@ -13,7 +13,9 @@ mod state;
 mod write;
 
 pub use error::Error;
-pub use file::{ConfigFile, DEFAULT_PATH, PolicyDef, load, parse};
+pub use file::{
+    ConfigFile, DEFAULT_PATH, MAX_FILE_BYTES, PolicyDef, load, load_existing, parse, position, read, says_no_rules,
+};
 pub use policy::{
     BurstEdit, FieldError, KeySpec, Match, Mode, Name, PolicyEdit, PolicySpec, Ports, Proto, Unit, decimal, net_serde,
     parse_burst, parse_net,

@@ -1,6 +1,7 @@
 //! The daemon's control socket: a Unix socket (mode 0600), one JSON request line in, one JSON
 //! response line out, per connection. These are its wire types, which the CLI's client side
-//! (`cli::client`) uses too.
+//! (`cli::client`) uses too. A client has 2 s to send its line and 2 s to take the answer; at
+//! most 256 connections are served at once (`serve`).
 
 use ipnet::IpNet;
 use limiter_common::maps::Counters;
@@ -33,6 +34,8 @@ pub(crate) enum Request {
     },
     ListShow { list: List },
     SaltRotate,
+    /// Re-read the config file (what SIGHUP does), and say whether it was applied.
+    Reload,
     Stats,
     Top { limit: usize },
 }
@@ -48,6 +51,15 @@ pub(crate) enum Response {
     Usage { error: String },
     /// The daemon could not do what was asked.
     Failed { error: String },
+}
+
+/// What `reload` applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Reloaded {
+    pub config: std::path::PathBuf,
+    pub policies: usize,
+    pub allow: usize,
+    pub deny: usize,
 }
 
 /// A policy as `policy list` and `policy show` report it: its definition with the burst

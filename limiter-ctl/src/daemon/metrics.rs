@@ -117,6 +117,28 @@ impl Collector for Exposition {
             vec![],
             s.salt_age_s,
         )?;
+        let r = &s.reloads;
+        let result = |r: &str, n: u64| (vec![("result", r.to_string())], n);
+        counter(
+            &mut encoder,
+            "limiter_config_reloads",
+            "Config reloads (SIGHUP, `limiter-ctl reload`), by result (refused: the running config stayed).",
+            vec![result("applied", r.applied), result("refused", r.refused)],
+        )?;
+        gauge(
+            &mut encoder,
+            "limiter_config_last_reload_successful",
+            "1 if the last reload was applied (or none was tried since start), 0 if it was refused.",
+            vec![],
+            if r.last_successful { 1.0 } else { 0.0 },
+        )?;
+        gauge(
+            &mut encoder,
+            "limiter_config_last_reload_success_timestamp_seconds",
+            "When the running config was loaded (at start or by the last applied reload), seconds since the epoch.",
+            vec![],
+            r.last_success_ms as f64 / 1000.0,
+        )?;
         if let Some(occupancy) = s.bucket_occupancy {
             gauge(
                 &mut encoder,
@@ -197,11 +219,16 @@ mod tests {
         assert!(text.contains("limiter_bucket_occupancy_ratio 0.25"), "{text}");
         assert!(text.contains(r#"limiter_dropped_packets_total{reason="deny"} 5"#), "{text}");
         assert!(text.contains(r#"limiter_unjudged_packets_total{reason="allowed"} 2"#), "{text}");
+        assert!(text.contains(r#"limiter_config_reloads_total{result="refused"} 0"#), "{text}");
+        assert!(text.contains("limiter_config_last_reload_successful 1"), "{text}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let labels = line.split_once('{').map_or("", |(_, rest)| rest.split_once('}').map_or("", |(l, _)| l));
             for label in labels.split(',').filter(|l| !l.is_empty()) {
                 let key = label.split('=').next().unwrap_or("");
-                assert!(["policy", "decision", "reason", "mode"].contains(&key), "unexpected label {key} in {line}");
+                assert!(
+                    ["policy", "decision", "reason", "mode", "result"].contains(&key),
+                    "unexpected label {key} in {line}"
+                );
             }
         }
     }

@@ -1,5 +1,11 @@
 //! The daemon's loop: signals, the control socket's server side (one request, one response),
 //! the refusal ring, scheduled salt rotations, interface watching and the once-a-second stats.
+//!
+//! The loop alone owns the daemon's state. Control connections are accepted and read in tasks
+//! of their own (at most [`MAX_CONNECTIONS`] at once, each with a deadline to send its request
+//! and one to take its answer); a request read whole goes to the loop as a [`Job`], which the
+//! loop handles between its other events and answers. So no client, however slow, holds up the
+//! loop, the stats tick, other clients or a signal.
 
 use std::{
     io,
@@ -18,12 +24,13 @@ use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, unix::AsyncFd},
     net::{UnixListener, UnixStream},
     signal::unix::{SignalKind, signal},
+    sync::{Semaphore, mpsc, oneshot},
 };
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::{
     Error, Options, Rollback,
-    ipc::{MAX_REQUEST, PolicyStatus, Request, Response},
+    ipc::{MAX_REQUEST, PolicyStatus, Reloaded, Request, Response},
     stats,
     top::Top,
 };
@@ -103,6 +110,25 @@ pub(super) struct Daemon {
     /// The longest burst window any policy had since the last rotation: the next rotation's
     /// grace must cover it (see `Limiter::rotate_salt`).
     longest_window: Duration,
+    /// Reloads applied and refused, for `/metrics`.
+    reloads: stats::Reloads,
+}
+
+/// Control connections served at once; one more is told so in one line and closed.
+pub(crate) const MAX_CONNECTIONS: usize = 256;
+/// A client has this long from connecting to send its whole request line.
+const READ_DEADLINE: Duration = Duration::from_secs(2);
+/// And this long to take its answer.
+const WRITE_DEADLINE: Duration = Duration::from_secs(2);
+/// A request the loop could not take up within this long is refused, not applied: the CLI
+/// waits 30 s, so it never reports a failure for a change that was then made.
+const QUEUE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A request read whole from a client, for the loop, and where its answer goes.
+struct Job {
+    request: Request,
+    received: Instant,
+    answer: oneshot::Sender<Response>,
 }
 
 /// How often the buckets are scanned for the occupancy gauge (it reads them all).
@@ -131,6 +157,7 @@ impl Daemon {
             scanning: Arc::default(),
             top: Top::new(args.sample_refusals.max(1)),
             longest_window,
+            reloads: stats::Reloads::default(),
         }
     }
 
@@ -146,6 +173,9 @@ impl Daemon {
         args: &Options,
         signals: Signals,
     ) -> Result<Exit, Error> {
+        let (jobs_in, mut jobs) = mpsc::channel(MAX_CONNECTIONS);
+        // Stops accepting when the loop ends (connections still open are dropped with the runtime).
+        let _acceptor = AbortOnDrop(tokio::spawn(accept(listener, jobs_in)));
         let Signals { mut sigint, mut sigterm, mut sighup, mut sigusr2 } = signals;
         let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
@@ -159,15 +189,11 @@ impl Daemon {
                 _ = sigint.recv() => break ("SIGINT", Exit::HandOver),
                 _ = sigterm.recv() => break ("SIGTERM", Exit::HandOver),
                 _ = sigusr2.recv() => break ("SIGUSR2", Exit::HandOver),
-                _ = sighup.recv() => self.reload(),
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        if let Err(e) = self.answer(stream).await {
-                            warn!(error = %e, "control connection failed");
-                        }
-                    }
-                    Err(e) => warn!(error = %e, "accepting a control connection failed"),
-                },
+                _ = sighup.recv() => {
+                    // Logged and counted; nobody to answer.
+                    let _ = self.reload("SIGHUP");
+                }
+                Some(job) = jobs.recv() => self.run(job),
                 ready = refusals.readable_mut() => match ready {
                     Ok(mut guard) => {
                         let ring = guard.get_inner_mut();
@@ -224,7 +250,9 @@ impl Daemon {
         let counters = self.limiter.counters()?;
         let occupancy = self.occupancy.lock().ok().and_then(|o| *o);
         let mode = self.limiter.attach_mode()?;
-        let snapshot = self.sampler.sample(&self.state, counters, mode.as_str(), self.limiter.salt_age()?, occupancy);
+        let mut snapshot =
+            self.sampler.sample(&self.state, counters, mode.as_str(), self.limiter.salt_age()?, occupancy);
+        snapshot.reloads = self.reloads.clone();
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
         }
@@ -286,21 +314,21 @@ impl Daemon {
         now
     }
 
-    /// One request, one response. A client that stalls is dropped after a few seconds.
-    async fn answer(&mut self, stream: UnixStream) -> io::Result<()> {
-        let (read, mut write) = stream.into_split();
-        let mut line = String::new();
-        let mut reader = BufReader::new(read.take(MAX_REQUEST as u64));
-        tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line))
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no request within 5 s"))??;
-        let response = match serde_json::from_str::<Request>(&line) {
-            Ok(request) => self.handle(request),
-            Err(e) => Response::Usage { error: format!("unreadable request: {e}") },
+    /// Handles a request read whole and sends the answer to its connection's task. Once taken
+    /// up it is applied whole or not at all (validated, then the maps, then the file, put back
+    /// on a failure), whether or not its client is still there; a client that left gets no
+    /// answer and the log says what was done.
+    fn run(&mut self, job: Job) {
+        let waited = job.received.elapsed();
+        let response = if waited > QUEUE_DEADLINE {
+            warn!(waited_ms = waited.as_millis() as u64, "a control request waited too long; refused, nothing changed");
+            Response::Failed {
+                error: format!("the daemon was busy for {} ms; nothing was changed; try again", waited.as_millis()),
+            }
+        } else {
+            self.handle(job.request)
         };
-        let mut reply = serde_json::to_string(&response).map_err(io::Error::other)?;
-        reply.push('\n');
-        write.write_all(reply.as_bytes()).await
+        let _ = job.answer.send(response);
     }
 
     fn handle(&mut self, request: Request) -> Response {
@@ -353,6 +381,14 @@ impl Daemon {
             Request::Top { limit } => {
                 Response::Ok { data: serde_json::to_value(self.top.report(&self.state, limit)).unwrap_or_default() }
             }
+            Request::Reload => match self.reload("limiter-ctl reload") {
+                Ok(reloaded) => Response::Ok { data: serde_json::to_value(reloaded).unwrap_or_default() },
+                // A file refused is bad input (exit 2); a kernel that refused the maps, a failure.
+                Err(e @ (Error::File(_) | Error::Config { .. })) => {
+                    Response::Usage { error: format!("reload refused: {e}; the running config stays") }
+                }
+                Err(e) => Response::Failed { error: format!("reload failed: {e}") },
+            },
             Request::SaltRotate => match self.rotate() {
                 Ok(()) => Response::Ok { data: serde_json::Value::Null },
                 Err(e) => Response::Failed { error: e.to_string() },
@@ -408,17 +444,42 @@ impl Daemon {
         config::save(&self.config_path, &self.state.to_config())
     }
 
-    /// SIGHUP: re-read the file. A file that does not parse or validate changes nothing.
-    fn reload(&mut self) {
-        let path = self.config_path.display().to_string();
-        let next = config::load(&self.config_path).map_err(Error::File).and_then(|file: ConfigFile| {
-            State::build_for(&file, &self.state.ids(), self.state.max_frame())
-                .map_err(|error| Error::Config { path: self.config_path.clone(), error })
-        });
-        match next.and_then(|next| self.commit(next, false)) {
-            Ok(()) => info!(config = %path, policies = self.state.policies().count(), "reloaded"),
-            Err(error) => warn!(%error, "reload failed; keeping the running config"),
+    /// SIGHUP and `limiter-ctl reload`: re-read the file and make it the running config. A
+    /// file that is missing, empty, not a regular file, unreadable, or does not parse or
+    /// validate is refused, and so is one without rules while rules run, unless it says
+    /// `policy = []`: nothing changes. Either way it is logged (a refusal as an error, naming
+    /// the file and why) and counted for `/metrics`.
+    fn reload(&mut self, trigger: &'static str) -> Result<Reloaded, Error> {
+        let config = self.config_path.display().to_string();
+        let result = self.try_reload();
+        self.reloads.record(result.is_ok());
+        if let Ok(mut shared) = self.shared.write() {
+            shared.reloads = self.reloads.clone();
         }
+        match &result {
+            Ok(r) => info!(%config, trigger, policies = r.policies, allow = r.allow, deny = r.deny, "reloaded"),
+            Err(e) => error!(%config, trigger, "reload refused: {e}; the running config stays"),
+        }
+        result
+    }
+
+    fn try_reload(&mut self) -> Result<Reloaded, Error> {
+        let path = &self.config_path;
+        let (file, text) = config::load_existing(path).map_err(Error::File)?;
+        let running = self.state.to_config();
+        // An emptied file is far likelier an accident than a wish to drop all protection.
+        if file.has_no_rules() && !running.has_no_rules() && !config::says_no_rules(&text) {
+            return Err(Error::File(config::Error::NoRules { path: path.clone() }));
+        }
+        let next = State::build_for(&file, &self.state.ids(), self.state.max_frame())
+            .map_err(|error| Error::Config { path: path.clone(), error })?;
+        self.commit(next, false)?;
+        Ok(Reloaded {
+            config: self.config_path.clone(),
+            policies: self.state.policies().count(),
+            allow: file.allow.len(),
+            deny: file.deny.len(),
+        })
     }
 
     fn total(&self) -> Result<Counters, kernel::Error> {
@@ -466,4 +527,88 @@ fn print_rates(prev: &(Instant, Counters), now: &(Instant, Counters)) {
         errors = now.1.errors,
         "stats"
     );
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Accepts control connections, each served by a task of its own, at most [`MAX_CONNECTIONS`]
+/// at once.
+async fn accept(listener: UnixListener, jobs: mpsc::Sender<Job>) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => match slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    let jobs = jobs.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, jobs).await {
+                            warn!(error = %e, "control connection dropped");
+                        }
+                        drop(slot);
+                    });
+                }
+                Err(_) => refuse_busy(&stream),
+            },
+            Err(e) => {
+                warn!(error = %e, "accepting a control connection failed");
+                // Out of descriptors, most likely: give the open connections time to end.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// One line to a client beyond [`MAX_CONNECTIONS`], without waiting: a fresh socket's buffer
+/// holds it.
+fn refuse_busy(stream: &UnixStream) {
+    let response = Response::Failed {
+        error: format!("the daemon is serving {MAX_CONNECTIONS} control connections already; try again"),
+    };
+    if let Ok(mut line) = serde_json::to_string(&response) {
+        line.push('\n');
+        let _ = stream.try_write(line.as_bytes());
+    }
+    warn!(max = MAX_CONNECTIONS, "control connection refused: too many open");
+}
+
+/// One connection: its request line within [`READ_DEADLINE`], to the loop, and the loop's
+/// answer back within [`WRITE_DEADLINE`].
+async fn connection(stream: UnixStream, jobs: mpsc::Sender<Job>) -> io::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let mut reader = BufReader::new(read.take(MAX_REQUEST as u64));
+    let timed_out = |what: &str, deadline: Duration| {
+        io::Error::new(io::ErrorKind::TimedOut, format!("{what} within {} s", deadline.as_secs()))
+    };
+    let read = tokio::time::timeout(READ_DEADLINE, reader.read_line(&mut line)).await;
+    if read.map_err(|_| timed_out("no whole request", READ_DEADLINE))?? == 0 {
+        // Connected and left without a word.
+        return Ok(());
+    }
+    let response = match serde_json::from_str::<Request>(&line) {
+        Ok(request) => {
+            let (answer, answered) = oneshot::channel();
+            let job = Job { request, received: Instant::now(), answer };
+            // Either fails only when the loop has ended: the daemon is stopping.
+            if jobs.send(job).await.is_err() {
+                return Ok(());
+            }
+            match answered.await {
+                Ok(response) => response,
+                Err(_) => return Ok(()),
+            }
+        }
+        Err(e) => Response::Usage { error: format!("unreadable request: {e}") },
+    };
+    let mut reply = serde_json::to_string(&response).map_err(io::Error::other)?;
+    reply.push('\n');
+    let written = tokio::time::timeout(WRITE_DEADLINE, write.write_all(reply.as_bytes())).await;
+    written.map_err(|_| timed_out("the answer not taken", WRITE_DEADLINE))?
 }

@@ -71,6 +71,42 @@ pub struct Snapshot {
     /// Fraction of buckets (over CPUs) whose TAT is ahead of now: the chance that a newcomer
     /// shares an allowance with a busy source. None until first measured.
     pub bucket_occupancy: Option<f64>,
+    /// Config reloads since start (SIGHUP, `limiter-ctl reload`).
+    #[serde(default)]
+    pub reloads: Reloads,
+}
+
+/// Config reloads since the daemon started, applied and refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reloads {
+    pub applied: u64,
+    pub refused: u64,
+    /// Whether the last reload was applied (true before any: the config loaded at start).
+    pub last_successful: bool,
+    /// When the running config was last loaded (at start or by a reload), ms since the epoch.
+    pub last_success_ms: u64,
+}
+
+impl Default for Reloads {
+    fn default() -> Self {
+        Self { applied: 0, refused: 0, last_successful: true, last_success_ms: now_ms() }
+    }
+}
+
+impl Reloads {
+    pub fn record(&mut self, applied: bool) {
+        if applied {
+            self.applied += 1;
+            self.last_success_ms = now_ms();
+        } else {
+            self.refused += 1;
+        }
+        self.last_successful = applied;
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Packets a list decided, with no policy behind them.
@@ -147,6 +183,7 @@ impl Sampler {
             attach_mode: attach_mode.to_string(),
             salt_age_s: salt_age.as_secs_f64(),
             bucket_occupancy: occupancy,
+            reloads: Reloads::default(),
         }
     }
 }
