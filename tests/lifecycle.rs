@@ -103,7 +103,8 @@ fn a_restart_keeps_enforcing_and_carries_the_state_over() {
 /// With NOTIFY_SOCKET set (as systemd does for Type=notify), the daemon sends READY=1 once,
 /// with a STATUS= naming the interface, and when it arrives the program is on the interface.
 /// Started while the interface does not exist yet (with --wait-iface), it first says it waits,
-/// once, and sends no READY=1 until the interface is there and the program attached.
+/// once, and sends no READY=1 until the interface is there and the program attached. A reload
+/// (SIGHUP) is bracketed by RELOADING=1 and READY=1; a stop says STOPPING=1.
 #[test]
 fn ready_is_sent_only_once_the_program_is_attached() {
     require_root!();
@@ -151,6 +152,15 @@ fn ready_is_sent_only_once_the_program_is_attached() {
     assert_eq!(daemon.program().ok(), program, "READY=1 came with another program on the interface");
     let out = daemon.output();
     assert_eq!(out.matches("waiting for it").count(), 1, "the wait is logged once:\n{out}");
+
+    // A reload is bracketed: RELOADING=1 (with the monotonic time systemd asks for), READY=1.
+    daemon.signal(Signal::SIGHUP).expect("SIGHUP");
+    let reload = recv(Duration::from_secs(10));
+    eprintln!("reload: {reload:?}");
+    let reloading = reload.iter().position(|m| m.lines().any(|l| l == "RELOADING=1"));
+    let ready = reload.iter().rposition(|m| m.lines().any(|l| l == "READY=1"));
+    assert!(matches!((reloading, ready), (Some(a), Some(b)) if a <= b), "RELOADING=1 then READY=1: {reload:?}");
+    assert!(reload.iter().any(|m| m.contains("MONOTONIC_USEC=")), "{reload:?}");
 
     daemon.stop_ok();
     let last = recv(Duration::from_millis(500));

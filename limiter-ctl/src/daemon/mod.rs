@@ -88,6 +88,20 @@ fn notify(states: &[sd_notify::NotifyState]) {
     }
 }
 
+/// RELOADING=1 (with MONOTONIC_USEC, as systemd asks) as a reload begins.
+fn notify_reloading() {
+    let mut states = vec![sd_notify::NotifyState::Reloading];
+    states.extend(sd_notify::NotifyState::monotonic_usec_now().ok());
+    notify(&states);
+}
+
+/// READY=1 as a reload ends, applied or refused (the daemon runs on either way), and which.
+fn notify_reloaded(iface: &str, applied: bool) {
+    let outcome = if applied { "reload applied" } else { "reload refused, the running config stays" };
+    let status = format!("enforcing on {iface}; {outcome}");
+    notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
+}
+
 /// What a start made, so a start that fails takes it away again.
 #[derive(Default)]
 struct Made {

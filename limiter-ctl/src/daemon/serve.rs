@@ -451,7 +451,9 @@ impl Daemon {
     /// the file and why) and counted for `/metrics`.
     fn reload(&mut self, trigger: &'static str) -> Result<Reloaded, Error> {
         let config = self.config_path.display().to_string();
+        super::notify_reloading();
         let result = self.try_reload();
+        super::notify_reloaded(&self.iface, result.is_ok());
         self.reloads.record(result.is_ok());
         if let Ok(mut shared) = self.shared.write() {
             shared.reloads = self.reloads.clone();
