@@ -102,6 +102,11 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         (args(&["completions", "fish2"]), "shell"),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--burst", "5"]), "--rate"),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--buckets", "100"]), "bucket"),
+        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--buckets", "+1024"]), "bucket"),
+        (
+            args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--sample-refusals", "+256"]),
+            "sample",
+        ),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config]), &missing_iface),
         // Refused by the daemon: the form is fine, the request is not.
         (set(&["--match", "udp:53"]), "dns"),

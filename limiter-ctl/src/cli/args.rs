@@ -168,8 +168,8 @@ fn parse_wait(s: &str) -> Result<Duration, String> {
 }
 
 fn parse_sample(s: &str) -> Result<u32, String> {
-    match s.parse::<u32>() {
-        Ok(n) if n == 0 || (n.is_power_of_two() && n <= 1 << 20) => Ok(n),
+    match config::decimal(s).and_then(|n| u32::try_from(n).ok()) {
+        Some(n) if n == 0 || (n.is_power_of_two() && n <= 1 << 20) => Ok(n),
         _ => Err(format!("invalid sample rate '{s}': expected 0 (none) or a power of two up to 1048576, such as 256")),
     }
 }
@@ -308,7 +308,8 @@ fn parse_cidr(s: &str) -> Result<IpNet, String> {
 }
 
 fn parse_buckets(s: &str) -> Result<u32, String> {
-    s.parse::<u32>().ok().and_then(|n| kernel::check_buckets(n).ok()).ok_or_else(|| {
+    let n = config::decimal(s).and_then(|n| u32::try_from(n).ok());
+    n.and_then(|n| kernel::check_buckets(n).ok()).ok_or_else(|| {
         format!(
             "invalid bucket count '{s}': expected a power of two from {} to {}",
             limiter_common::maps::MIN_BUCKETS,
