@@ -2,7 +2,8 @@
 //! empty, non-regular or invalid file is refused, logged as an error and counted, and
 //! `limiter-ctl reload` says so with exit 2), `limiter-ctl config check` judges a file offline,
 //! and no client can stall the daemon (idle clients are served beside the others and dropped at
-//! their deadline, one connection beyond the cap is told so, and SIGTERM is answered at once).
+//! their deadline, one connection beyond the cap is told so, and SIGTERM is answered at once),
+//! and a request read whole is applied whole even when its client does not wait for the answer.
 //!
 //! Through the real `limiter-ctl` (daemon and CLI) on the shared [`limiter_tests::rig`].
 
@@ -471,4 +472,26 @@ fn one_connection_too_many_is_told_so() {
         dropped >= READ_DEADLINE - Duration::from_millis(100) && dropped < READ_DEADLINE + Duration::from_secs(1),
         "a half request dropped after {dropped:?}, expected 2 s (+1 s slack)"
     );
+}
+
+/// A request read whole is applied whole whether or not its client waits for the answer: a
+/// client that sends `list-add` and closes at once finds the entry listed and in the kernel.
+#[test]
+fn a_request_whose_client_left_is_applied_whole() {
+    use std::io::Write as _;
+    require_root!();
+    let rig = Rig::start(&["--rotate-every", "off", "--metrics", "off"]).expect("starting the rig");
+    let mut client = UnixStream::connect(rig.scratch.socket()).expect("connecting");
+    client.write_all(b"{\"op\":\"list-add\",\"list\":\"deny\",\"cidr\":\"198.19.99.0/24\"}\n").expect("writing");
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let listed = loop {
+        let listed = rig.ctl_ok(&["deny", "list"]);
+        if listed.contains("198.19.99.0/24") || Instant::now() >= deadline {
+            break listed;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(listed.contains("198.19.99.0/24"), "the request of a client that left was not applied: {listed:?}");
+    assert_eq!(rig.snapshot().rules.acl().get("198.19.99.0/24"), Some(&"deny"), "the kernel's deny list");
 }
