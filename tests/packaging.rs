@@ -255,10 +255,11 @@ fn template_unit_derives_everything_from_the_instance() {
     let single = read(&packaging("limiter.service"));
     let (t, s) = (unit_section(&installed, "Service"), unit_section(&single, "Service"));
     for (key, values) in &s {
-        if !["ExecStart", "EnvironmentFile"].contains(&key.as_str()) {
+        if !["ExecStart", "ExecReload", "EnvironmentFile"].contains(&key.as_str()) {
             assert_eq!(t.get(key), Some(values), "{key} differs between limiter@.service and limiter.service");
         }
     }
+    assert_eq!(one(&t, "ExecReload"), "/usr/sbin/limiter-ctl --socket=/run/limiter/%i.sock reload");
     let exec = one(&t, "ExecStart");
     for part in [
         "--socket=/run/limiter/%i.sock",
@@ -291,7 +292,7 @@ fn unit_is_hardened_with_the_measured_capabilities() {
     assert_eq!(one(&service, "RuntimeDirectoryPreserve"), "yes", "stopping one unit keeps the others' sockets");
     assert_eq!(one(&service, "Restart"), "on-failure", "the pinned program enforces while the daemon restarts");
     assert_eq!(one(&service, "RestartPreventExitStatus"), "2", "bad input is not retried");
-    assert_eq!(one(&service, "ExecReload"), "/bin/kill -HUP $MAINPID");
+    assert_eq!(one(&service, "ExecReload"), "/usr/sbin/limiter-ctl reload", "a refused file fails the reload");
     assert_eq!(one(&service, "EnvironmentFile"), "-/etc/default/limiter");
     assert!(one(&service, "ExecStart").starts_with("/usr/sbin/limiter-ctl daemon --iface=${IFACE}"));
     assert_eq!(one(&service, "NoNewPrivileges"), "yes");

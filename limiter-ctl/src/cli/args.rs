@@ -15,8 +15,9 @@ use crate::{
 #[derive(Debug, Parser)]
 #[command(name = "limiter-ctl", version, about = "Host-level flood limiter: per-source GCRA in XDP")]
 pub(crate) struct Cli {
-    /// The daemon's control socket.
-    #[arg(long, global = true, value_name = "PATH", default_value = ipc::DEFAULT_SOCKET)]
+    /// The daemon's control socket. LIMITER_SOCKET sets it for the daemon and the CLI alike (the
+    /// unit's EnvironmentFile, so that `systemctl reload` reaches the daemon it started).
+    #[arg(long, global = true, value_name = "PATH", env = "LIMITER_SOCKET", default_value = ipc::DEFAULT_SOCKET)]
     pub socket: PathBuf,
     #[command(subcommand)]
     pub command: Command,
@@ -162,9 +163,10 @@ fn parse_metrics(s: &str) -> Result<Metrics, String> {
 
 /// A wait: a humantime duration (`90s`, `5min`), or a bare number of seconds.
 fn parse_wait(s: &str) -> Result<Duration, String> {
-    s.parse::<u64>().map(Duration::from_secs).or_else(|_| humantime::parse_duration(s)).map_err(|_| {
-        format!("invalid duration '{s}': expected a duration such as 90s or 5min, or 0 not to wait")
-    })
+    config::decimal(s)
+        .map(Duration::from_secs)
+        .map_or_else(|| humantime::parse_duration(s), Ok)
+        .map_err(|_| format!("invalid duration '{s}': expected a duration such as 90s or 5min, or 0 not to wait"))
 }
 
 fn parse_sample(s: &str) -> Result<u32, String> {
@@ -337,9 +339,9 @@ fn parse_rotation(s: &str) -> Result<Rotation, String> {
 /// Whole seconds from 1, as humantime writes them (`1s`, `5s`, `2m`), or bare (`5`).
 fn parse_interval(s: &str) -> Result<Duration, String> {
     let err = || format!("invalid interval '{s}': expected whole seconds such as 1s or 5s");
-    let d = match s.parse::<u64>() {
-        Ok(n) => Duration::from_secs(n),
-        Err(_) => humantime::parse_duration(s).map_err(|_| err())?,
+    let d = match config::decimal(s) {
+        Some(n) => Duration::from_secs(n),
+        None => humantime::parse_duration(s).map_err(|_| err())?,
     };
     if d.is_zero() || d.subsec_nanos() != 0 {
         return Err(err());

@@ -15,11 +15,7 @@
 //! mode = "enforce"        # or "dry-run"
 //! ```
 
-use std::{
-    fs,
-    io,
-    path::Path,
-};
+use std::{fs, io, path::Path};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};

@@ -21,5 +21,5 @@ pub use policy::{
     parse_burst, parse_net,
 };
 pub use rate::{Rate, RateError};
-pub use write::save;
 pub use state::{DEFAULT_MAX_FRAME, Entry, L2_OVERHEAD, List, Routes, State, longest_window, max_frame_for_mtu};
+pub use write::save;

@@ -17,10 +17,17 @@ pub(crate) const MAX_REQUEST: usize = 64 * 1024;
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub(crate) enum Request {
     /// Create a policy, or change the given fields of an existing one.
-    PolicySet { name: Name, edit: PolicyEdit },
-    PolicyRm { name: Name },
+    PolicySet {
+        name: Name,
+        edit: PolicyEdit,
+    },
+    PolicyRm {
+        name: Name,
+    },
     PolicyList,
-    PolicyShow { name: Name },
+    PolicyShow {
+        name: Name,
+    },
     // Through the config's parser: a client other than ours cannot slip in `010.1.1.1/32`.
     ListAdd {
         list: List,
@@ -32,12 +39,16 @@ pub(crate) enum Request {
         #[serde(deserialize_with = "crate::config::net_serde::deserialize")]
         cidr: IpNet,
     },
-    ListShow { list: List },
+    ListShow {
+        list: List,
+    },
     SaltRotate,
     /// Re-read the config file (what SIGHUP does), and say whether it was applied.
     Reload,
     Stats,
-    Top { limit: usize },
+    Top {
+        limit: usize,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
