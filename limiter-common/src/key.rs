@@ -9,7 +9,10 @@
 //! and an IPv6 key never hash alike except by collision; the policy id is hashed too, so no two
 //! policies share an allowance except by collision.
 
-use crate::siphash::{SipInit, SipKey, hash_bytes, hash_words};
+use crate::{
+    rows::{MAX_ROWS, row_index, row_indexes},
+    siphash::{SipInit, SipKey, hash_bytes, hash_words},
+};
 
 pub const FAMILY_V4: u8 = 4;
 pub const FAMILY_V6: u8 = 6;
@@ -65,11 +68,16 @@ impl FlowKey {
         Self { addr, policy, dport, family }
     }
 
-    /// The bucket this key lands in, computed over [`FlowKey::bytes`] by the byte-wise SipHash,
-    /// independently of the word-wise code the kernel runs.
+    /// The bucket this key lands in with one row, computed over [`FlowKey::bytes`] by the
+    /// byte-wise SipHash, independently of the word-wise code the kernel runs.
     pub fn bucket(&self, salt: &SipKey, bucket_mask: u32) -> u32 {
-        let (b, len) = self.bytes();
-        (hash_bytes(salt, &b[..len]) as u32) & bucket_mask
+        self.row_buckets(salt, 1, bucket_mask.wrapping_add(1))[0]
+    }
+
+    /// The key's bucket in each of `rows` rows of `len` buckets (entries past `rows` are 0).
+    pub fn row_buckets(&self, salt: &SipKey, rows: usize, len: u32) -> [u32; MAX_ROWS] {
+        let (b, n) = self.bytes();
+        row_indexes(hash_bytes(salt, &b[..n]), rows, len)
     }
 }
 
@@ -85,12 +93,17 @@ pub fn v6_meta_word(policy: u16, dport: u16) -> u64 {
     u64::from(policy) | (u64::from(dport) << 16) | (u64::from(FAMILY_V6) << 32)
 }
 
-/// The bucket for key words as the kernel builds them (IPv4: `words[0]` alone).
-/// `bucket_mask` is the bucket count minus one (a power of two).
+/// The keyed hash of key words as the kernel builds them (IPv4: `words[0]` alone); the rows'
+/// indexes all come from it (`rows::row_indexes`).
+#[inline(always)]
+pub fn key_hash(salt: &SipInit, family: u8, words: &[u64; 3]) -> u64 {
+    if family == FAMILY_V4 { hash_words(salt, &[words[0]]) } else { hash_words(salt, words) }
+}
+
+/// The bucket for key words with one row of `bucket_mask + 1` buckets.
 #[inline(always)]
 pub fn bucket_of(salt: &SipInit, family: u8, words: &[u64; 3], bucket_mask: u32) -> u32 {
-    let hash = if family == FAMILY_V4 { hash_words(salt, &[words[0]]) } else { hash_words(salt, words) };
-    (hash as u32) & bucket_mask
+    row_index(key_hash(salt, family, words), 0, bucket_mask.wrapping_add(1))
 }
 
 /// The mask for a prefix of `prefix_len` bits, as the two little-endian words the XDP program
@@ -154,6 +167,10 @@ mod tests {
             assert_eq!(FlowKey::from_words(family, &words), key, "decoding the words");
             let mask = (1 << rng.random_range(4..24)) - 1;
             assert_eq!(bucket_of(&SipInit::new(&salt), family, &words, mask), key.bucket(&salt, mask));
+            let rows = rng.random_range(1..=MAX_ROWS);
+            let len = crate::rows::row_len(mask + 1, rows as u32);
+            let hash = key_hash(&SipInit::new(&salt), family, &words);
+            assert_eq!(row_indexes(hash, rows, len), key.row_buckets(&salt, rows, len));
         }
     }
 

@@ -7,6 +7,7 @@
 pub mod gcra;
 pub mod key;
 pub mod maps;
+pub mod rows;
 pub mod siphash;
 
 pub use gcra::Gcra;

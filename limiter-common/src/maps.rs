@@ -6,7 +6,8 @@
 //! - `PORT_POLICY` Array[2 * 65536] of u16 policy ids, indexed `class * 65536 + dport`
 //!                 (TCP, then UDP); 0 falls through to the protocol's policy.
 //! - `BUCKETS`     PerCpuArray[GENERATIONS * buckets] of u64 TATs; generation g uses
-//!                 `g * buckets .. (g + 1) * buckets`.
+//!                 `g * buckets .. (g + 1) * buckets`, split into `Config::rows` rows of
+//!                 `Config::row_len` (see `rows`).
 //! - `COUNTERS`    PerCpuArray[MAX_POLICIES] of [`Counters`]; index 0 holds what belongs to no
 //!                 policy (not IP, malformed, unmatched, internal errors).
 //! - `POLICY_NAMES` Array[MAX_POLICIES] of [u8; 32], and `LAYOUT` Array[1] of u64: userspace
@@ -38,7 +39,7 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 2;
+pub const LAYOUT_VERSION: u64 = 3;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// Entries per allow/deny trie (each family).
@@ -87,6 +88,11 @@ pub struct Config {
     pub flags: u32,
     /// With `SAMPLE_REFUSALS`: a refusal is sampled when `random & sample_mask == 0`.
     pub sample_mask: u32,
+    /// Count-min rows (1..=`rows::MAX_ROWS`; 0 reads as 1): each generation's buckets are split
+    /// into this many rows of `row_len`, and a key has one bucket in each.
+    pub rows: u32,
+    /// Buckets per row: `(bucket_mask + 1) / rows` (0 reads as `bucket_mask + 1`).
+    pub row_len: u32,
 }
 
 impl Config {
@@ -261,7 +267,7 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4);
+        assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 4);
         assert_eq!(size_of::<Policy>(), 16 + 16 + 8 + 4 + 2 + 2);
         assert_eq!(size_of::<Counters>(), 13 * 8);
         assert_eq!(size_of::<ParseProbe>(), 4 + 4 + 4 + 4 + 16 + 24);

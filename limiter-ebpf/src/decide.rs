@@ -1,6 +1,9 @@
 //! The verdict for a packet once its policy and bucket are known, and the counting of it.
 
-use limiter_common::maps::{Counters, MAX_FRAME_WEIGHT, Policy};
+use limiter_common::{
+    maps::{Counters, MAX_FRAME_WEIGHT, Policy},
+    rows::{MAX_ROWS, judge_rows},
+};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -10,24 +13,26 @@ pub enum Verdict {
     WouldRefuse,
 }
 
-/// Judges a packet of `frame_len` bytes against the bucket `value` (see `limiter_common::gcra`
-/// for what a bucket holds). Returns the verdict and the bucket's new value, if it changes.
-/// `owner_capacity(id)` is the capacity of active policy `id` (0 if none).
+/// Judges a packet of `frame_len` bytes against the source's buckets, one in each of `rows`
+/// rows (see `limiter_common::rows`; one row is `limiter_common::gcra`'s single bucket).
+/// Returns the verdict and each row's new value, if it changes. `owner_capacity(id)` is the
+/// capacity of active policy `id` (0 if none).
 #[inline(always)]
 pub fn decide(
     policy: &Policy,
-    value: u64,
+    values: &[u64; MAX_ROWS],
+    rows: usize,
     now_ns: u64,
     frame_len: u64,
-    owner_capacity: impl FnOnce(u8) -> u64,
-) -> (Verdict, Option<u64>) {
+    owner_capacity: impl Fn(u8) -> u64,
+) -> (Verdict, [Option<u64>; MAX_ROWS]) {
     let weight = if policy.flags & Policy::BYTES != 0 {
         if frame_len > MAX_FRAME_WEIGHT { MAX_FRAME_WEIGHT } else { frame_len }
     } else {
         1
     };
     // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
-    let j = policy.gcra.judge(policy.id as u8, value, now_ns, weight, owner_capacity);
+    let j = judge_rows(&policy.gcra, policy.id as u8, values, rows, now_ns, weight, owner_capacity);
     let verdict = if j.admit {
         Verdict::Admit
     } else if policy.flags & Policy::DRY_RUN != 0 {

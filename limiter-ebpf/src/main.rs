@@ -13,11 +13,12 @@ use aya_ebpf::{
 use limiter_common::{
     FlowKey, gcra,
     key::FAMILY_V4,
-    key::bucket_of,
+    key::key_hash,
     maps::{
         ACL_ALLOW, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES,
         MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES, RefusalSample,
     },
+    rows::{MAX_ROWS, row_indexes},
 };
 use limiter_ebpf::{
     decide::{Verdict, count, decide},
@@ -98,23 +99,26 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     }
     let words = key_words(pkt, policy);
     let generation = (cfg.generation & 1) as usize;
-    let Some(bucket) = BUCKETS.get_ptr_mut(bucket_index(cfg, generation, pkt.family, &words)) else {
+    let (rows, len) = row_shape(cfg);
+    let current = bucket_rows(cfg, generation, pkt.family, &words, rows, len);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let Some(mut values) = read_rows(&current, rows) else {
         return fault();
     };
-    let now = unsafe { bpf_ktime_get_ns() };
-    let mut value = unsafe { *bucket };
     if now < cfg.grace_until_ns {
-        // Salt rotation: the source's bucket under the previous salt may be further ahead.
-        let previous = generation ^ 1;
-        let Some(old) = BUCKETS.get_ptr(bucket_index(cfg, previous, pkt.family, &words)) else {
+        // Salt rotation: each of the source's rows under the previous salt may be further ahead.
+        let previous = bucket_rows(cfg, generation ^ 1, pkt.family, &words, rows, len);
+        let Some(old) = read_rows(&previous, rows) else {
             return fault();
         };
-        value = gcra::later(value, unsafe { *old }, now);
+        let mut i = 0;
+        while i < MAX_ROWS && i < rows {
+            values[i] = gcra::later(values[i], old[i], now);
+            i += 1;
+        }
     }
-    let (verdict, store) = decide(policy, value, now, frame_len, owner_capacity);
-    if let Some(v) = store {
-        unsafe { *bucket = v };
-    }
+    let (verdict, store) = decide(policy, &values, rows, now, frame_len, owner_capacity);
+    write_rows(&current, rows, &store);
     bump(u32::from(id), |c| count(c, verdict, frame_len));
     if verdict != Verdict::Admit && cfg.flags & Config::SAMPLE_REFUSALS != 0 {
         sample_refusal(cfg, pkt, policy, &words, verdict);
@@ -142,11 +146,51 @@ fn sample_refusal(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3],
     let _ = REFUSALS.output::<RefusalSample>(&sample, 0);
 }
 
-/// The bucket of `words` in `generation`, under that generation's salt.
+/// The number of rows and their length (a zero `rows` or `row_len` reads as one row of all).
 #[inline(always)]
-fn bucket_index(cfg: &Config, generation: usize, family: u8, words: &[u64; 3]) -> u32 {
+fn row_shape(cfg: &Config) -> (usize, u32) {
+    let rows = if cfg.rows == 0 { 1 } else if cfg.rows as usize > MAX_ROWS { MAX_ROWS } else { cfg.rows as usize };
+    let len = if cfg.row_len == 0 { cfg.bucket_mask.wrapping_add(1) } else { cfg.row_len };
+    (rows, len)
+}
+
+/// The source's bucket in each row of `generation`, under that generation's salt.
+#[inline(always)]
+fn bucket_rows(cfg: &Config, generation: usize, family: u8, words: &[u64; 3], rows: usize, len: u32) -> [u32; MAX_ROWS] {
     let base = (generation as u32) * (cfg.bucket_mask + 1);
-    base + bucket_of(&cfg.salts[generation], family, words, cfg.bucket_mask)
+    let mut idx = row_indexes(key_hash(&cfg.salts[generation], family, words), rows, len);
+    let mut i = 0;
+    while i < MAX_ROWS {
+        idx[i] += base;
+        i += 1;
+    }
+    idx
+}
+
+/// The buckets' values; None on a failed lookup (an index beyond the map).
+#[inline(always)]
+fn read_rows(idx: &[u32; MAX_ROWS], rows: usize) -> Option<[u64; MAX_ROWS]> {
+    let mut values = [0u64; MAX_ROWS];
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        values[i] = unsafe { *BUCKETS.get_ptr(idx[i])? };
+        i += 1;
+    }
+    Some(values)
+}
+
+/// Writes the rows whose value changes (read above, so the lookups succeed).
+#[inline(always)]
+fn write_rows(idx: &[u32; MAX_ROWS], rows: usize, store: &[Option<u64>; MAX_ROWS]) {
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        if let Some(v) = store[i] {
+            if let Some(bucket) = BUCKETS.get_ptr_mut(idx[i]) {
+                unsafe { *bucket = v };
+            }
+        }
+        i += 1;
+    }
 }
 
 /// The packet's policy id (0: none): exact port or range, then protocol, then `any`, all folded

@@ -104,7 +104,12 @@ fn bench_object(name: &'static str) -> anyhow::Result<Ebpf> {
 const ADMIT_ALL: (&str, &str, u64) = ("any", "1000000000/s", 1_000_000_000);
 
 fn limiter(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
-    let mut limiter = Limiter::load(buckets)?;
+    limiter_rows(buckets, 1, policies, allow)
+}
+
+/// [`limiter`] with the buckets split into `rows` count-min rows (same memory).
+fn limiter_rows(buckets: u32, rows: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
+    let mut limiter = Limiter::load_rows(buckets, rows)?;
     limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
     let mut state = State::default();
     for (i, (matches, rate, burst)) in policies.iter().enumerate() {
@@ -151,6 +156,30 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             name: "limiter: refuse",
             what: "policy matched, GCRA refuses (XDP_DROP)",
             run: limiter_runner(limiter(BUCKETS, &[("any", "1/h", 1)], &[])?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: admit, 2 rows",
+            what: "as admit, --rows 2 (same memory)",
+            run: limiter_runner(limiter_rows(BUCKETS, 2, &[ADMIT_ALL], &[])?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: admit, 3 rows",
+            what: "as admit, --rows 3 (same memory)",
+            run: limiter_runner(limiter_rows(BUCKETS, 3, &[ADMIT_ALL], &[])?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: admit, 4 rows",
+            what: "as admit, --rows 4 (same memory)",
+            run: limiter_runner(limiter_rows(BUCKETS, 4, &[ADMIT_ALL], &[])?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: refuse, 4 rows",
+            what: "as refuse, --rows 4 (same memory)",
+            run: limiter_runner(limiter_rows(BUCKETS, 4, &[("any", "1/h", 1)], &[])?),
             warm_all_sources: true,
         },
         Subject {

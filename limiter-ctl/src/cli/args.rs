@@ -126,6 +126,11 @@ pub(crate) struct DaemonArgs {
     /// Buckets per CPU (a power of two from 16 to 16777216); memory is buckets x 16 bytes x CPUs.
     #[arg(long, value_name = "N", default_value_t = limiter_common::maps::DEFAULT_BUCKETS, value_parser = parse_buckets)]
     pub buckets: u32,
+    /// Count-min rows (1 to 4): the buckets are split into this many rows and a source keeps
+    /// one bucket in each; it is judged by the least spent, so an innocent source is refused
+    /// only when a flooder shares every one of its rows. Same memory whatever the count.
+    #[arg(long, value_name = "D", default_value_t = limiter_common::rows::DEFAULT_ROWS, value_parser = parse_rows)]
+    pub rows: u32,
     /// XDP attach mode: auto tries native and falls back to skb with a warning.
     #[arg(long, value_enum, default_value_t = ModeRequest::Auto)]
     pub mode: ModeRequest,
@@ -257,6 +262,7 @@ impl DaemonArgs {
             rate: self.rate,
             burst: self.burst,
             buckets: self.buckets,
+            rows: self.rows,
             mode: self.mode,
             stats_every: self.stats_every,
             rotate_every: self.rotate_every.0,
@@ -318,6 +324,12 @@ fn parse_buckets(s: &str) -> Result<u32, String> {
             limiter_common::maps::MAX_BUCKETS
         )
     })
+}
+
+fn parse_rows(s: &str) -> Result<u32, String> {
+    let n = config::decimal(s).and_then(|n| u32::try_from(n).ok());
+    n.and_then(|n| kernel::check_rows(n).ok())
+        .ok_or_else(|| format!("invalid row count '{s}': expected 1 to {}", limiter_common::rows::MAX_ROWS))
 }
 
 /// How often the daemon draws a new salt; `off`: only on `limiter-ctl salt rotate`.

@@ -48,8 +48,9 @@ pub(crate) struct Options {
     pub config: PathBuf,
     /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
     pub rate: Option<Rate>, pub burst: Option<u64>,
-    /// Buckets per generation and CPU, and where the maps and link are pinned.
-    pub buckets: u32, pub pin_dir: PathBuf,
+    /// Buckets per generation and CPU, the count-min rows they are split into, and where the
+    /// maps and link are pinned.
+    pub buckets: u32, pub rows: u32, pub pin_dir: PathBuf,
     /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
     pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
     /// The Prometheus endpoint; 1 in N refusals sampled for `top`.
@@ -264,7 +265,7 @@ async fn start(
         info!(address = %addr, auto = args.metrics == MetricsAt::Auto, "serving metrics at /metrics");
     }
 
-    let mut limiter = Limiter::open(args.buckets, Some(pins.clone()))?;
+    let mut limiter = Limiter::open(args.buckets, args.rows, Some(pins.clone()))?;
     made.pins = !limiter.adopted() && limiter.replaces_incompatible().is_none();
     // What the maps hold now: a pinned predecessor's state, or nothing.
     let before = if limiter.adopted() {
@@ -298,6 +299,7 @@ async fn start(
         mode = %attached.mode,
         policies = state.policies().count(),
         buckets = args.buckets,
+        rows = args.rows,
         config = %args.config.display(),
         socket = %socket.display(),
         pins = %pins.dir().display(),

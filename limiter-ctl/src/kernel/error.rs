@@ -45,6 +45,8 @@ pub enum Error {
     Salt(getrandom::Error),
     #[error("bucket count {0} is not a power of two between {MIN_BUCKETS} and {MAX_BUCKETS}")]
     Buckets(u32),
+    #[error("row count {0} is not between 1 and {max}", max = limiter_common::rows::MAX_ROWS)]
+    Rows(u32),
     #[error("test run failed: {0}")]
     TestRun(#[source] ProgramError),
     #[error(
@@ -123,6 +125,8 @@ pub enum Incompatible {
     Shape { map: &'static str, found: MapShape, needs: MapShape },
     /// The maps are of another layout version.
     Layout { found: u64 },
+    /// The buckets are split into another number of rows.
+    Rows { found: u32, needs: u32 },
 }
 
 /// A map's type, key size, value size and entries.
@@ -164,6 +168,9 @@ impl fmt::Display for Incompatible {
             }
             Self::Layout { found } => {
                 write!(f, "its maps are layout version {found}, this build uses {LAYOUT_VERSION}")
+            }
+            Self::Rows { found, needs } => {
+                write!(f, "its buckets are split into {found} rows, this daemon was started with --rows {needs}")
             }
         }
     }

@@ -1,6 +1,9 @@
 //! What the kernel handle asks of the host: interfaces, and the clock the XDP program reads.
 
-use limiter_common::maps::{MAX_BUCKETS, MIN_BUCKETS};
+use limiter_common::{
+    maps::{MAX_BUCKETS, MIN_BUCKETS},
+    rows::MAX_ROWS,
+};
 use nix::time::{ClockId, clock_gettime};
 
 use super::Error;
@@ -11,6 +14,10 @@ pub(crate) fn check_buckets(buckets: u32) -> Result<u32, Error> {
     } else {
         Err(Error::Buckets(buckets))
     }
+}
+
+pub(crate) fn check_rows(rows: u32) -> Result<u32, Error> {
+    if (1..=MAX_ROWS as u32).contains(&rows) { Ok(rows) } else { Err(Error::Rows(rows)) }
 }
 
 /// The interface's index, or None when there is no such interface.

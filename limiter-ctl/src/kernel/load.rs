@@ -9,7 +9,7 @@ use aya::{
 };
 use limiter_common::maps::{Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_LAYOUT, PROGRAM};
 
-use super::{Error, Incompatible, attach::Link, check_buckets, objects, pins::PinDir};
+use super::{Error, Incompatible, attach::Link, check_buckets, check_rows, objects, pins::PinDir};
 
 /// The handle on the limiter's XDP program and its maps. Dropping it without
 /// [`Limiter::detach`] leaves a pinned program attached (fail static); an unpinned one goes.
@@ -27,21 +27,27 @@ impl Limiter {
     /// Loads the program with `buckets` buckets per generation (a power of two), unpinned: it
     /// goes when the handle goes. Nothing is attached and no policy set: it passes everything.
     pub fn load(buckets: u32) -> Result<Self, Error> {
-        Self::open(buckets, None)
+        Self::open(buckets, 1, None)
+    }
+
+    /// [`Limiter::load`] with the buckets split into `rows` count-min rows (1..=4).
+    pub fn load_rows(buckets: u32, rows: u32) -> Result<Self, Error> {
+        Self::open(buckets, rows, None)
     }
 
     /// Loads the program with its maps pinned in `pins`. When a limiter was left there (its
     /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
     /// they are what this build expects; [`Limiter::adopted`] says so.
-    pub(crate) fn open(buckets: u32, pins: Option<PinDir>) -> Result<Self, Error> {
+    pub(crate) fn open(buckets: u32, rows: u32, pins: Option<PinDir>) -> Result<Self, Error> {
         check_buckets(buckets)?;
+        check_rows(rows)?;
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
         let mut adopted = false;
         let mut stale = None;
         let pin_paths: Vec<(&str, PathBuf)> = match &pins {
             None => Vec::new(),
-            Some(p) if p.has_link() => match Self::check_adoptable(p, buckets) {
+            Some(p) if p.has_link() => match Self::check_adoptable(p, buckets, rows) {
                 Ok(()) => {
                     adopted = true;
                     super::pins::map_names().map(|m| (m, p.map(m))).collect()
@@ -75,7 +81,8 @@ impl Limiter {
         program.load().map_err(Error::Verify)?;
         let mut limiter = Self { ebpf, buckets, link: None, pins, adopted, stale };
         if !adopted {
-            limiter.store_config(&Config { bucket_mask: buckets - 1, ..Config::default() })?;
+            let row_len = limiter_common::rows::row_len(buckets, rows);
+            limiter.store_config(&Config { bucket_mask: buckets - 1, rows, row_len, ..Config::default() })?;
             limiter
                 .array_mut::<u64>(MAP_LAYOUT)?
                 .set(0, LAYOUT_VERSION, 0)
@@ -96,13 +103,19 @@ impl Limiter {
     }
 
     /// Whether the maps pinned in `p` are the ones this build makes, with `buckets` buckets.
-    fn check_adoptable(p: &PinDir, buckets: u32) -> Result<(), Error> {
+    fn check_adoptable(p: &PinDir, buckets: u32, rows: u32) -> Result<(), Error> {
         p.check_compatible(buckets)?;
         let data = MapData::from_pin(p.map(MAP_LAYOUT)).map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
         let layout = Array::<_, u64>::try_from(Map::Array(data))
             .and_then(|a| a.get(&0, 0))
             .map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
-        p.check_layout(layout)
+        p.check_layout(layout)?;
+        // Another row count maps every key elsewhere: its TATs would be meaningless.
+        let data = MapData::from_pin(p.map(MAP_CONFIG)).map_err(|source| Error::Map { name: MAP_CONFIG, source })?;
+        let config = Array::<_, Config>::try_from(Map::Array(data))
+            .and_then(|a| a.get(&0, 0))
+            .map_err(|source| Error::Map { name: MAP_CONFIG, source })?;
+        p.check_rows(config.rows.max(1), rows)
     }
 
     /// The id the kernel gave the loaded program.

@@ -25,7 +25,7 @@ pub use load::Limiter;
 pub use rotate::draw_salt;
 pub use view::MapView;
 
-pub(crate) use host::{check_buckets, if_index, interface_exists, interface_mtu, monotonic_ns};
+pub(crate) use host::{check_buckets, check_rows, if_index, interface_exists, interface_mtu, monotonic_ns};
 
 /// Test-only: the BPF objects only the tests and benchmarks load.
 #[cfg(feature = "testing")]

@@ -138,6 +138,10 @@ impl PinDir {
         Ok(())
     }
 
+    pub fn check_rows(&self, found: u32, needs: u32) -> Result<(), Error> {
+        if found == needs { Ok(()) } else { Err(self.adopt_error(Incompatible::Rows { found, needs })) }
+    }
+
     pub fn check_layout(&self, version: u64) -> Result<(), Error> {
         if version == LAYOUT_VERSION { Ok(()) } else { Err(self.adopt_error(Incompatible::Layout { found: version })) }
     }

@@ -1,0 +1,388 @@
+//! Count-min rows: a key's allowance is kept in `D` buckets, one in each of `D` rows, and the
+//! packet is judged by the least spent of them.
+//!
+//! The bucket memory of a generation (`N` buckets) is split into `D` rows of `N / D` buckets
+//! (the few left over when `D` does not divide `N` go unused). One SipHash output of the key gives
+//! the `D` indexes ([`row_indexes`]): row `i` takes the high 32 bits of `hash x MIX[i]` (a
+//! multiply by an odd constant, a bijection of the 64-bit hash, so each is uniform when the hash
+//! is), scaled to the row's length by a multiply and a shift, never a division.
+//!
+//! Judging ([`judge_rows`]), for a key with buckets `v_0 .. v_{D-1}`:
+//! - admitted when the row with the earliest TAT admits it (GCRA admission is monotone in the
+//!   TAT, so: when any of its rows admits it);
+//! - then every row whose TAT is behind the new TAT is raised to it (conservative update); rows
+//!   further ahead are left alone;
+//! - refused, each row follows the single-bucket rules of [`Gcra::judge`] (a row beyond the
+//!   reader's window is clamped unless another active policy may own it).
+//!
+//! Why a key never exceeds its own bound: every one of a key's rows holds a TAT at least the one
+//! exact per-key GCRA would hold for that key (writes only raise, and a clamp only lowers to
+//! `now + capacity`, which no compliant TAT of the same policy exceeds), so the earliest of them
+//! admits only what the exact GCRA would. Why an innocent survives: it is refused only when
+//! *every* one of its `D` rows is spent, i.e. shared with some flooder in each row. With `K`
+//! flooders kept spent and rows of `M = N / D`, that is `(1 - (1 - 1/M)^K)^D`.
+
+use crate::gcra::{Gcra, Judgement, ahead_units, CLOCK_SHIFT};
+
+/// At most this many rows (the kernel's loop bound).
+pub const MAX_ROWS: usize = 4;
+/// The default number of rows (chosen by measurement: docs/DESIGN.md, "Count-min rows").
+pub const DEFAULT_ROWS: u32 = 4;
+
+/// Odd multipliers, one per row: row `i`'s 32-bit hash is the high half of `hash x MIX[i]`.
+const MIX: [u64; MAX_ROWS] = [0x9e37_79b9_7f4a_7c15, 0xc2b2_ae3d_27d4_eb4f, 0x1656_67b1_9e37_79f9, 0xd6e8_feb8_6659_fd93];
+
+/// The length of each row when `buckets` are split into `rows` rows (userspace, once).
+pub const fn row_len(buckets: u32, rows: u32) -> u32 {
+    if rows <= 1 { buckets } else { buckets / rows }
+}
+
+/// Row `row`'s bucket (an index into the generation's `rows x len` buckets) for a key hash.
+#[inline(always)]
+pub fn row_index(hash: u64, row: usize, len: u32) -> u32 {
+    let h = (hash.wrapping_mul(MIX[row & (MAX_ROWS - 1)]) >> 32) as u32;
+    (row as u32) * len + ((u64::from(h) * u64::from(len)) >> 32) as u32
+}
+
+/// The buckets of a key hash in each of `rows` rows of `len` (entries past `rows` are 0).
+#[inline(always)]
+pub fn row_indexes(hash: u64, rows: usize, len: u32) -> [u32; MAX_ROWS] {
+    let mut out = [0u32; MAX_ROWS];
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        out[i] = row_index(hash, i, len);
+        i += 1;
+    }
+    out
+}
+
+/// What judging one arrival against a key's rows decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowsJudgement {
+    pub admit: bool,
+    /// Each row's new value, when it changes.
+    pub store: [Option<u64>; MAX_ROWS],
+}
+
+/// Judges one arrival against the first `rows` of `values` (a key's buckets, one per row) by the
+/// rules in the module's documentation. Arguments as [`Gcra::judge`]; `owner_capacity` may be
+/// asked once per row.
+#[inline(always)]
+pub fn judge_rows(
+    gcra: &Gcra,
+    me: u8,
+    values: &[u64; MAX_ROWS],
+    rows: usize,
+    now_ns: u64,
+    weight: u64,
+    owner_capacity: impl Fn(u8) -> u64,
+) -> RowsJudgement {
+    let mut store = [None; MAX_ROWS];
+    let mut admit = false;
+    // The earliest admitting row gives the new TAT (ahead of now, in clock units).
+    let mut new_ahead = u64::MAX;
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        let j: Judgement = gcra.judge(me, values[i], now_ns, weight, &owner_capacity);
+        store[i] = j.store;
+        if j.admit {
+            admit = true;
+            let now = now_ns.wrapping_shl(CLOCK_SHIFT);
+            let ahead = ahead_units(values[i], now) + gcra.cost(weight);
+            if ahead < new_ahead {
+                new_ahead = ahead;
+            }
+        }
+        i += 1;
+    }
+    if admit {
+        raise_rows(values, rows, now_ns, new_ahead, me, &mut store);
+    }
+    RowsJudgement { admit, store }
+}
+
+/// Conservative update: every row whose TAT is behind `now + new_ahead` is raised to it (and
+/// owned by `me`); rows further ahead keep what they hold.
+#[inline(always)]
+fn raise_rows(values: &[u64; MAX_ROWS], rows: usize, now_ns: u64, new_ahead: u64, me: u8, store: &mut [Option<u64>; MAX_ROWS]) {
+    let now = now_ns.wrapping_shl(CLOCK_SHIFT);
+    let value = now.wrapping_add(new_ahead) | u64::from(me);
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        store[i] = if ahead_units(values[i], now) < new_ahead { Some(value) } else { None };
+        i += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::{vec, vec::Vec};
+
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    /// `max over runs i..=j of (admitted weight) * period - (a_j - a_i) * count - burst * period`
+    /// for unit weights: <= 0 iff the log keeps `floor((t + tau)/T) + 1` in every interval.
+    fn max_excess(log: &[u64], gcra: &Gcra) -> i128 {
+        let (e, cap) = (i128::from(gcra.emission), i128::from(gcra.capacity));
+        let unit = 1i128 << CLOCK_SHIFT;
+        let (mut before, mut min_x, mut worst) = (0i128, i128::MAX, i128::MIN);
+        for &a in log {
+            min_x = min_x.min(before * e - i128::from(a) * unit);
+            before += 1;
+            worst = worst.max(before * e - i128::from(a) * unit - min_x - cap);
+        }
+        worst
+    }
+
+    /// A table of `rows x len` buckets shared by every key.
+    struct Table {
+        rows: usize,
+        buckets: Vec<u64>,
+    }
+
+    impl Table {
+        fn new(rows: usize, len: u32) -> Self {
+            Self { rows, buckets: vec![0; rows * len as usize] }
+        }
+        fn judge(&mut self, gcra: &Gcra, me: u8, idx: &[u32; MAX_ROWS], now: u64, owner_cap: impl Fn(u8) -> u64) -> bool {
+            let mut values = [0u64; MAX_ROWS];
+            for r in 0..self.rows {
+                values[r] = self.buckets[idx[r] as usize];
+            }
+            let j = judge_rows(gcra, me, &values, self.rows, now, 1, owner_cap);
+            for r in 0..self.rows {
+                if let Some(v) = j.store[r] {
+                    self.buckets[idx[r] as usize] = v;
+                }
+            }
+            j.admit
+        }
+        fn spent(&self, gcra: &Gcra, idx: &[u32; MAX_ROWS], now: u64) -> bool {
+            (0..self.rows).all(|r| {
+                let a = ahead_units(self.buckets[idx[r] as usize], now << CLOCK_SHIFT);
+                a + gcra.cost(1) > gcra.capacity
+            })
+        }
+    }
+
+    #[test]
+    fn indexes_fall_in_their_rows_and_spread_evenly() {
+        let mut rng = StdRng::seed_from_u64(0x0505);
+        for rows in 1..=MAX_ROWS {
+            for buckets in [16u32, 1 << 10, 65_536, 1 << 24] {
+                let len = row_len(buckets, rows as u32);
+                for _ in 0..2000 {
+                    let idx = row_indexes(rng.random(), rows, len);
+                    for r in 0..rows {
+                        assert!(idx[r] >= r as u32 * len && idx[r] < (r as u32 + 1) * len, "row {r} of {rows}: {idx:?}");
+                    }
+                }
+            }
+        }
+        // Pairs of rows are independent: two random hashes that collide in row 0 collide in row r
+        // about as often as any two hashes do (1/len), not more.
+        let len = 64u32;
+        for rows in 2..=MAX_ROWS {
+            let hashes: Vec<u64> = (0..4000).map(|_| rng.random()).collect();
+            let idx: Vec<[u32; MAX_ROWS]> = hashes.iter().map(|&h| row_indexes(h, rows, len)).collect();
+            let (mut both, mut first) = (0u64, 0u64);
+            for a in 0..idx.len() {
+                for b in a + 1..idx.len() {
+                    if idx[a][0] == idx[b][0] {
+                        first += 1;
+                        both += (1..rows).filter(|&r| idx[a][r] == idx[b][r]).count() as u64;
+                    }
+                }
+            }
+            let rate = both as f64 / (first as f64 * (rows - 1) as f64);
+            assert!((rate - 1.0 / len as f64).abs() < 0.3 / len as f64, "{rows} rows: {rate} vs {}", 1.0 / len as f64);
+        }
+    }
+
+    #[test]
+    fn one_row_is_the_single_bucket_gcra() {
+        let mut rng = StdRng::seed_from_u64(0x1);
+        let gcra = Gcra::new(10, SEC, 5, 1).unwrap();
+        let (mut single, mut row) = (0u64, Table::new(1, 1));
+        let mut now = rng.random_range(0..u64::MAX / 2);
+        for _ in 0..10_000 {
+            now += rng.random_range(0..SEC / 5);
+            let a = gcra.admit(&mut single, now, 1);
+            let b = row.judge(&gcra, 1, &[0; MAX_ROWS], now, |_| 0);
+            assert_eq!(a, b);
+            assert_eq!(single, row.buckets[0]);
+        }
+    }
+
+    /// Many keys forced into shared rows (tiny rows, many keys), random schedules, one to four
+    /// rows: every admission is one the exact per-key GCRA (run over the key's own admissions)
+    /// also makes, so every key keeps its own bound; and a key the exact GCRA would admit is
+    /// refused only when all its rows are spent.
+    #[test]
+    fn shared_rows_keep_each_keys_bound_and_refuse_only_when_all_rows_are_spent() {
+        let mut rng = StdRng::seed_from_u64(0x0c0_4417);
+        let mut refused_innocent = 0u64;
+        for round in 0..400 {
+            let rows = rng.random_range(1..=MAX_ROWS);
+            let len = rng.random_range(1..=8u32);
+            let keys = rng.random_range(2..=40usize);
+            let count = rng.random_range(1..=1000u64);
+            let burst = [1u64, 2, 5, 20][rng.random_range(0..4)];
+            let gcra = Gcra::new(count, SEC, burst, 1).unwrap();
+            let t_ns = SEC as f64 / count as f64;
+            let mut table = Table::new(rows, len);
+            let idx: Vec<[u32; MAX_ROWS]> = (0..keys).map(|_| row_indexes(rng.random(), rows, len)).collect();
+            // Each key offers 0.2x to 20x the rate; some are idle most of the time.
+            let gaps: Vec<f64> = (0..keys).map(|_| t_ns / rng.random_range(0.2..20.0)).collect();
+            let start: u64 = rng.random_range(0..u64::MAX / 2);
+            let mut next: Vec<u64> = (0..keys).map(|k| start + (gaps[k] * rng.random_range(0.0..3.0)) as u64).collect();
+            let mut exact = vec![0u64; keys];
+            let mut logs: Vec<Vec<u64>> = vec![Vec::new(); keys];
+            for _ in 0..4000 {
+                let (k, &now) = next.iter().enumerate().min_by_key(|(_, t)| **t).unwrap();
+                let spent_before = table.spent(&gcra, &idx[k], now);
+                // The exact per-key GCRA over the key's own admissions (a shadow bucket that
+                // moves only when the rows admit).
+                let shadow = gcra.judge(1, exact[k], now, 1, |_| 0);
+                let own = shadow.admit;
+                let admitted = table.judge(&gcra, 1, &idx[k], now, |_| 0);
+                if admitted {
+                    exact[k] = shadow.store.unwrap_or(exact[k]);
+                    logs[k].push(now - start);
+                    assert!(own, "round {round}: key {k} admitted where its own GCRA refuses");
+                } else if own {
+                    // The exact GCRA admits, the rows refuse: only when every row is spent.
+                    assert!(spent_before, "round {round}: key {k} refused with a row unspent");
+                    refused_innocent += 1;
+                } else {
+                    assert!(spent_before);
+                }
+                // Admission matches "some row can take it".
+                assert_eq!(admitted, !spent_before, "round {round}: key {k}");
+                next[k] = now + (gaps[k] * rng.random_range(0.0..2.0)) as u64 + 1;
+            }
+            for (k, log) in logs.iter().enumerate() {
+                let excess = max_excess(log, &gcra);
+                assert!(excess <= 0, "round {round}: key {k} over its bound by {excess} units ({rows} rows of {len})");
+            }
+        }
+        // The schedules do force collateral (so the refusal clause was exercised).
+        assert!(refused_innocent > 1000, "only {refused_innocent} collateral refusals");
+    }
+
+    /// Keys of several policies (different rates and windows) sharing rows: each key keeps its
+    /// own policy's bound, whatever the others leave in the shared rows.
+    #[test]
+    fn keys_of_several_policies_in_shared_rows_keep_their_bounds() {
+        let mut rng = StdRng::seed_from_u64(0xabc);
+        for round in 0..300 {
+            let rows = rng.random_range(1..=MAX_ROWS);
+            let len = rng.random_range(1..=4u32);
+            let pols: Vec<Gcra> = (0..3)
+                .map(|_| Gcra::new(rng.random_range(1..=10_000), SEC, [1u64, 5, 100][rng.random_range(0..3)], 1).unwrap())
+                .collect();
+            let caps: Vec<u64> = pols.iter().map(|g| g.capacity).collect();
+            let owner_cap = |o: u8| caps.get(usize::from(o).wrapping_sub(1)).copied().unwrap_or(0);
+            let keys = rng.random_range(2..=12usize);
+            let pol_of: Vec<usize> = (0..keys).map(|_| rng.random_range(0..3)).collect();
+            let idx: Vec<[u32; MAX_ROWS]> = (0..keys).map(|_| row_indexes(rng.random(), rows, len)).collect();
+            let gaps: Vec<f64> = (0..keys)
+                .map(|k| SEC as f64 / pols[pol_of[k]].bound(SEC) as f64 / rng.random_range(0.3..20.0))
+                .collect();
+            let mut table = Table::new(rows, len);
+            let start: u64 = rng.random_range(0..u64::MAX / 2);
+            let mut next: Vec<u64> = vec![start; keys];
+            let mut logs: Vec<Vec<u64>> = vec![Vec::new(); keys];
+            for _ in 0..3000 {
+                let (k, &now) = next.iter().enumerate().min_by_key(|(_, t)| **t).unwrap();
+                let p = pol_of[k];
+                if table.judge(&pols[p], p as u8 + 1, &idx[k], now, owner_cap) {
+                    logs[k].push(now - start);
+                }
+                next[k] = now + (gaps[k] * rng.random_range(0.0..2.0)) as u64 + 1;
+            }
+            for (k, log) in logs.iter().enumerate() {
+                let excess = max_excess(log, &pols[pol_of[k]]);
+                assert!(excess <= 0, "round {round}: key {k} (policy {}) over its bound by {excess}", pol_of[k] + 1);
+            }
+        }
+    }
+
+    /// Salt rotation: carrying each row over (the later of the old and new bucket) grants no
+    /// fresh allowance to a key that had spent its rows.
+    #[test]
+    fn rotation_carries_every_row_over() {
+        let mut rng = StdRng::seed_from_u64(0x707);
+        let gcra = Gcra::new(10, SEC, 5, 1).unwrap();
+        for rows in 1..=MAX_ROWS {
+            let len = 64;
+            let mut old = Table::new(rows, len);
+            let mut new = Table::new(rows, len);
+            let (h_old, h_new): (u64, u64) = (rng.random(), rng.random());
+            let (io, inew) = (row_indexes(h_old, rows, len), row_indexes(h_new, rows, len));
+            let now = 1000 * SEC;
+            let spent = (0..100).filter(|_| old.judge(&gcra, 1, &io, now, |_| 0)).count();
+            assert_eq!(spent, 5);
+            // During grace the kernel judges the later of each row's two buckets.
+            let mut values = [0u64; MAX_ROWS];
+            for r in 0..rows {
+                values[r] =
+                    crate::gcra::later(new.buckets[inew[r] as usize], old.buckets[io[r] as usize], now + SEC / 100);
+            }
+            let j = judge_rows(&gcra, 1, &values, rows, now + SEC / 100, 1, |_| 0);
+            assert!(!j.admit, "{rows} rows: a rotation handed out a fresh allowance");
+            for r in 0..rows {
+                if let Some(v) = j.store[r] {
+                    new.buckets[inew[r] as usize] = v;
+                }
+            }
+        }
+    }
+
+    /// The sweep behind the default: innocent loss under a flood of spoofed sources, each kept
+    /// spent, for D = 1..4 at fixed memory, beside `(1 - (1 - D/N)^K)^D`. Run with
+    /// `cargo test -p limiter-common --release -- --ignored --nocapture innocent_loss_sweep`.
+    #[test]
+    #[ignore]
+    fn innocent_loss_sweep() {
+        let gcra = Gcra::new(10, SEC, 5, 1).unwrap();
+        let mut rng = StdRng::seed_from_u64(15);
+        std::println!("| buckets | flooders | D | measured | theory |");
+        std::println!("|---|---|---|---|---|");
+        for buckets in [65_536u32, 1 << 20] {
+            for flooders in [1_000usize, 5_000, 20_000, 50_000] {
+                for rows in 1..=MAX_ROWS {
+                    let len = row_len(buckets, rows as u32);
+                    let mut table = Table::new(rows, len);
+                    let mut now = 100 * SEC;
+                    // Each flooder far over its rate: 10 packets within a millisecond spend its
+                    // burst of 5 (its rows stay spent while it keeps flooding).
+                    let idx: Vec<[u32; MAX_ROWS]> =
+                        (0..flooders).map(|_| row_indexes(rng.random(), rows, len)).collect();
+                    for _ in 0..10 {
+                        for i in &idx {
+                            table.judge(&gcra, 1, i, now, |_| 0);
+                        }
+                        now += 100_000;
+                    }
+                    let innocents = 20_000;
+                    let refused = (0..innocents)
+                        .filter(|_| !table.judge(&gcra, 1, &row_indexes(rng.random(), rows, len), now, |_| 0))
+                        .count();
+                    let m = len as f64;
+                    let theory = (1.0 - (1.0 - 1.0 / m).powf(flooders as f64)).powi(rows as i32);
+                    std::println!(
+                        "| {buckets} | {flooders} | {rows} | {:.3}% | {:.3}% |",
+                        100.0 * refused as f64 / innocents as f64,
+                        100.0 * theory
+                    );
+                }
+            }
+        }
+    }
+}
