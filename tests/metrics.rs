@@ -349,11 +349,12 @@ fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
     let flood4 = rig.udp(Sources::Spoofed { prefix: "198.19.5.0/24".parse().expect("prefix"), count: 64 }, 7000);
     let flood6 = rig.udp(Sources::Spoofed { prefix: "2001:db8:5::/64".parse().expect("prefix"), count: 64 }, 7000);
     // Quiet prefixes that do not share a bucket with a flooding one under this salt (a shared
-    // bucket shares the allowance, by design): 1 chance in 500 otherwise.
+    // bucket shares the allowance, by design; with rows, none of their buckets): rare otherwise.
     let config = rig.daemon.maps().expect("maps").rules.config;
-    let flooding_buckets = [bucket(&config, id, src("198.19.5.0")), bucket(&config, id, src("2001:db8:5::"))];
+    let flooding_buckets = [bucket(&config, id, src("198.19.5.0")), bucket(&config, id, src("2001:db8:5::"))].concat();
     let pick = |candidates: Vec<IpAddr>| {
-        let own = candidates.into_iter().find(|a| !flooding_buckets.contains(&bucket(&config, id, *a)));
+        let own =
+            candidates.into_iter().find(|a| bucket(&config, id, *a).iter().all(|b| !flooding_buckets.contains(b)));
         own.expect("a quiet prefix with a bucket of its own")
     };
     let quiet4 = pick((9..20).map(|n| IpAddr::from([198, 19, n, 7])).collect());
@@ -380,7 +381,7 @@ fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
     let used: BTreeSet<u32> =
         (0u32..).zip(&buckets).filter(|(_, tats)| tats.iter().any(|&t| t != 0)).map(|(b, _)| b).collect();
     let sources = [src("198.19.5.0"), src("2001:db8:5::"), quiet4, quiet6];
-    let predicted: BTreeSet<u32> = sources.iter().map(|a| bucket(&config, id, *a)).collect();
+    let predicted: BTreeSet<u32> = sources.iter().flat_map(|a| bucket(&config, id, *a)).collect();
     assert_eq!(used, predicted, "buckets in use vs predicted");
 
     let out = rig.ctl_ok(&["top", "--json"]);
@@ -439,9 +440,9 @@ fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
     }
 }
 
-/// The bucket (index within the current generation) of `addr` under policy `id` keyed on
-/// src/24,/48, as the kernel computes it.
-fn bucket(config: &Config, id: u16, addr: IpAddr) -> u32 {
+/// The buckets (indexes within the current generation, one per count-min row) of `addr` under
+/// policy `id` keyed on src/24,/48, as the kernel computes them.
+fn bucket(config: &Config, id: u16, addr: IpAddr) -> Vec<u32> {
     let mut bytes = [0u8; 16];
     let family = match addr {
         IpAddr::V4(a) => {
@@ -455,7 +456,9 @@ fn bucket(config: &Config, id: u16, addr: IpAddr) -> u32 {
     };
     let words = FlowKey { addr: bytes, policy: id, dport: 0, family }.words();
     let salt = &config.salts[(config.generation & 1) as usize];
-    limiter_common::key::bucket_of(salt, family, &words, config.bucket_mask)
+    let rows = config.rows.max(1) as usize;
+    let hash = limiter_common::key::key_hash(salt, family, &words);
+    limiter_common::rows::row_indexes(hash, rows, config.row_len)[..rows].to_vec()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -690,6 +690,7 @@ fn a_hot_path_fault_in_a_running_daemon_passes_and_is_reported() {
     let config = rig.daemon.maps().expect("maps").rules.config;
     let mut broken = config;
     broken.bucket_mask = (1 << 20) - 1;
+    broken.row_len = 1 << 20;
     write_program_config(program, &broken).expect("corrupting CONFIG");
     let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
     let flow = flow(&stream, src("198.19.1.1"));
@@ -760,9 +761,10 @@ fn a_hot_path_fault_passes_and_is_counted() {
     let sound = sum(&limiter);
     assert_eq!((sound[1].admitted_packets, sound[1].refused_packets, sound[0].errors), (1, 1, 0));
 
-    // Corrupt: bucket_mask far beyond the map (GENERATIONS x 64 entries).
+    // Corrupt: bucket_mask and the row length far beyond the map (GENERATIONS x 64 entries).
     let mut broken = config;
     broken.bucket_mask = (1 << 20) - 1;
+    broken.row_len = 1 << 20;
     assert!(broken.bucket_mask + 1 > GENERATIONS * BUCKETS);
     limiter.write_config(&broken).expect("config");
     for i in 0..100 {

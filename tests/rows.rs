@@ -164,3 +164,37 @@ fn rows_spare_innocents_with_2_20_buckets() {
     }
     assert!(loss[1].share() <= 0.001, "{rows} rows refused {:.3}% of innocents (> 0.1%)", 100.0 * loss[1].share());
 }
+
+/// The plot in docs/DESIGN.md: innocent loss against flooders for 1 to 4 rows at the default
+/// memory, measured on veth beside theory; writes docs/rows-loss.svg and prints the table.
+/// `sudo -E cargo test -p limiter-tests --test rows -- --ignored --nocapture plot`
+#[test]
+#[ignore]
+fn plot_innocent_loss_against_flooders() {
+    require_root!();
+    let net = TestNet::new().expect("test network");
+    let buckets = limiter_common::maps::DEFAULT_BUCKETS;
+    let flooders = [1_000u32, 2_500, 5_000, 10_000, 15_000, 20_000];
+    let mut series = Vec::new();
+    eprintln!("| flooders | D = 1 | D = 2 | D = 3 | D = 4 |\n|---:|---:|---:|---:|---:|");
+    let mut rows_table = vec![String::new(); flooders.len()];
+    for rows in 1..=4u32 {
+        let mut points = Vec::new();
+        for (i, &k) in flooders.iter().enumerate() {
+            let l = measure(&net, buckets, rows, k, 5_000);
+            points.push((f64::from(k), 100.0 * l.share(), 100.0 * l.theory));
+            rows_table[i] += &format!(" {:.2}% ({:.2}%) |", 100.0 * l.share(), 100.0 * l.theory);
+        }
+        series.push((format!("D = {rows}"), points));
+    }
+    for (k, row) in flooders.iter().zip(&rows_table) {
+        eprintln!("| {k} |{row}");
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/rows-loss.svg");
+    limiter_tests::plot::innocent_loss(
+        path,
+        "Innocent sources refused, 65,536 buckets split into D rows, 5,000 innocents",
+        &series,
+    )
+    .expect("plot");
+}

@@ -22,7 +22,7 @@
 //! *every* one of its `D` rows is spent, i.e. shared with some flooder in each row. With `K`
 //! flooders kept spent and rows of `M = N / D`, that is `(1 - (1 - 1/M)^K)^D`.
 
-use crate::gcra::{Gcra, Judgement, ahead_units, CLOCK_SHIFT};
+use crate::gcra::{CLOCK_SHIFT, Gcra, Judgement, ahead_units};
 
 /// At most this many rows (the kernel's loop bound).
 pub const MAX_ROWS: usize = 4;
@@ -30,7 +30,8 @@ pub const MAX_ROWS: usize = 4;
 pub const DEFAULT_ROWS: u32 = 4;
 
 /// Odd multipliers, one per row: row `i`'s 32-bit hash is the high half of `hash x MIX[i]`.
-const MIX: [u64; MAX_ROWS] = [0x9e37_79b9_7f4a_7c15, 0xc2b2_ae3d_27d4_eb4f, 0x1656_67b1_9e37_79f9, 0xd6e8_feb8_6659_fd93];
+const MIX: [u64; MAX_ROWS] =
+    [0x9e37_79b9_7f4a_7c15, 0xc2b2_ae3d_27d4_eb4f, 0x1656_67b1_9e37_79f9, 0xd6e8_feb8_6659_fd93];
 
 /// The length of each row when `buckets` are split into `rows` rows (userspace, once).
 pub const fn row_len(buckets: u32, rows: u32) -> u32 {
@@ -104,7 +105,14 @@ pub fn judge_rows(
 /// Conservative update: every row whose TAT is behind `now + new_ahead` is raised to it (and
 /// owned by `me`); rows further ahead keep what they hold.
 #[inline(always)]
-fn raise_rows(values: &[u64; MAX_ROWS], rows: usize, now_ns: u64, new_ahead: u64, me: u8, store: &mut [Option<u64>; MAX_ROWS]) {
+fn raise_rows(
+    values: &[u64; MAX_ROWS],
+    rows: usize,
+    now_ns: u64,
+    new_ahead: u64,
+    me: u8,
+    store: &mut [Option<u64>; MAX_ROWS],
+) {
     let now = now_ns.wrapping_shl(CLOCK_SHIFT);
     let value = now.wrapping_add(new_ahead) | u64::from(me);
     let mut i = 0;
@@ -149,7 +157,14 @@ mod tests {
         fn new(rows: usize, len: u32) -> Self {
             Self { rows, buckets: vec![0; rows * len as usize] }
         }
-        fn judge(&mut self, gcra: &Gcra, me: u8, idx: &[u32; MAX_ROWS], now: u64, owner_cap: impl Fn(u8) -> u64) -> bool {
+        fn judge(
+            &mut self,
+            gcra: &Gcra,
+            me: u8,
+            idx: &[u32; MAX_ROWS],
+            now: u64,
+            owner_cap: impl Fn(u8) -> u64,
+        ) -> bool {
             let mut values = [0u64; MAX_ROWS];
             for r in 0..self.rows {
                 values[r] = self.buckets[idx[r] as usize];
@@ -179,7 +194,10 @@ mod tests {
                 for _ in 0..2000 {
                     let idx = row_indexes(rng.random(), rows, len);
                     for r in 0..rows {
-                        assert!(idx[r] >= r as u32 * len && idx[r] < (r as u32 + 1) * len, "row {r} of {rows}: {idx:?}");
+                        assert!(
+                            idx[r] >= r as u32 * len && idx[r] < (r as u32 + 1) * len,
+                            "row {r} of {rows}: {idx:?}"
+                        );
                     }
                 }
             }
@@ -284,7 +302,9 @@ mod tests {
             let rows = rng.random_range(1..=MAX_ROWS);
             let len = rng.random_range(1..=4u32);
             let pols: Vec<Gcra> = (0..3)
-                .map(|_| Gcra::new(rng.random_range(1..=10_000), SEC, [1u64, 5, 100][rng.random_range(0..3)], 1).unwrap())
+                .map(|_| {
+                    Gcra::new(rng.random_range(1..=10_000), SEC, [1u64, 5, 100][rng.random_range(0..3)], 1).unwrap()
+                })
                 .collect();
             let caps: Vec<u64> = pols.iter().map(|g| g.capacity).collect();
             let owner_cap = |o: u8| caps.get(usize::from(o).wrapping_sub(1)).copied().unwrap_or(0);

@@ -149,14 +149,27 @@ fn sample_refusal(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3],
 /// The number of rows and their length (a zero `rows` or `row_len` reads as one row of all).
 #[inline(always)]
 fn row_shape(cfg: &Config) -> (usize, u32) {
-    let rows = if cfg.rows == 0 { 1 } else if cfg.rows as usize > MAX_ROWS { MAX_ROWS } else { cfg.rows as usize };
+    let rows = if cfg.rows == 0 {
+        1
+    } else if cfg.rows as usize > MAX_ROWS {
+        MAX_ROWS
+    } else {
+        cfg.rows as usize
+    };
     let len = if cfg.row_len == 0 { cfg.bucket_mask.wrapping_add(1) } else { cfg.row_len };
     (rows, len)
 }
 
 /// The source's bucket in each row of `generation`, under that generation's salt.
 #[inline(always)]
-fn bucket_rows(cfg: &Config, generation: usize, family: u8, words: &[u64; 3], rows: usize, len: u32) -> [u32; MAX_ROWS] {
+fn bucket_rows(
+    cfg: &Config,
+    generation: usize,
+    family: u8,
+    words: &[u64; 3],
+    rows: usize,
+    len: u32,
+) -> [u32; MAX_ROWS] {
     let base = (generation as u32) * (cfg.bucket_mask + 1);
     let mut idx = row_indexes(key_hash(&cfg.salts[generation], family, words), rows, len);
     let mut i = 0;

@@ -165,6 +165,41 @@ pub fn memory(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> anyhow::Result<
     root.present().map_err(err)
 }
 
+/// Innocent loss (%) against flooders: per series (one per row count), theory as a line and the
+/// measurements as points, in the same colour.
+pub fn innocent_loss(path: &str, caption: &str, series: &[(String, Vec<(f64, f64, f64)>)]) -> anyhow::Result<()> {
+    let x1 = series.iter().flat_map(|(_, p)| p.iter().map(|p| p.0)).fold(1.0f64, f64::max) * 1.05;
+    let top = series.iter().flat_map(|(_, p)| p.iter().map(|p| p.1.max(p.2))).fold(1.0f64, f64::max) * 1.1;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(15)
+        .margin_right(45)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..x1, 0.0..top)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("flooding sources")
+        .y_desc("innocent sources refused (%)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()
+        .map_err(err)?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let c = color(i);
+        chart
+            .draw_series(LineSeries::new(points.iter().map(|p| (p.0, p.2)), c.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("{name}: theory (line), measured (dots)"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
+        chart.draw_series(points.iter().map(|p| Circle::new((p.0, p.1), 4, c.filled()))).map_err(err)?;
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(err)
+}
+
 fn dedup<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     let mut v: Vec<&str> = Vec::new();
     for x in it {
@@ -199,6 +234,10 @@ mod tests {
         let mem = path("memory.svg");
         memory(&mem, &[("nftables meter", vec![(1e3, 0.5), (1e6, 40.0)])])?;
         assert!(read(&mem)?.contains("nftables meter"));
+
+        let loss = path("loss.svg");
+        innocent_loss(&loss, "innocent loss", &[("D = 4".into(), vec![(5e3, 0.3, 0.48), (2e4, 25.1, 24.7)])])?;
+        assert!(read(&loss)?.contains("D = 4: theory"));
 
         std::fs::remove_dir_all(&dir)?;
         Ok(())
