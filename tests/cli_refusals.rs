@@ -103,6 +103,9 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--burst", "5"]), "--rate"),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--buckets", "100"]), "bucket"),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--buckets", "+1024"]), "bucket"),
+        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--rows", "0"]), "row count"),
+        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--rows", "5"]), "row count"),
+        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--rows", "+2"]), "row count"),
         (
             args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--sample-refusals", "+256"]),
             "sample",

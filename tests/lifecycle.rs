@@ -377,3 +377,25 @@ fn an_incompatible_pinned_limiter_is_replaced_without_a_gap() {
     }
     assert_eq!(total(&Snapshot::read(&dir).expect("maps").counters[usize::from(new_id)]), total(&new_now));
 }
+
+/// A pinned limiter whose buckets are split into another number of rows maps every key
+/// elsewhere: the next daemon started with another `--rows` does not adopt it but replaces it,
+/// saying why; the new CONFIG holds the new row count and row length.
+#[test]
+fn another_row_count_is_replaced_not_adopted() {
+    require_root!();
+    let mut rig = Rig::start(&ARGS).expect("rig");
+    let config = rig.daemon.maps().expect("maps").rules.config;
+    assert_eq!((config.rows, config.row_len), (4, 256), "the default: 4 rows of 1024 / 4");
+    rig.daemon.stop_ok();
+    let mut args = ARGS.to_vec();
+    args.extend(["--rows", "2"]);
+    let mut daemon = Daemon::spawn(&rig.net.receiver, &rig.scratch, &args).expect("daemon");
+    let line = daemon.wait_replaced(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    rig.daemon = daemon;
+    eprintln!("{line}");
+    let out = rig.daemon.output();
+    assert!(out.contains("split into 4 rows") && out.contains("--rows 2"), "the reason is not said:\n{out}");
+    let config = rig.daemon.maps().expect("maps").rules.config;
+    assert_eq!((config.rows, config.row_len), (2, 512));
+}
