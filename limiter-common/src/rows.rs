@@ -170,9 +170,9 @@ mod tests {
                 values[r] = self.buckets[idx[r] as usize];
             }
             let j = judge_rows(gcra, me, &values, self.rows, now, 1, owner_cap);
-            for r in 0..self.rows {
-                if let Some(v) = j.store[r] {
-                    self.buckets[idx[r] as usize] = v;
+            for (&i, store) in idx.iter().zip(j.store).take(self.rows) {
+                if let Some(v) = store {
+                    self.buckets[i as usize] = v;
                 }
             }
             j.admit
@@ -356,9 +356,9 @@ mod tests {
             }
             let j = judge_rows(&gcra, 1, &values, rows, now + SEC / 100, 1, |_| 0);
             assert!(!j.admit, "{rows} rows: a rotation handed out a fresh allowance");
-            for r in 0..rows {
-                if let Some(v) = j.store[r] {
-                    new.buckets[inew[r] as usize] = v;
+            for (&i, store) in inew.iter().zip(j.store).take(rows) {
+                if let Some(v) = store {
+                    new.buckets[i as usize] = v;
                 }
             }
         }

@@ -165,9 +165,12 @@ pub fn memory(path: &str, series: &[(&str, Vec<(f64, f64)>)]) -> anyhow::Result<
     root.present().map_err(err)
 }
 
+/// One row count's points: (flooders, measured %, theory %).
+pub type LossSeries = (String, Vec<(f64, f64, f64)>);
+
 /// Innocent loss (%) against flooders: per series (one per row count), theory as a line and the
 /// measurements as points, in the same colour.
-pub fn innocent_loss(path: &str, caption: &str, series: &[(String, Vec<(f64, f64, f64)>)]) -> anyhow::Result<()> {
+pub fn innocent_loss(path: &str, caption: &str, series: &[LossSeries]) -> anyhow::Result<()> {
     let x1 = series.iter().flat_map(|(_, p)| p.iter().map(|p| p.0)).fold(1.0f64, f64::max) * 1.05;
     let top = series.iter().flat_map(|(_, p)| p.iter().map(|p| p.1.max(p.2))).fold(1.0f64, f64::max) * 1.1;
     let root = SVGBackend::new(path, SIZE).into_drawing_area();

@@ -143,7 +143,7 @@ impl Collector for Exposition {
             gauge(
                 &mut encoder,
                 "limiter_bucket_occupancy_ratio",
-                "Fraction of buckets whose TAT is ahead of now: a newcomer's chance of sharing one.",
+                "Fraction of buckets whose TAT is ahead of now: a newcomer's chance of sharing one, in each of its rows.",
                 vec![],
                 occupancy,
             )?;
