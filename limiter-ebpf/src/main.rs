@@ -23,6 +23,7 @@ use limiter_ebpf::{
     decide::{Verdict, count, decide},
     key::key_words,
     parse::{Packet, Skip, parse},
+    scope,
 };
 
 #[map]
@@ -34,6 +35,10 @@ static PORT_POLICY: Array<u16> = Array::with_max_entries(PORT_POLICY_ENTRIES, 0)
 /// Resized at load to GENERATIONS x the bucket count the operator chose.
 #[map]
 static BUCKETS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GENERATIONS * DEFAULT_BUCKETS, 0);
+/// Host-scope policies' buckets: one copy shared by every CPU, same size and generations as
+/// `BUCKETS` (resized at load with it).
+#[map]
+static HOST_BUCKETS: Array<u64> = Array::with_max_entries(GENERATIONS * DEFAULT_BUCKETS, 0);
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_POLICIES, 0);
 #[map]
@@ -97,6 +102,12 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
         return unmatched();
     }
     let words = key_words(pkt, policy);
+    if policy.flags & Policy::SCOPE_HOST != 0 {
+        let Some(verdict) = judge_host(cfg, pkt, policy, &words, frame_len) else {
+            return fault();
+        };
+        return act(cfg, pkt, policy, &words, verdict, frame_len);
+    }
     let generation = (cfg.generation & 1) as usize;
     let Some(bucket) = BUCKETS.get_ptr_mut(bucket_index(cfg, generation, pkt.family, &words)) else {
         return fault();
@@ -115,11 +126,42 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     if let Some(v) = store {
         unsafe { *bucket = v };
     }
-    bump(u32::from(id), |c| count(c, verdict, frame_len));
+    act(cfg, pkt, policy, &words, verdict, frame_len)
+}
+
+/// Counts the verdict (and samples a refusal), and turns it into the XDP action.
+#[inline(always)]
+fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: Verdict, frame_len: u64) -> u32 {
+    bump(u32::from(policy.id), |c| count(c, verdict, frame_len));
     if verdict != Verdict::Admit && cfg.flags & Config::SAMPLE_REFUSALS != 0 {
-        sample_refusal(cfg, pkt, policy, &words, verdict);
+        sample_refusal(cfg, pkt, policy, words, verdict);
     }
     if verdict == Verdict::Refuse { XDP_DROP } else { XDP_PASS }
+}
+
+/// A host-scope policy: the key's bucket in `HOST_BUCKETS`, one for every CPU, read plainly and
+/// written only by compare-and-exchange when the judgement changes it (`limiter_ebpf::scope`).
+/// During a salt rotation the old generation's bucket is read too and a later TAT carries over,
+/// as for per-CPU buckets; it is never written (every write goes to the current generation).
+/// None on a failed lookup.
+#[inline(always)]
+fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], frame_len: u64) -> Option<Verdict> {
+    let generation = (cfg.generation & 1) as usize;
+    let bucket = HOST_BUCKETS.get_ptr_mut(bucket_index(cfg, generation, pkt.family, words))?;
+    let now = unsafe { bpf_ktime_get_ns() };
+    // A plain flag and value, not an Option: LLVM may leave a None's payload register unwritten,
+    // and the verifier refuses to read it.
+    let grace = now < cfg.grace_until_ns;
+    let mut old = 0;
+    if grace {
+        let slot = HOST_BUCKETS.get_ptr_mut(bucket_index(cfg, generation ^ 1, pkt.family, words))?;
+        old = scope::load(slot);
+    }
+    let exhausted = if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse };
+    Some(scope::judge_shared(bucket, exhausted, |current| {
+        let value = if grace { gcra::later(current, old, now) } else { current };
+        decide(policy, value, now, frame_len, owner_capacity)
+    }))
 }
 
 /// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.
