@@ -117,6 +117,7 @@ fn limiter(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyh
                 key: Default::default(),
                 unit: Default::default(),
                 mode: Default::default(),
+                scope: Default::default(),
             })
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }

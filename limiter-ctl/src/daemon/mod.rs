@@ -122,6 +122,7 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         key: Default::default(),
         unit: Default::default(),
         mode: Default::default(),
+        scope: Default::default(),
     });
     let desired = |ids: &BTreeMap<Name, u16>, max_frame: u64| -> Result<State, Error> {
         let state = State::build_for(&file, ids, max_frame)
