@@ -134,7 +134,11 @@ fn test_runs_on_two_cpus_share_one_host_allowance() {
     let (host_bucket, cpu_bucket) = (bucket_of(src, HOST), bucket_of(src, CPU));
     for index in 0..GENERATIONS * BUCKETS {
         let shared = limiter.host_bucket(index).expect("reading HOST_BUCKETS");
-        assert_eq!(shared != 0, index == host_bucket, "HOST_BUCKETS[{index}] = {shared:#x} (host bucket {host_bucket})");
+        assert_eq!(
+            shared != 0,
+            index == host_bucket,
+            "HOST_BUCKETS[{index}] = {shared:#x} (host bucket {host_bucket})"
+        );
         let per_cpu = limiter.bucket(index).expect("reading BUCKETS");
         for (c, &tat) in per_cpu.iter().enumerate() {
             let expected = index == cpu_bucket && cpus.contains(&c);

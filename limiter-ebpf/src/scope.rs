@@ -57,7 +57,11 @@ pub fn compare_exchange(slot: *mut u64, expected: u64, new: u64) -> Result<(), u
 /// within the same few hundred nanoseconds, so the key is busy far beyond any rate a client keeps
 /// to, and refusing never lets it over its bound, where admitting without a write would.
 #[inline(always)]
-pub fn judge_shared(slot: *mut u64, exhausted: Verdict, mut judge: impl FnMut(u64) -> (Verdict, Option<u64>)) -> Verdict {
+pub fn judge_shared(
+    slot: *mut u64,
+    exhausted: Verdict,
+    mut judge: impl FnMut(u64) -> (Verdict, Option<u64>),
+) -> Verdict {
     let mut current = load(slot);
     for _ in 0..HOST_CAS_TRIES {
         let (verdict, store) = judge(current);

@@ -115,7 +115,12 @@ fn limiter(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyh
 }
 
 /// [`limiter`] with every policy of `scope`.
-fn limiter_scoped(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str], scope: Scope) -> anyhow::Result<Limiter> {
+fn limiter_scoped(
+    buckets: u32,
+    policies: &[(&str, &str, u64)],
+    allow: &[&str],
+    scope: Scope,
+) -> anyhow::Result<Limiter> {
     let mut limiter = Limiter::load(buckets)?;
     limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
     let mut state = State::default();

@@ -16,7 +16,8 @@ fn right(v: u64) -> Cell {
 }
 
 pub(super) fn policies(all: &[PolicyStatus]) -> String {
-    let mut t = table( &["NAME", "MATCH", "RATE", "BURST", "KEY", "UNIT", "MODE", "SCOPE", "ADMITTED", "REFUSED", "DRY-RUN"]);
+    let mut t =
+        table(&["NAME", "MATCH", "RATE", "BURST", "KEY", "UNIT", "MODE", "SCOPE", "ADMITTED", "REFUSED", "DRY-RUN"]);
     for p in all {
         let d = &p.def;
         t.add_row(vec![

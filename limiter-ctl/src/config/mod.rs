@@ -18,8 +18,7 @@ pub use file::{
 };
 pub use policy::{
     BurstEdit, FieldError, KeySpec, Match, Mode, Name, PolicyEdit, PolicySpec, Ports, Proto, Scope, Unit, decimal,
-    net_serde,
-    parse_burst, parse_net,
+    net_serde, parse_burst, parse_net,
 };
 pub use rate::{Rate, RateError};
 pub use state::{DEFAULT_MAX_FRAME, Entry, L2_OVERHEAD, List, Routes, State, longest_window, max_frame_for_mtu};

@@ -54,7 +54,9 @@ impl Limiter {
 
     /// The TAT stored in the shared (host-scope) bucket `index` (generation offset included).
     pub fn host_bucket(&self, index: u32) -> Result<u64, Error> {
-        self.array::<u64>(MAP_HOST_BUCKETS)?.get(&index, 0).map_err(|source| Error::Map { name: MAP_HOST_BUCKETS, source })
+        self.array::<u64>(MAP_HOST_BUCKETS)?
+            .get(&index, 0)
+            .map_err(|source| Error::Map { name: MAP_HOST_BUCKETS, source })
     }
 
     /// Runs the program once on `frame` (BPF_PROG_TEST_RUN) and returns its XDP action.
