@@ -148,6 +148,42 @@ fn test_runs_on_two_cpus_share_one_host_allowance() {
     assert_eq!(limiter.host_bucket(host_bucket).expect("HOST_BUCKETS") & 0xff, u64::from(HOST), "owner byte");
 }
 
+/// A salt rotation carries a host-scope key's TAT over from the old generation's shared bucket
+/// without a fresh allowance, and a refused flood during the grace writes nothing: neither the
+/// old bucket (never written) nor the new one (written only when the judgement writes).
+#[test]
+fn rotation_carries_a_host_bucket_over_and_a_refused_flood_writes_nothing() {
+    require_root!();
+    let burst = 5;
+    let (mut limiter, _) = load("10/min", burst).expect("loading the limiter");
+    let src = Ipv4Addr::new(198, 18, 0, 2);
+    let spec = FrameSpec {
+        src_mac: [2, 0, 0, 0, 0, 2],
+        dst_mac: [2, 0, 0, 0, 0, 1],
+        dst: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
+        sport: 40_000,
+        dport: 9,
+        payload: 18,
+    };
+    let udp = spec.frame_of(L4::Udp, src.into()).expect("UDP frame");
+    let admitted = |limiter: &Limiter, n: u64| -> u64 {
+        (0..n).filter(|_| limiter.test_run(&udp).expect("test run") == XDP_PASS).count() as u64
+    };
+    assert_eq!(admitted(&limiter, 3 * burst), burst, "before the rotation: the burst");
+    let old = bucket_of(src, HOST);
+    let spent = limiter.host_bucket(old).expect("HOST_BUCKETS");
+    assert_ne!(spent, 0);
+    let salt = SipKey { k0: SALT.k0 ^ 0x5a5a, k1: SALT.k1.rotate_left(7) };
+    limiter.rotate_salt(salt, Duration::from_secs(600)).expect("rotating the salt");
+    assert_eq!(limiter.config().expect("config").generation, 1);
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src.octets());
+    let new = BUCKETS + FlowKey { addr, policy: HOST, dport: 0, family: FAMILY_V4 }.bucket(&salt, BUCKETS - 1);
+    assert_eq!(admitted(&limiter, 3 * burst), 0, "after the rotation, within the grace: no fresh allowance");
+    assert_eq!(limiter.host_bucket(old).expect("HOST_BUCKETS"), spent, "the old generation is never written");
+    assert_eq!(limiter.host_bucket(new).expect("HOST_BUCKETS"), 0, "refusals carried over write nothing");
+}
+
 /// End to end on veth (native XDP runs on the sending CPU): one source floods from two CPUs at
 /// once, UDP and TCP interleaved. The host-scope policy (UDP) admits at most ONE allowance over
 /// the window although both CPUs judged it, and at least 90% of it; the cpu-scope policy (TCP)

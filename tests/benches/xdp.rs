@@ -343,8 +343,9 @@ fn contention(frames: &[Vec<u8>], rounds: usize) -> anyhow::Result<String> {
     }
     writeln!(
         table,
-        "
-Kernel-measured ns/packet, medians of {rounds} rounds; hot: {HOT_REPEAT} repeats of one frame per thread; random:          {} sources, one test run each. \"refused by lost races\": admit-all packets refused because {} compare-and-exchange          tries in a row lost to the other CPU.",
+        "\nKernel-measured ns/packet, medians of {rounds} rounds; hot: {HOT_REPEAT} repeats of one frame per thread; random: \
+         {} sources, one test run each. \"refused by lost races\": admit-all packets refused because {} \
+         compare-and-exchange tries in a row lost to the other CPU.",
         frames.len(),
         limiter_common::maps::HOST_CAS_TRIES
     )?;
