@@ -29,7 +29,9 @@ use limiter_tests::{
     cpu::pin_current_thread,
     flood::{FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Stream},
     netns::TestNet,
+    policies::policies_json,
     require_root,
+    rig::Rig,
 };
 use nix::{sched::sched_getaffinity, unistd::Pid};
 
@@ -271,4 +273,44 @@ fn one_source_on_two_cpus_gets_one_allowance_under_host_scope() {
 
 fn per_sec(rate: &str) -> f64 {
     rate.parse::<Rate>().expect("the test's rates parse").per_sec()
+}
+
+/// Through the real daemon and CLI: a host-scope and a cpu-scope policy in one config. Both are
+/// listed with their scope (`policy list --json`, `policy show`), written to the file (a new
+/// policy's default scope left out), and compiled into the kernel with
+/// `Policy::SCOPE_HOST` on the host one only; `policy set --scope` changes only the scope.
+#[test]
+fn host_and_cpu_scope_policies_coexist_in_one_config() {
+    require_root!();
+    let rig = Rig::start(&[]).expect("starting the rig");
+    rig.ctl_ok(&["policy", "set", "quota", "--match", "udp", "--rate", "100/s", "--scope", "host"]);
+    rig.ctl_ok(&["policy", "set", "web", "--match", "tcp", "--rate", "100/s"]);
+    let check = |want: &[(&str, &str)], cpu_lines: usize, what: &str| {
+        let listed = policies_json(&rig);
+        let rules = rig.snapshot().rules;
+        for (name, scope) in want {
+            let p = listed.iter().find(|p| p["name"] == *name).unwrap_or_else(|| panic!("{what}: {name} not listed"));
+            assert_eq!(p["scope"], *scope, "{what}: {name} in `policy list --json`: {p}");
+            let id = u16::try_from(p["id"].as_u64().expect("an id")).expect("a policy id");
+            let flags = rules.policy(id).expect("the policy in the kernel").flags;
+            assert_eq!(flags & Policy::SCOPE_HOST != 0, *scope == "host", "{what}: {name}'s kernel flags {flags:#x}");
+            let shown = rig.ctl_ok(&["policy", "show", name]);
+            assert!(
+                shown.lines().any(|l| l.split_whitespace().eq(["scope", scope])),
+                "{what}: `policy show {name}` says no `scope {scope}`:\n{shown}"
+            );
+        }
+        let file = rig.scratch.config_file().expect("config").expect("the daemon wrote its config");
+        let hosts = want.iter().filter(|(_, s)| *s == "host").count();
+        assert_eq!(file.matches("scope = \"host\"").count(), hosts, "{what}: the file:\n{file}");
+        // A new policy leaves the default out; an edit back to it writes it (as for every field).
+        assert_eq!(file.matches("scope = \"cpu\"").count(), cpu_lines, "{what}: the file:\n{file}");
+    };
+    check(&[("quota", "host"), ("web", "cpu")], 0, "set");
+    rig.ctl_ok(&["policy", "set", "web", "--scope", "host"]);
+    check(&[("quota", "host"), ("web", "host")], 0, "web set to host");
+    let web = policies_json(&rig).into_iter().find(|p| p["name"] == "web").expect("web listed");
+    assert_eq!((&web["match"], &web["rate"]), (&"tcp".into(), &"100/s".into()), "only the scope changed: {web}");
+    rig.ctl_ok(&["policy", "set", "quota", "--scope", "cpu"]);
+    check(&[("quota", "cpu"), ("web", "host")], 1, "quota set back to cpu");
 }

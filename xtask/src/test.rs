@@ -48,12 +48,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.stress {
         return stress(&filter);
     }
-    // limiter-ebpf builds only for the BPF target (limiter-ctl's build.rs does that).
+    // limiter-ebpf's programs build only for the BPF target (limiter-ctl's build.rs does that);
+    // its library's host tests (the host-scope retry loop under real threads) run here.
     exec(
         cargo()
             .args(["test", "--workspace", "--exclude", "limiter-tests", "--exclude", "limiter-ebpf", "--"])
             .args(&filter),
     )?;
+    exec(cargo().args(["test", "--package", "limiter-ebpf", "--lib", "--"]).args(&filter))?;
     // The end-to-end tests run the real limiter-ctl binary; `cargo test` builds only harnesses.
     exec(cargo().args(["build", "--package", "limiter-ctl", "--bins"]))?;
     exec(&mut integration(&filter))?;
