@@ -155,13 +155,17 @@ fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], fra
     let mut old = 0;
     if grace {
         let slot = HOST_BUCKETS.get_ptr_mut(bucket_index(cfg, generation ^ 1, pkt.family, words))?;
-        old = scope::load(slot);
+        // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+        old = unsafe { scope::load(slot) };
     }
     let exhausted = if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse };
-    Some(scope::judge_shared(bucket, exhausted, |current| {
-        let value = if grace { gcra::later(current, old, now) } else { current };
-        decide(policy, value, now, frame_len, owner_capacity)
-    }))
+    // SAFETY: as above.
+    Some(unsafe {
+        scope::judge_shared(bucket, exhausted, |current| {
+            let value = if grace { gcra::later(current, old, now) } else { current };
+            decide(policy, value, now, frame_len, owner_capacity)
+        })
+    })
 }
 
 /// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.

@@ -21,8 +21,11 @@ use limiter_common::maps::HOST_CAS_TRIES;
 use crate::decide::Verdict;
 
 /// Reads a shared bucket (a plain 64-bit load: a naturally aligned load is never torn).
+///
+/// # Safety
+/// `slot` points to 8 aligned bytes that stay valid for the call (a map value).
 #[inline(always)]
-pub fn load(slot: *mut u64) -> u64 {
+pub unsafe fn load(slot: *mut u64) -> u64 {
     unsafe { core::ptr::read_volatile(slot) }
 }
 
@@ -32,8 +35,11 @@ pub fn load(slot: *mut u64) -> u64 {
 /// The BPF target spec leaves out `compare_exchange` on Rust's atomic types, so the kernel build
 /// calls the intrinsic behind it, which LLVM lowers to `BPF_ATOMIC | BPF_CMPXCHG` (r0 holds the
 /// expected value in, the found value out).
+///
+/// # Safety
+/// As [`load`].
 #[inline(always)]
-pub fn compare_exchange(slot: *mut u64, expected: u64, new: u64) -> Result<(), u64> {
+pub unsafe fn compare_exchange(slot: *mut u64, expected: u64, new: u64) -> Result<(), u64> {
     #[cfg(target_arch = "bpf")]
     // SAFETY: `slot` is a map value of 8 aligned bytes that lives as long as the program.
     let (seen, done) = unsafe {
@@ -41,7 +47,7 @@ pub fn compare_exchange(slot: *mut u64, expected: u64, new: u64) -> Result<(), u
         atomic_cxchg::<u64, { SeqCst }, { SeqCst }>(slot, expected, new)
     };
     #[cfg(not(target_arch = "bpf"))]
-    // SAFETY: as above (only the kernel build calls this; the host build keeps it compiling).
+    // SAFETY: as above (the kernel uses the branch above; host tests use this one).
     let (seen, done) = match unsafe { AtomicU64::from_ptr(slot) }.compare_exchange(expected, new, SeqCst, SeqCst) {
         Ok(seen) => (seen, true),
         Err(seen) => (seen, false),
@@ -56,19 +62,22 @@ pub fn compare_exchange(slot: *mut u64, expected: u64, new: u64) -> Result<(), u
 /// (a refusal): each lost race means another CPU admitted against (or clamped) this very bucket
 /// within the same few hundred nanoseconds, so the key is busy far beyond any rate a client keeps
 /// to, and refusing never lets it over its bound, where admitting without a write would.
+///
+/// # Safety
+/// As [`load`].
 #[inline(always)]
-pub fn judge_shared(
+pub unsafe fn judge_shared(
     slot: *mut u64,
     exhausted: Verdict,
     mut judge: impl FnMut(u64) -> (Verdict, Option<u64>),
 ) -> Verdict {
-    let mut current = load(slot);
+    let mut current = unsafe { load(slot) };
     for _ in 0..HOST_CAS_TRIES {
         let (verdict, store) = judge(current);
         let Some(new) = store else {
             return verdict;
         };
-        match compare_exchange(slot, current, new) {
+        match unsafe { compare_exchange(slot, current, new) } {
             Ok(()) => return verdict,
             Err(seen) => current = seen,
         }
@@ -108,10 +117,13 @@ mod tests {
                         let (mut admitted, mut lost) = (0u64, 0u64);
                         for _ in 0..200_000 {
                             let t = now();
-                            let v = judge_shared(slot as *mut u64, Verdict::WouldRefuse, |current| {
-                                let j = gcra.judge(1, current, t, 1, |_| 0);
-                                (if j.admit { Verdict::Admit } else { Verdict::Refuse }, j.store)
-                            });
+                            // SAFETY: `bucket` outlives the scope; every access is atomic.
+                            let v = unsafe {
+                                judge_shared(slot as *mut u64, Verdict::WouldRefuse, |current| {
+                                    let j = gcra.judge(1, current, t, 1, |_| 0);
+                                    (if j.admit { Verdict::Admit } else { Verdict::Refuse }, j.store)
+                                })
+                            };
                             match v {
                                 Verdict::Admit => admitted += 1,
                                 Verdict::WouldRefuse => lost += 1,
