@@ -161,10 +161,13 @@ pub struct Flooding {
     capture: Option<Capture>,
     /// Every policy's per-CPU counters before the flood, if [`Rig::start_counted_flood`] read them.
     counted: Option<Vec<Vec<Counters>>>,
-    thread: Option<thread::JoinHandle<anyhow::Result<anyhow::Result<(Frames, Report)>>>>,
+    thread: Option<SenderThread>,
     /// Taken before the sender thread was started (before its first send).
     pub started: Instant,
 }
+
+/// The sender's thread: entering the namespace, then the flood.
+type SenderThread = thread::JoinHandle<anyhow::Result<anyhow::Result<(Frames, Report)>>>;
 
 impl Flooding {
     /// `streams` from `sender`'s namespace under `limits`, paced at `per_sec` if given.
