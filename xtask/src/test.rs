@@ -167,13 +167,13 @@ fn summary(outcomes: &[Outcome]) {
         );
     }
     let median = |m: Stress| outcomes.iter().find(|o| o.mode == m).map(|o| o.floods.median());
-    if let (Some(half), Some(full)) = (median(Stress::HalfSpeed), median(Stress::Repeat(1))) {
-        if full > 0.0 {
-            eprintln!(
-                "generator at half speed: median {half:.0} pps, {:.2} of the unthrottled run's {full:.0}",
-                half / full
-            );
-        }
+    if let (Some(half), Some(full)) = (median(Stress::HalfSpeed), median(Stress::Repeat(1)))
+        && full > 0.0
+    {
+        eprintln!(
+            "generator at half speed: median {half:.0} pps, {:.2} of the unthrottled run's {full:.0}",
+            half / full
+        );
     }
     eprintln!(
         "(pps: floods of the AF_PACKET sender at full speed, not paced, 0.2 s or longer; stalled: their total stalls)"

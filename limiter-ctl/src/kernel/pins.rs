@@ -263,7 +263,7 @@ fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 10] {
 }
 
 fn is_bpffs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+    nix::sys::statfs::statfs(path).is_ok_and(|s| i64::from(s.filesystem_type().0) == BPF_FS_MAGIC)
 }
 
 fn mount_bpffs() -> Result<(), Error> {
