@@ -147,14 +147,14 @@ fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: V
 #[inline(always)]
 fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], frame_len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
-    let bucket = HOST_BUCKETS.get_ptr_mut(bucket_index(cfg, generation, pkt.family, words))?;
+    let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, pkt.family, words))?;
     let now = unsafe { bpf_ktime_get_ns() };
     // A plain flag and value, not an Option: LLVM may leave a None's payload register unwritten,
     // and the verifier refuses to read it.
     let grace = now < cfg.grace_until_ns;
     let mut old = 0;
     if grace {
-        let slot = HOST_BUCKETS.get_ptr_mut(bucket_index(cfg, generation ^ 1, pkt.family, words))?;
+        let slot = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, pkt.family, words))?;
         // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
         old = unsafe { scope::load(slot) };
     }
@@ -166,6 +166,14 @@ fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], fra
             decide(policy, value, now, frame_len, owner_capacity)
         })
     })
+}
+
+/// The key's bucket in `HOST_BUCKETS` for `generation`, under that generation's salt: one index
+/// over the generation's whole half, laid out as `BUCKETS` is.
+#[inline(always)]
+fn host_index(cfg: &Config, generation: usize, family: u8, words: &[u64; 3]) -> u32 {
+    let base = (generation as u32) * (cfg.bucket_mask + 1);
+    base + bucket_of(&cfg.salts[generation], family, words, cfg.bucket_mask)
 }
 
 /// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.
