@@ -148,21 +148,22 @@ fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: V
 fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], frame_len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
     let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, pkt.family, words))?;
-    let now = unsafe { bpf_ktime_get_ns() };
-    // A plain flag and value, not an Option: LLVM may leave a None's payload register unwritten,
-    // and the verifier refuses to read it.
-    let grace = now < cfg.grace_until_ns;
-    let mut old = 0;
-    if grace {
-        let slot = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, pkt.family, words))?;
-        // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
-        old = unsafe { scope::load(slot) };
-    }
     let exhausted = if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse };
-    // SAFETY: as above.
+    // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
     Some(unsafe {
         scope::judge_shared(bucket, exhausted, |current| {
-            let value = if grace { gcra::later(current, old, now) } else { current };
+            // The clock is read after the bucket, on every try: a TAT another CPU wrote was
+            // written at an earlier time than this one, so no CPU judges a newer TAT with an
+            // older clock (which would read as a stale TAT beyond the window, and clamp it down).
+            let now = bpf_ktime_get_ns();
+            let mut value = current;
+            if now < cfg.grace_until_ns {
+                // Salt rotation: the key's bucket under the previous salt may be further ahead
+                // (never written: every write goes to the current generation).
+                if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, pkt.family, words)) {
+                    value = gcra::later(current, scope::load(old), now);
+                }
+            }
             decide(policy, value, now, frame_len, owner_capacity)
         })
     })

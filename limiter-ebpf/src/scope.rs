@@ -116,11 +116,11 @@ mod tests {
                         barrier.wait();
                         let (mut admitted, mut lost) = (0u64, 0u64);
                         for _ in 0..200_000 {
-                            let t = now();
                             // SAFETY: `bucket` outlives the scope; every access is atomic.
                             let v = unsafe {
                                 judge_shared(slot as *mut u64, Verdict::WouldRefuse, |current| {
-                                    let j = gcra.judge(1, current, t, 1, |_| 0);
+                                    // As the kernel does: the clock after the bucket, every try.
+                                    let j = gcra.judge(1, current, now(), 1, |_| 0);
                                     (if j.admit { Verdict::Admit } else { Verdict::Refuse }, j.store)
                                 })
                             };
