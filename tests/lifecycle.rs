@@ -10,26 +10,52 @@
 //! bpffs under the test's own `--pin-dir`; the rig's drop removes them (detaching the program).
 
 use std::{
+    collections::BTreeMap,
     os::unix::net::UnixDatagram,
     time::{Duration, Instant},
 };
 
 use aya::maps::{Map, MapData, PerCpuArray};
-use limiter_common::maps::{Counters, MAP_COUNTERS};
+use limiter_common::{
+    Gcra,
+    maps::{Counters, MAP_COUNTERS},
+};
 use limiter_tests::{
     daemon::{
         Daemon, LEFT, Launch, SIGNAL_TIMEOUT, Scratch, Snapshot, program_counters, program_loaded, xdp_program_id,
     },
-    flood::{Limits, Sources},
     netns::TestNet,
     policies::{gcra, src},
     require_root,
-    rig::{Rig, check_every_frame_judged, flow, total},
+    rig::{Rig, check_every_frame_judged, total},
 };
 use nix::sys::signal::Signal;
 
 /// The daemon's flags in these tests: one policy over everything, at a rate a flood exceeds.
 const ARGS: [&str; 8] = ["--rate", "1000/s", "--burst", "400", "--buckets", "1024", "--metrics", "off"];
+
+/// A daemon under [`ARGS`] and what the tests hold it to later: its interface, the policy's id
+/// and GCRA, its program and its pins.
+struct At {
+    iface: String,
+    id: u16,
+    limit: Gcra,
+    program: u32,
+    pins: BTreeMap<String, u64>,
+}
+
+fn start_under_args() -> (Rig, At) {
+    let rig = Rig::start(&ARGS).expect("rig");
+    let iface = rig.net.receiver.iface.clone();
+    let at = At {
+        id: rig.policy_id("default"),
+        limit: gcra(1000, 400),
+        program: rig.daemon.program().expect("program"),
+        pins: rig.scratch.pinned(&iface).expect("pins"),
+        iface,
+    };
+    (rig, at)
+}
 
 /// Waits until `done` or `timeout`; whether it got there.
 fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
@@ -55,19 +81,8 @@ fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
 #[test]
 fn a_restart_keeps_enforcing_and_carries_the_state_over() {
     require_root!();
-    let mut rig = Rig::start(&ARGS).expect("rig");
-    let iface = rig.net.receiver.iface.clone();
-    let id = rig.policy_id("default");
-    let limit = gcra(1000, 400);
-    let p1 = rig.daemon.program().expect("program");
-    let pins = rig.scratch.pinned(&iface).expect("pins");
-    let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
-    let flow = flow(&stream, src("198.19.1.1"));
-    // Stopped by the test; the time limit is a safety net far beyond what the test waits.
-    let flooding = rig
-        .start_counted_flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_secs(60)), None)
-        .expect("flood");
-    std::thread::sleep(Duration::from_millis(500));
+    let (mut rig, At { iface, id, limit, program: p1, pins }) = start_under_args();
+    let (flow, flooding) = rig.flood_one_source(src("198.19.1.1"), 7000, Duration::from_millis(500)).expect("flood");
     let rules = rig.snapshot().rules;
 
     rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
@@ -316,22 +331,12 @@ fn the_exit_report_says_what_really_happened() {
 #[test]
 fn an_incompatible_pinned_limiter_is_replaced_without_a_gap() {
     require_root!();
-    let mut rig = Rig::start(&ARGS).expect("rig");
-    let iface = rig.net.receiver.iface.clone();
-    let id = rig.policy_id("default");
-    let limit = gcra(1000, 400);
-    let p1 = rig.daemon.program().expect("program");
-    let pins = rig.scratch.pinned(&iface).expect("pins");
+    let (mut rig, At { iface, id, limit, program: p1, pins }) = start_under_args();
     // The old counters, held open: they outlive their pin and program for the final count.
     let dir = rig.scratch.pin_dir(&iface);
     let old = MapData::from_pin(dir.join(MAP_COUNTERS)).expect("old COUNTERS");
     let old: PerCpuArray<_, Counters> = PerCpuArray::try_from(Map::PerCpuArray(old)).expect("per-CPU array");
-    let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
-    let flow = flow(&stream, src("198.19.1.1"));
-    let flooding = rig
-        .start_counted_flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_secs(60)), None)
-        .expect("flood");
-    std::thread::sleep(Duration::from_millis(500));
+    let (flow, flooding) = rig.flood_one_source(src("198.19.1.1"), 7000, Duration::from_millis(500)).expect("flood");
     rig.daemon.stop_ok();
 
     let mut args = ARGS.to_vec();

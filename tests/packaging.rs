@@ -28,11 +28,10 @@ use std::{
 use limiter_ctl::config::{self, State};
 use limiter_tests::{
     daemon::{Daemon, LEFT, Launch, SIGNAL_TIMEOUT, Scratch, net_command, program_counters, xdp_program_id},
-    flood::{Limits, Sources},
     netns::{End, TestNet},
     policies::{gcra, src},
     require_root,
-    rig::{Rig, check_every_frame_judged, flow},
+    rig::{Rig, check_every_frame_judged},
 };
 use nix::sys::signal::Signal;
 use serde::Deserialize as _;
@@ -639,6 +638,17 @@ const LIMITER_CTL: &str = "/usr/sbin/limiter-ctl";
 /// The daemon's flags in the flood tests below.
 const FLOOD_ARGS: [&str; 8] = ["--rate", "1000/s", "--burst", "400", "--buckets", "1024", "--metrics", "off"];
 
+/// What systemd's (try-)restart and a kubelet's pod replacement do to the daemon: SIGTERM, an
+/// exit within `grace` that leaves the limiter pinned, then a new daemon (`launch`), which must
+/// adopt it. The new daemon's adoption line.
+fn replace_daemon(rig: &mut Rig, grace: Duration, launch: Launch) -> String {
+    rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
+    let status = rig.daemon.wait_exit(grace).expect("the old daemon should exit within its grace period");
+    assert!(status.success() && rig.daemon.output().contains(LEFT), "{status}\n{}", rig.daemon.output());
+    rig.daemon = Daemon::launch(&rig.net.receiver, &rig.scratch, &FLOOD_ARGS, launch).expect("a new daemon");
+    rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
 /// A flood through a package upgrade, with the package's own binary and scripts: the installed
 /// daemon runs; dpkg upgrades the package under it; the postinst asks for a try-restart, which
 /// is replayed as systemd does it (SIGTERM, wait for the exit, start the unit's command again,
@@ -660,12 +670,7 @@ fn a_flood_through_an_upgrade_and_a_purge() {
     let iface = rig.net.receiver.iface.clone();
     let id = rig.policy_id("default");
     let p1 = rig.daemon.program().expect("program");
-    let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
-    let flow = flow(&stream, src("198.19.1.1"));
-    let flooding = rig
-        .start_counted_flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_secs(60)), None)
-        .expect("flood");
-    std::thread::sleep(Duration::from_millis(300));
+    let (flow, flooding) = rig.flood_one_source(src("198.19.1.1"), 7000, Duration::from_millis(300)).expect("flood");
 
     // The upgrade: files replaced under the running daemon, then the postinst.
     pkg.dpkg(&["-i", &deb().to_string_lossy()]);
@@ -673,11 +678,7 @@ fn a_flood_through_an_upgrade_and_a_purge() {
     let calls = scripts.run(&pkg, "postinst", &["configure", "0.1.0-1"], &[], None);
     assert!(calls.contains("systemctl try-restart limiter.service"), "{calls}");
     // What systemd's try-restart does to a running unit: stop (SIGTERM, wait), then start.
-    rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
-    let status = rig.daemon.wait_exit(SIGNAL_TIMEOUT).expect("exit");
-    assert!(status.success() && rig.daemon.output().contains(LEFT), "{status}\n{}", rig.daemon.output());
-    rig.daemon = Daemon::launch(&rig.net.receiver, &rig.scratch, &FLOOD_ARGS, launch()).expect("daemon");
-    let line = rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    let line = replace_daemon(&mut rig, SIGNAL_TIMEOUT, launch());
     eprintln!("after the upgrade: {line}");
     let p2 = rig.daemon.program().expect("program");
     assert_ne!(p1, p2);
@@ -760,18 +761,9 @@ fn a_daemonset_pod_replacement_keeps_enforcing() {
     assert!(rig.scratch.pin_dir(&iface).join("link").exists(), "the pod's pins are not on the host's bpffs");
     let id = rig.policy_id("default");
     let salts = rig.snapshot().rules.config.salts;
-    let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
-    let flow = flow(&stream, src("198.19.1.1"));
-    let flooding = rig
-        .start_counted_flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_secs(60)), None)
-        .expect("flood");
-    std::thread::sleep(Duration::from_millis(300));
+    let (flow, flooding) = rig.flood_one_source(src("198.19.1.1"), 7000, Duration::from_millis(300)).expect("flood");
 
-    rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
-    let status = rig.daemon.wait_exit(grace).expect("the old pod should exit within its grace period");
-    assert!(status.success() && rig.daemon.output().contains(LEFT), "{status}\n{}", rig.daemon.output());
-    rig.daemon = Daemon::launch(&rig.net.receiver, &rig.scratch, &FLOOD_ARGS, new_pod()).expect("pod");
-    let line = rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    let line = replace_daemon(&mut rig, grace, new_pod());
     eprintln!("the new pod: {line}");
     assert_eq!(rig.snapshot().rules.config.salts, salts, "the salt did not carry over");
     std::thread::sleep(Duration::from_millis(300));

@@ -154,3 +154,36 @@ fn a_rate_change_keeps_every_other_field() {
     assert!(!file.contains("burst = 30"), "a default burst is left out of the file:\n{file}");
     assert!(file.contains("key = \"src/24,/64\""), "the key kept in the file:\n{file}");
 }
+
+/// The daemon's `--rate` (and `--burst`) edit the policy `default` as `policy set default` does:
+/// restarted with `--rate 500/s` over a dry-run `default` on udp:53 keyed on src/24, the daemon
+/// changes its rate alone (match, key, burst and the dry-run mode kept), in the kernel and in the
+/// file; `--burst` then changes the burst alone.
+#[test]
+fn the_daemons_rate_flag_changes_the_rate_alone() {
+    require_root!();
+    let mut rig = Rig::start(&[]).expect("starting the rig");
+    let watched = Pol::new("default", "udp:53", 300, 30).key("src/24").dry_run();
+    rig.set_all(std::slice::from_ref(&watched));
+    let id = rig.policy_id("default");
+    let fields = |rig: &Rig| {
+        let mut shown = rig.show("default");
+        shown.as_object_mut().expect("policy show --json is an object").remove("counters");
+        shown
+    };
+    let mut expected = fields(&rig);
+
+    rig.daemon.stop_ok();
+    rig.restart(&["--rate", "500/s"]).expect("restarting with --rate");
+    expected["rate"] = "500/s".into();
+    assert_eq!(fields(&rig), expected, "`policy show default` after a start with --rate 500/s");
+    rig.check_installed(&Pol { per_sec: 500, ..watched.clone() }, id);
+    let file = rig.scratch.config_file().expect("config").expect("the daemon wrote its config");
+    assert!(file.contains("mode = \"dry-run\"") && file.contains("rate = \"500/s\""), "the file:\n{file}");
+
+    rig.daemon.stop_ok();
+    rig.restart(&["--rate", "500/s", "--burst", "70"]).expect("restarting with --burst");
+    expected["burst"] = 70.into();
+    assert_eq!(fields(&rig), expected, "`policy show default` after a start with --burst 70");
+    rig.check_installed(&Pol { per_sec: 500, burst: 70, ..watched }, id);
+}

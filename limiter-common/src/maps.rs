@@ -8,6 +8,9 @@
 //! - `BUCKETS`     PerCpuArray[GENERATIONS * buckets] of u64 TATs; generation g uses
 //!                 `g * buckets .. (g + 1) * buckets`, split into `Config::rows` rows of
 //!                 `Config::row_len` (see `rows`).
+//! - `HOST_BUCKETS` Array[GENERATIONS * buckets] of u64 TATs, laid out like `BUCKETS` (one row)
+//!                 but one copy for the whole host: the buckets of policies with
+//!                 [`Policy::SCOPE_HOST`], written only by atomic compare-and-exchange.
 //! - `COUNTERS`    PerCpuArray[MAX_POLICIES] of [`Counters`]; index 0 holds what belongs to no
 //!                 policy (not IP, malformed, unmatched, internal errors).
 //! - `POLICY_NAMES` Array[MAX_POLICIES] of [u8; 32], and `LAYOUT` Array[1] of u64: userspace
@@ -26,6 +29,8 @@ pub const MAP_POLICIES: &str = "POLICIES";
 pub const MAP_PORT_POLICY: &str = "PORT_POLICY";
 pub const MAP_BUCKETS: &str = "BUCKETS";
 pub const MAP_COUNTERS: &str = "COUNTERS";
+/// The shared (not per-CPU) bucket array of host-scope policies.
+pub const MAP_HOST_BUCKETS: &str = "HOST_BUCKETS";
 pub const MAP_ACL_V4: &str = "ACL_V4";
 pub const MAP_ACL_V6: &str = "ACL_V6";
 /// Userspace only: each policy id's name, so a restarted daemon keeps ids (and so buckets and
@@ -39,7 +44,7 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 3;
+pub const LAYOUT_VERSION: u64 = 4;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// Entries per allow/deny trie (each family).
@@ -130,7 +135,15 @@ impl Policy {
     pub const DRY_RUN: u32 = 1 << 2;
     /// The destination port is part of the key.
     pub const KEY_DPORT: u32 = 1 << 3;
+    /// Host scope: one allowance per key for the whole host, in `HOST_BUCKETS` (shared by every
+    /// CPU, updated by compare-and-exchange), instead of one per CPU in `BUCKETS`.
+    pub const SCOPE_HOST: u32 = 1 << 4;
 }
+
+/// Host scope: how many times a packet tries to compare-and-exchange its bucket before it is
+/// refused. Each failed try means another CPU wrote the bucket in between (an admission, or a
+/// stale TAT's one clamp), so the loop is bounded and refusing keeps every key within its bound.
+pub const HOST_CAS_TRIES: u32 = 4;
 
 /// Per-CPU counters, one set per policy id (0: traffic no policy judged).
 #[repr(C)]

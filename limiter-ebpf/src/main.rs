@@ -13,7 +13,7 @@ use aya_ebpf::{
 use limiter_common::{
     FlowKey, gcra,
     key::FAMILY_V4,
-    key::key_hash,
+    key::{bucket_of, key_hash},
     maps::{
         ACL_ALLOW, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES,
         MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES, RefusalSample,
@@ -24,6 +24,7 @@ use limiter_ebpf::{
     decide::{Verdict, count, decide},
     key::key_words,
     parse::{Packet, Skip, parse},
+    scope,
 };
 
 #[map]
@@ -35,6 +36,10 @@ static PORT_POLICY: Array<u16> = Array::with_max_entries(PORT_POLICY_ENTRIES, 0)
 /// Resized at load to GENERATIONS x the bucket count the operator chose.
 #[map]
 static BUCKETS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GENERATIONS * DEFAULT_BUCKETS, 0);
+/// Host-scope policies' buckets: one copy shared by every CPU, same size and generations as
+/// `BUCKETS` (resized at load with it).
+#[map]
+static HOST_BUCKETS: Array<u64> = Array::with_max_entries(GENERATIONS * DEFAULT_BUCKETS, 0);
 #[map]
 static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_POLICIES, 0);
 #[map]
@@ -98,6 +103,12 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
         return unmatched();
     }
     let words = key_words(pkt, policy);
+    if policy.flags & Policy::SCOPE_HOST != 0 {
+        let Some(verdict) = judge_host(cfg, pkt, policy, &words, frame_len) else {
+            return fault();
+        };
+        return act(cfg, pkt, policy, &words, verdict, frame_len);
+    }
     let generation = (cfg.generation & 1) as usize;
     let (rows, len) = row_shape(cfg);
     let current = bucket_rows(cfg, generation, pkt.family, &words, rows, len);
@@ -119,11 +130,59 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     }
     let (verdict, store) = decide(policy, &values, rows, now, frame_len, owner_capacity);
     write_rows(&current, rows, &store);
-    bump(u32::from(id), |c| count(c, verdict, frame_len));
+    act(cfg, pkt, policy, &words, verdict, frame_len)
+}
+
+/// Counts the verdict (and samples a refusal), and turns it into the XDP action.
+#[inline(always)]
+fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: Verdict, frame_len: u64) -> u32 {
+    bump(u32::from(policy.id), |c| count(c, verdict, frame_len));
     if verdict != Verdict::Admit && cfg.flags & Config::SAMPLE_REFUSALS != 0 {
-        sample_refusal(cfg, pkt, policy, &words, verdict);
+        sample_refusal(cfg, pkt, policy, words, verdict);
     }
     if verdict == Verdict::Refuse { XDP_DROP } else { XDP_PASS }
+}
+
+/// A host-scope policy: the key's bucket in `HOST_BUCKETS`, one for every CPU, read plainly and
+/// written only by compare-and-exchange when the judgement changes it (`limiter_ebpf::scope`).
+/// During a salt rotation the old generation's bucket is read too and a later TAT carries over,
+/// as for per-CPU buckets; it is never written (every write goes to the current generation).
+/// None on a failed lookup.
+#[inline(always)]
+fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], frame_len: u64) -> Option<Verdict> {
+    let generation = (cfg.generation & 1) as usize;
+    let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, pkt.family, words))?;
+    let exhausted = if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse };
+    // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+    Some(unsafe {
+        scope::judge_shared(bucket, exhausted, |current| {
+            // The clock is read after the bucket, on every try: a TAT another CPU wrote was
+            // written at an earlier time than this one, so no CPU judges a newer TAT with an
+            // older clock (which would read as a stale TAT beyond the window, and clamp it down).
+            let now = bpf_ktime_get_ns();
+            let mut value = current;
+            if now < cfg.grace_until_ns {
+                // Salt rotation: the key's bucket under the previous salt may be further ahead
+                // (never written: every write goes to the current generation).
+                if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, pkt.family, words)) {
+                    value = gcra::later(current, scope::load(old), now);
+                }
+            }
+            // One row: the host array is not split (count-min rows are for per-CPU buckets).
+            let mut values = [0u64; MAX_ROWS];
+            values[0] = value;
+            let (verdict, store) = decide(policy, &values, 1, now, frame_len, owner_capacity);
+            (verdict, store[0])
+        })
+    })
+}
+
+/// The key's bucket in `HOST_BUCKETS` for `generation`, under that generation's salt: one index
+/// over the generation's whole half, laid out as `BUCKETS` is.
+#[inline(always)]
+fn host_index(cfg: &Config, generation: usize, family: u8, words: &[u64; 3]) -> u32 {
+    let base = (generation as u32) * (cfg.bucket_mask + 1);
+    base + bucket_of(&cfg.salts[generation], family, words, cfg.bucket_mask)
 }
 
 /// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.

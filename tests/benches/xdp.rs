@@ -11,6 +11,10 @@
 //!   every program; the `net` column subtracts the bare XDP_PASS program to show the programs'
 //!   own cost.
 //!
+//! - *two-CPU contention*: the same programs run at once on two CPUs (two threads pinned to CPUs
+//!   0 and 1, each its own BPF_PROG_TEST_RUN), for both policy scopes: the cost of sharing one
+//!   bucket (host scope) against keeping one per CPU (cpu scope), as `--contention` prints.
+//!
 //! Run with `cargo xtask bench` (records BENCHMARKS.md) or
 //! `cargo bench -p limiter-tests --bench xdp -- [--out FILE] [--rounds N]`.
 
@@ -27,7 +31,7 @@ use aya::{
 };
 use limiter_ctl::{
     Limiter,
-    config::{List, PolicyDef, State},
+    config::{List, PolicyDef, Scope, State},
     objects,
 };
 use limiter_tests::{flood::FrameSpec, netns};
@@ -41,23 +45,26 @@ struct Args {
     out: Option<String>,
     rounds: usize,
     scaling: bool,
+    contention: bool,
 }
 
 fn args() -> anyhow::Result<Args> {
     let mut out = None;
     let mut rounds = 5;
     let mut scaling = false;
+    let mut contention = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--out" => out = Some(it.next().context("--out needs a file")?),
             "--rounds" => rounds = it.next().context("--rounds needs a number")?.parse()?,
             "--scaling" => scaling = true,
+            "--contention" => contention = true,
             "--bench" => {} // passed by `cargo bench`
-            other => bail!("unknown argument {other}; expected --out FILE, --rounds N, --scaling"),
+            other => bail!("unknown argument {other}; expected --out FILE, --rounds N, --scaling, --contention"),
         }
     }
-    Ok(Args { out, rounds, scaling })
+    Ok(Args { out, rounds, scaling, contention })
 }
 
 /// One program under test and how to prepare it.
@@ -104,11 +111,31 @@ fn bench_object(name: &'static str) -> anyhow::Result<Ebpf> {
 const ADMIT_ALL: (&str, &str, u64) = ("any", "1000000000/s", 1_000_000_000);
 
 fn limiter(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
-    limiter_rows(buckets, 1, policies, allow)
+    limiter_with(buckets, 1, policies, allow, Scope::Cpu)
 }
 
 /// [`limiter`] with the buckets split into `rows` count-min rows (same memory).
 fn limiter_rows(buckets: u32, rows: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
+    limiter_with(buckets, rows, policies, allow, Scope::Cpu)
+}
+
+/// [`limiter`] with every policy of `scope`.
+fn limiter_scoped(
+    buckets: u32,
+    policies: &[(&str, &str, u64)],
+    allow: &[&str],
+    scope: Scope,
+) -> anyhow::Result<Limiter> {
+    limiter_with(buckets, 1, policies, allow, scope)
+}
+
+fn limiter_with(
+    buckets: u32,
+    rows: u32,
+    policies: &[(&str, &str, u64)],
+    allow: &[&str],
+    scope: Scope,
+) -> anyhow::Result<Limiter> {
     let mut limiter = Limiter::load_rows(buckets, rows)?;
     limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
     let mut state = State::default();
@@ -122,6 +149,7 @@ fn limiter_rows(buckets: u32, rows: u32, policies: &[(&str, &str, u64)], allow: 
                 key: Default::default(),
                 unit: Default::default(),
                 mode: Default::default(),
+                scope,
             })
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
@@ -180,6 +208,18 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             name: "limiter: refuse, 4 rows",
             what: "as refuse, --rows 4 (same memory)",
             run: limiter_runner(limiter_rows(BUCKETS, 4, &[("any", "1/h", 1)], &[])?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: admit, host scope",
+            what: "as admit, the bucket shared by all CPUs (read, then compare-and-exchange)",
+            run: limiter_runner(limiter_scoped(BUCKETS, &[ADMIT_ALL], &[], Scope::Host)?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: refuse, host scope",
+            what: "as refuse, the bucket shared by all CPUs (read only)",
+            run: limiter_runner(limiter_scoped(BUCKETS, &[("any", "1/h", 1)], &[], Scope::Host)?),
             warm_all_sources: true,
         },
         Subject {
@@ -266,6 +306,91 @@ fn scaling(spec: &FrameSpec) -> anyhow::Result<String> {
     Ok(table)
 }
 
+/// One workload of the contention table: ns/packet on each of two CPUs, alone (CPU 0 only) and
+/// at once (both CPUs, started together), for a program of each scope.
+fn contention(frames: &[Vec<u8>], rounds: usize) -> anyhow::Result<String> {
+    use std::sync::Barrier;
+    /// Each thread's share of one workload: `hot` repeats one frame (one key, one bucket) in the
+    /// kernel; otherwise one test run per frame, every frame a different source.
+    fn work(limiter: &Limiter, frames: &[Vec<u8>], hot: bool) -> anyhow::Result<f64> {
+        let program = limiter.program()?;
+        if hot {
+            return Ok(f64::from(run_timed(program, &frames[0], HOT_REPEAT)?));
+        }
+        let total = frames.iter().map(|f| run_timed(program, f, 1).map(u64::from)).sum::<anyhow::Result<u64>>()?;
+        Ok(total as f64 / frames.len() as f64)
+    }
+    let cases: [(&str, (&str, &str, u64), bool); 4] = [
+        ("hot, admit (one key, every packet writes)", ADMIT_ALL, true),
+        ("hot, refuse (one key, spent: every packet only reads)", ("any", "1/h", 1), true),
+        ("random sources, admit", ADMIT_ALL, false),
+        ("random sources, refuse", ("any", "1/h", 1), false),
+    ];
+    let mut table = String::new();
+    writeln!(
+        table,
+        "| workload | scope | 1 CPU ns/pkt | 2 CPUs at once ns/pkt (CPU 0, CPU 1) | 2 CPUs / 1 CPU | refused by lost races |"
+    )?;
+    writeln!(table, "|---|---|---:|---:|---:|---:|")?;
+    for (what, policy, hot) in cases {
+        for scope in [Scope::Cpu, Scope::Host] {
+            let limiter = limiter_scoped(BUCKETS, &[policy], &[], scope)?;
+            let refuse = policy != ADMIT_ALL;
+            if refuse {
+                // Spend every source's bucket first (on both CPUs: per-CPU buckets are per CPU).
+                for cpu in [0, 1] {
+                    limiter_tests::cpu::pin_current_thread(cpu)?;
+                    for f in frames {
+                        limiter.test_run(f)?;
+                    }
+                }
+                limiter_tests::cpu::pin_current_thread(0)?;
+            }
+            let (mut alone, mut both) = (Vec::new(), [Vec::new(), Vec::new()]);
+            let refused_before = limiter.counters()?.iter().map(|c| c.refused_packets).sum::<u64>();
+            for _ in 0..rounds {
+                alone.push(work(&limiter, frames, hot)?);
+                let barrier = Barrier::new(2);
+                let at_once: Vec<f64> = std::thread::scope(|s| {
+                    let threads: Vec<_> = [0usize, 1]
+                        .into_iter()
+                        .map(|cpu| {
+                            let (limiter, barrier) = (&limiter, &barrier);
+                            s.spawn(move || -> anyhow::Result<f64> {
+                                limiter_tests::cpu::pin_current_thread(cpu)?;
+                                barrier.wait();
+                                work(limiter, frames, hot)
+                            })
+                        })
+                        .collect();
+                    threads.into_iter().map(|t| t.join().expect("bench thread")).collect::<anyhow::Result<_>>()
+                })?;
+                both[0].push(at_once[0]);
+                both[1].push(at_once[1]);
+            }
+            let refused = limiter.counters()?.iter().map(|c| c.refused_packets).sum::<u64>() - refused_before;
+            let (one, b0, b1) = (median(&alone), median(&both[0]), median(&both[1]));
+            writeln!(
+                table,
+                "| {what} | {} | {one:.1} | {:.1} ({b0:.1}, {b1:.1}) | {:.2}x | {} |",
+                scope.as_str(),
+                (b0 + b1) / 2.0,
+                (b0 + b1) / 2.0 / one,
+                if refuse { "(all refused)".to_string() } else { refused.to_string() }
+            )?;
+        }
+    }
+    writeln!(
+        table,
+        "\nKernel-measured ns/packet, medians of {rounds} rounds; hot: {HOT_REPEAT} repeats of one frame per thread; random: \
+         {} sources, one test run each. \"refused by lost races\": admit-all packets refused because {} \
+         compare-and-exchange tries in a row lost to the other CPU.",
+        frames.len(),
+        limiter_common::maps::HOST_CAS_TRIES
+    )?;
+    Ok(table)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = args()?;
     if !nix::unistd::geteuid().is_root() {
@@ -340,6 +465,11 @@ fn main() -> anyhow::Result<()> {
         HOT_REPEAT,
         elapsed.as_secs_f64()
     )?;
+    if args.contention {
+        let contended = contention(&frames, args.rounds)?;
+        writeln!(table, "\n#### Two-CPU contention, by scope\n\n{contended}")?;
+        limiter_tests::cpu::pin_current_thread(0).context("pinning to CPU 0")?;
+    }
     if args.scaling {
         let scaled = scaling(&spec)?;
         writeln!(table, "\n#### Scaling\n\n{scaled}")?;

@@ -86,6 +86,7 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
                 key: Default::default(),
                 unit: Default::default(),
                 mode: Default::default(),
+                scope: Default::default(),
             };
             let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!("{e}"))?;
             limiter.sync(&State::default(), &state)?;

@@ -131,6 +131,17 @@ impl Rig {
         Ok(flooding)
     }
 
+    /// One UDP source flooding `port` at full speed until stopped, with the counters read first
+    /// (see [`Rig::start_counted_flood`]), `warm_up` of it under way before this returns: the
+    /// flow to count and the flood. Its 60 s time limit is a safety net far beyond any test's wait.
+    pub fn flood_one_source(&self, source: IpAddr, port: u16, warm_up: Duration) -> anyhow::Result<(Flow, Flooding)> {
+        let stream = self.udp(Sources::One(source), port);
+        let limits = Limits::timed(Duration::from_secs(60));
+        let flooding = self.start_counted_flood(std::slice::from_ref(&stream), limits, None)?;
+        thread::sleep(warm_up);
+        Ok((flow(&stream, source), flooding))
+    }
+
     /// What policy `id` counted during `run` (from [`Rig::start_counted_flood`]), per CPU.
     pub fn judged(&self, run: &Run, id: u16) -> Judged {
         let counted = run.counted.as_ref().expect("judged: the run has no baseline (use Rig::start_counted_flood)");
@@ -150,10 +161,13 @@ pub struct Flooding {
     capture: Option<Capture>,
     /// Every policy's per-CPU counters before the flood, if [`Rig::start_counted_flood`] read them.
     counted: Option<Vec<Vec<Counters>>>,
-    thread: Option<thread::JoinHandle<anyhow::Result<anyhow::Result<(Frames, Report)>>>>,
+    thread: Option<SenderThread>,
     /// Taken before the sender thread was started (before its first send).
     pub started: Instant,
 }
+
+/// The sender's thread: entering the namespace, then the flood.
+type SenderThread = thread::JoinHandle<anyhow::Result<anyhow::Result<(Frames, Report)>>>;
 
 impl Flooding {
     /// `streams` from `sender`'s namespace under `limits`, paced at `per_sec` if given.

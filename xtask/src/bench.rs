@@ -1,4 +1,5 @@
-//! `cargo xtask bench`: runs the XDP microbenchmark (with its scaling table) and records it in
+//! `cargo xtask bench`: runs the XDP microbenchmark (with its scaling and two-CPU contention
+//! tables) and records it in
 //! BENCHMARKS.md, with the command, the date and the machine, between the `bench:xdp` markers.
 //! `--peers` runs the comparison with iptables hashlimit and nftables instead (minutes), records
 //! it between the `bench:peers` markers and writes its plots to docs/bench/.
@@ -34,7 +35,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     exec(
         cargo()
             .args(["bench", "--package", "limiter-tests", "--bench", "xdp", "--"])
-            .args(["--rounds", &args.rounds.to_string(), "--scaling", "--out"])
+            .args(["--rounds", &args.rounds.to_string(), "--scaling", "--contention", "--out"])
             .arg(&table_path),
     )?;
     if args.no_record {

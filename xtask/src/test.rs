@@ -48,12 +48,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.stress {
         return stress(&filter);
     }
-    // limiter-ebpf builds only for the BPF target (limiter-ctl's build.rs does that).
+    // limiter-ebpf's programs build only for the BPF target (limiter-ctl's build.rs does that);
+    // its library's host tests (the host-scope retry loop under real threads) run here.
     exec(
         cargo()
             .args(["test", "--workspace", "--exclude", "limiter-tests", "--exclude", "limiter-ebpf", "--"])
             .args(&filter),
     )?;
+    exec(cargo().args(["test", "--package", "limiter-ebpf", "--lib", "--"]).args(&filter))?;
     // The end-to-end tests run the real limiter-ctl binary; `cargo test` builds only harnesses.
     exec(cargo().args(["build", "--package", "limiter-ctl", "--bins"]))?;
     exec(&mut integration(&filter))?;
@@ -165,13 +167,13 @@ fn summary(outcomes: &[Outcome]) {
         );
     }
     let median = |m: Stress| outcomes.iter().find(|o| o.mode == m).map(|o| o.floods.median());
-    if let (Some(half), Some(full)) = (median(Stress::HalfSpeed), median(Stress::Repeat(1))) {
-        if full > 0.0 {
-            eprintln!(
-                "generator at half speed: median {half:.0} pps, {:.2} of the unthrottled run's {full:.0}",
-                half / full
-            );
-        }
+    if let (Some(half), Some(full)) = (median(Stress::HalfSpeed), median(Stress::Repeat(1)))
+        && full > 0.0
+    {
+        eprintln!(
+            "generator at half speed: median {half:.0} pps, {:.2} of the unthrottled run's {full:.0}",
+            half / full
+        );
     }
     eprintln!(
         "(pps: floods of the AF_PACKET sender at full speed, not paced, 0.2 s or longer; stalled: their total stalls)"

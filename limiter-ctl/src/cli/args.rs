@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
 
 use crate::{
-    config::{self, BurstEdit, KeySpec, Match, Mode, Name, PolicyEdit, Rate, Unit, parse_burst},
+    config::{self, BurstEdit, KeySpec, Match, Mode, Name, PolicyEdit, Rate, Scope, Unit, parse_burst},
     daemon::{self, ipc},
     kernel::{self, ModeRequest, pins},
 };
@@ -250,6 +250,11 @@ pub(crate) struct PolicySetArgs {
     /// Drop what is over the rate (the default for a new policy; ends a dry run).
     #[arg(long)]
     pub enforce: bool,
+    /// Whose allowance the rate is: each CPU's (cpu: a source spread over k CPUs can get k
+    /// times the rate; no atomics) or the whole host's (host: one allowance, updated by
+    /// compare-and-exchange on admission) [new policy: cpu].
+    #[arg(long, value_enum)]
+    pub scope: Option<Scope>,
 }
 
 impl DaemonArgs {
@@ -287,6 +292,7 @@ impl PolicySetArgs {
                 (_, true) => Some(Mode::Enforce),
                 _ => None,
             },
+            scope: self.scope,
         }
     }
 }

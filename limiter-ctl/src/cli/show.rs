@@ -16,7 +16,8 @@ fn right(v: u64) -> Cell {
 }
 
 pub(super) fn policies(all: &[PolicyStatus]) -> String {
-    let mut t = table(&["NAME", "MATCH", "RATE", "BURST", "KEY", "UNIT", "MODE", "ADMITTED", "REFUSED", "DRY-RUN"]);
+    let mut t =
+        table(&["NAME", "MATCH", "RATE", "BURST", "KEY", "UNIT", "MODE", "SCOPE", "ADMITTED", "REFUSED", "DRY-RUN"]);
     for p in all {
         let d = &p.def;
         t.add_row(vec![
@@ -27,6 +28,7 @@ pub(super) fn policies(all: &[PolicyStatus]) -> String {
             Cell::new(d.key),
             Cell::new(d.unit.as_str()),
             Cell::new(d.mode.as_str()),
+            Cell::new(d.scope.as_str()),
             right(p.counters.admitted_packets),
             right(p.counters.refused_packets),
             right(p.counters.dry_run_packets),
@@ -47,6 +49,7 @@ pub(super) fn policy(p: &PolicyStatus) -> String {
         ("key", d.key.to_string()),
         ("unit", d.unit.as_str().into()),
         ("mode", d.mode.as_str().into()),
+        ("scope", d.scope.as_str().into()),
         ("admitted", format!("{} packets, {} bytes", c.admitted_packets, c.admitted_bytes)),
         ("refused", format!("{} packets, {} bytes", c.refused_packets, c.refused_bytes)),
         ("dry-run", format!("{} packets, {} bytes would have been refused", c.dry_run_packets, c.dry_run_bytes)),

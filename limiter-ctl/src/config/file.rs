@@ -13,6 +13,7 @@
 //! key = "src/24,/56"      # default src/32,/64; +dport to key on the destination port too
 //! unit = "packets"        # or "bytes"
 //! mode = "enforce"        # or "dry-run"
+//! scope = "cpu"           # or "host": one allowance for the whole host, not one per CPU
 //! ```
 
 use std::{fs, io, path::Path};
@@ -22,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Error,
-    policy::{KeySpec, Match, Mode, Name, PolicySpec, Unit},
+    policy::{KeySpec, Match, Mode, Name, PolicySpec, Scope, Unit},
     rate::Rate,
 };
 
@@ -45,6 +46,8 @@ pub struct PolicyDef {
     pub unit: Unit,
     #[serde(default)]
     pub mode: Mode,
+    #[serde(default)]
+    pub scope: Scope,
 }
 
 impl PolicyDef {
@@ -56,6 +59,7 @@ impl PolicyDef {
             unit: self.unit,
             mode: self.mode,
             matches: self.matches,
+            scope: self.scope,
         }
     }
 
@@ -234,6 +238,7 @@ match = "tcp:8000-8999"
 rate = "50/min"
 unit = "bytes"
 mode = "dry-run"
+scope = "host"
 "#;
 
     #[test]
@@ -245,6 +250,7 @@ mode = "dry-run"
         assert_eq!(config.policies[1].unit, Unit::Bytes);
         assert_eq!(config.policies[1].mode, Mode::DryRun);
         assert_eq!(config.policies[1].burst, None);
+        assert_eq!((config.policies[0].scope, config.policies[1].scope), (Scope::Cpu, Scope::Host));
         super::super::save(&path, &config).unwrap();
         assert_eq!(load(&path).unwrap(), config);
         // Nothing but the file is left behind in the directory.

@@ -17,8 +17,8 @@ pub use file::{
     ConfigFile, DEFAULT_PATH, MAX_FILE_BYTES, PolicyDef, load, load_existing, parse, position, read, says_no_rules,
 };
 pub use policy::{
-    BurstEdit, FieldError, KeySpec, Match, Mode, Name, PolicyEdit, PolicySpec, Ports, Proto, Unit, decimal, net_serde,
-    parse_burst, parse_net,
+    BurstEdit, FieldError, KeySpec, Match, Mode, Name, PolicyEdit, PolicySpec, Ports, Proto, Scope, Unit, decimal,
+    net_serde, parse_burst, parse_net,
 };
 pub use rate::{Rate, RateError};
 pub use state::{DEFAULT_MAX_FRAME, Entry, L2_OVERHEAD, List, Routes, State, longest_window, max_frame_for_mtu};

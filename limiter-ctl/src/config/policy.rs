@@ -311,6 +311,27 @@ impl Mode {
     }
 }
 
+/// Whose allowance a key's rate is: each CPU's (`cpu`: per-CPU buckets, no atomics, but a
+/// source whose packets arrive on k CPUs gets up to k allowances) or the host's (`host`: one
+/// shared bucket array, written by compare-and-exchange on admission only, so one allowance
+/// however the packets are spread over CPUs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    #[default]
+    Cpu,
+    Host,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Host => "host",
+        }
+    }
+}
+
 /// Text-backed serde for the types above: the same parser for the CLI, the file and the socket.
 macro_rules! serde_via_string {
     ($($t:ty),+) => {$(
@@ -378,6 +399,8 @@ pub struct PolicyEdit {
     pub unit: Option<Unit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Mode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
 }
 
 impl PolicyEdit {
@@ -395,6 +418,7 @@ impl PolicyEdit {
                 key: KeySpec::default(),
                 unit: Unit::default(),
                 mode: Mode::default(),
+                scope: Scope::default(),
             },
         };
         def.matches = self.matches.unwrap_or(def.matches);
@@ -407,6 +431,7 @@ impl PolicyEdit {
         def.key = self.key.unwrap_or(def.key);
         def.unit = self.unit.unwrap_or(def.unit);
         def.mode = self.mode.unwrap_or(def.mode);
+        def.scope = self.scope.unwrap_or(def.scope);
         Ok(def)
     }
 }
@@ -420,6 +445,7 @@ pub struct PolicySpec {
     pub unit: Unit,
     pub mode: Mode,
     pub matches: Match,
+    pub scope: Scope,
 }
 
 impl PolicySpec {
@@ -432,6 +458,7 @@ impl PolicySpec {
             unit: Unit::Packets,
             mode: Mode::Enforce,
             matches: Match::default(),
+            scope: Scope::Cpu,
         }
     }
 
@@ -461,6 +488,9 @@ impl PolicySpec {
         }
         if self.key.dport {
             flags |= Policy::KEY_DPORT;
+        }
+        if self.scope == Scope::Host {
+            flags |= Policy::SCOPE_HOST;
         }
         Ok(Policy {
             gcra,
@@ -595,6 +625,20 @@ mod tests {
     }
 
     #[test]
+    fn host_scope_is_a_flag_of_the_kernel_policy() {
+        let rate = Rate { count: 10, period_ns: 1_000_000_000 };
+        let cpu = PolicySpec::any(rate, 5).compile(3).unwrap();
+        let host = PolicySpec { scope: Scope::Host, ..PolicySpec::any(rate, 5) }.compile(3).unwrap();
+        assert_eq!(cpu.flags & Policy::SCOPE_HOST, 0);
+        assert_eq!(host.flags, cpu.flags | Policy::SCOPE_HOST);
+        assert_eq!(host.gcra, cpu.gcra);
+        let parse = |s: &str| serde_json::from_str::<Scope>(&format!("\"{s}\"")).map_err(|e| e.to_string());
+        assert_eq!(parse("host"), Ok(Scope::Host));
+        assert_eq!(parse("cpu"), Ok(Scope::Cpu));
+        assert!(parse("Host").is_err() && parse("node").is_err());
+    }
+
+    #[test]
     fn an_edit_changes_only_the_fields_given() {
         let name: Name = "dns".parse().unwrap();
         let existing = PolicyDef {
@@ -605,6 +649,7 @@ mod tests {
             key: "src/24".parse().unwrap(),
             unit: Unit::Packets,
             mode: Mode::DryRun,
+            scope: Scope::Host,
         };
         let rate = PolicyEdit { rate: Some("500/s".parse().unwrap()), ..PolicyEdit::default() };
         let changed = rate.apply(&name, Some(&existing)).unwrap();
@@ -616,9 +661,12 @@ mod tests {
             PolicyDef { mode: Mode::Enforce, burst: None, ..existing.clone() }
         );
         assert_eq!(PolicyEdit::default().apply(&name, Some(&existing)).unwrap(), existing);
+        let cpu = PolicyEdit { scope: Some(Scope::Cpu), ..PolicyEdit::default() };
+        assert_eq!(cpu.apply(&name, Some(&existing)).unwrap(), PolicyDef { scope: Scope::Cpu, ..existing.clone() });
         // A new policy: the defaults, and a rate is required.
         let new = rate.apply(&name, None).unwrap();
-        assert_eq!((new.matches, new.key, new.unit, new.mode, new.burst), Default::default());
+        assert_eq!((new.matches, new.key, new.unit, new.mode, new.burst, new.scope), Default::default());
+        assert_eq!(new.scope, Scope::Cpu);
         let err = PolicyEdit::default().apply(&name, None).unwrap_err().to_string();
         assert!(err.contains("'dns'") && err.contains("--rate"), "{err}");
         assert_eq!("default".parse(), Ok(BurstEdit::Default));

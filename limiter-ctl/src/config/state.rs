@@ -309,6 +309,7 @@ mod tests {
             key: Default::default(),
             unit: Default::default(),
             mode: Default::default(),
+            scope: Default::default(),
         }
     }
 

@@ -20,7 +20,7 @@ use toml_edit::{ArrayOfTables, DocumentMut, Item, Table, Value};
 
 use super::{
     ConfigFile, Error, PolicyDef,
-    policy::{KeySpec, Match, Mode, Unit, parse_net},
+    policy::{KeySpec, Match, Mode, Scope, Unit, parse_net},
     rate::Rate,
 };
 
@@ -232,6 +232,7 @@ fn set_fields(table: &mut Table, def: &PolicyDef) {
     set(table, "key", def.key.to_string(), def.key == KeySpec::default(), |i| parsed::<KeySpec>(i) == Some(def.key));
     set(table, "unit", def.unit.as_str().to_string(), def.unit == Unit::default(), is(def.unit.as_str()));
     set(table, "mode", def.mode.as_str().to_string(), def.mode == Mode::default(), is(def.mode.as_str()));
+    set(table, "scope", def.scope.as_str().to_string(), def.scope == Scope::default(), is(def.scope.as_str()));
 }
 
 /// One string field: left as written if it already means `want`, left out if absent and `want`

@@ -33,7 +33,7 @@ pub use error::{Error, Rollback};
 use serve::{Daemon, Signals, bind};
 
 use crate::{
-    config::{self, Name, PolicyDef, Rate, State},
+    config::{self, BurstEdit, Name, PolicyEdit, Rate, State},
     kernel::{self, Limiter, MapView, ModeRequest, pins::PinDir},
 };
 
@@ -115,20 +115,22 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let mut signals = Signals::install()?;
     // Everything the operator gave is checked before anything is loaded, bound or waited for.
     let file = config::load(&args.config).map_err(Error::File)?;
-    let default_policy = args.rate.map(|rate| PolicyDef {
-        name: Name::from_static(DEFAULT_POLICY),
-        matches: Default::default(),
-        rate,
-        burst: args.burst,
-        key: Default::default(),
-        unit: Default::default(),
-        mode: Default::default(),
+    // --rate and --burst edit the policy `default` as `policy set default --rate .. --burst ..`
+    // would: its other fields (a dry-run mode, a key) stay as the file has them.
+    let default_name = Name::from_static(DEFAULT_POLICY);
+    let default_edit = args.rate.map(|rate| PolicyEdit {
+        rate: Some(rate),
+        burst: args.burst.map(BurstEdit::Count),
+        ..PolicyEdit::default()
     });
     let desired = |ids: &BTreeMap<Name, u16>, max_frame: u64| -> Result<State, Error> {
         let state = State::build_for(&file, ids, max_frame)
             .map_err(|error| Error::Config { path: args.config.clone(), error })?;
-        match &default_policy {
-            Some(def) => state.with_policy(def.clone()).map_err(Error::DefaultPolicy),
+        match &default_edit {
+            Some(edit) => edit
+                .apply(&default_name, state.policy(&default_name).map(|e| &e.def))
+                .and_then(|def| state.with_policy(def))
+                .map_err(Error::DefaultPolicy),
             None => Ok(state),
         }
     };

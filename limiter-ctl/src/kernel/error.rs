@@ -156,7 +156,8 @@ impl fmt::Display for Incompatible {
                     needs.value,
                     needs.entries
                 )?;
-                if *map == limiter_common::maps::MAP_BUCKETS && found.entries != needs.entries {
+                let buckets = [limiter_common::maps::MAP_BUCKETS, limiter_common::maps::MAP_HOST_BUCKETS];
+                if buckets.contains(map) && found.entries != needs.entries {
                     write!(
                         f,
                         " (it was pinned with --buckets {}; start with that, or detach first)",

@@ -7,7 +7,9 @@ use aya::{
     maps::{Array, Map, MapData, PerCpuArray},
     programs::Xdp,
 };
-use limiter_common::maps::{Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_LAYOUT, PROGRAM};
+use limiter_common::maps::{
+    Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_HOST_BUCKETS, MAP_LAYOUT, PROGRAM,
+};
 
 use super::{Error, Incompatible, attach::Link, check_buckets, check_rows, objects, pins::PinDir};
 
@@ -43,6 +45,7 @@ impl Limiter {
         check_rows(rows)?;
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
+        loader.map_max_entries(MAP_HOST_BUCKETS, GENERATIONS * buckets);
         let mut adopted = false;
         let mut stale = None;
         let pin_paths: Vec<(&str, PathBuf)> = match &pins {

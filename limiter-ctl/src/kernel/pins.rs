@@ -18,8 +18,8 @@ use std::{
 use aya::maps::{MapInfo, MapType};
 use limiter_common::maps::{
     Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
-    MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN,
-    PORT_POLICY_ENTRIES, Policy,
+    MAP_HOST_BUCKETS, MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_POLICIES,
+    POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy,
 };
 
 use nix::{
@@ -250,13 +250,14 @@ pub fn map_names() -> impl Iterator<Item = &'static str> {
 }
 
 /// Each map's name, type, key size, value size and entries, as this build creates it.
-fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 9] {
+fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 10] {
     let size = |n: usize| n as u32;
     [
         (MAP_CONFIG, MapType::Array, 4, size(size_of::<Config>()), 1),
         (MAP_POLICIES, MapType::Array, 4, size(size_of::<Policy>()), MAX_POLICIES),
         (MAP_PORT_POLICY, MapType::Array, 4, 2, PORT_POLICY_ENTRIES),
         (MAP_BUCKETS, MapType::PerCpuArray, 4, 8, GENERATIONS * buckets),
+        (MAP_HOST_BUCKETS, MapType::Array, 4, 8, GENERATIONS * buckets),
         (MAP_COUNTERS, MapType::PerCpuArray, 4, size(size_of::<Counters>()), MAX_POLICIES),
         (MAP_ACL_V4, MapType::LpmTrie, 8, 1, MAX_ACL_ENTRIES),
         (MAP_ACL_V6, MapType::LpmTrie, 20, 1, MAX_ACL_ENTRIES),
@@ -266,7 +267,7 @@ fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 9] {
 }
 
 fn is_bpffs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+    nix::sys::statfs::statfs(path).is_ok_and(|s| i64::from(s.filesystem_type().0) == BPF_FS_MAGIC)
 }
 
 fn mount_bpffs() -> Result<(), Error> {

@@ -6,7 +6,7 @@ use aya::{
     maps::Map,
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
-use limiter_common::maps::{CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, PROGRAM, Policy};
+use limiter_common::maps::{CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_HOST_BUCKETS, PROGRAM, Policy};
 
 use super::{Error, Limiter, MapView};
 
@@ -50,6 +50,13 @@ impl Limiter {
         let map = self.per_cpu::<u64>(MAP_BUCKETS)?;
         let values = map.get(&index, 0).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
         Ok(values.iter().copied().collect())
+    }
+
+    /// The TAT stored in the shared (host-scope) bucket `index` (generation offset included).
+    pub fn host_bucket(&self, index: u32) -> Result<u64, Error> {
+        self.array::<u64>(MAP_HOST_BUCKETS)?
+            .get(&index, 0)
+            .map_err(|source| Error::Map { name: MAP_HOST_BUCKETS, source })
     }
 
     /// Runs the program once on `frame` (BPF_PROG_TEST_RUN) and returns its XDP action.

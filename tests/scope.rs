@@ -1,0 +1,316 @@
+//! Policy scope on the real kernel: a host-scope policy gives a key one allowance however its
+//! packets are spread over CPUs (one shared bucket, `HOST_BUCKETS`, written by compare-and-
+//! exchange); a cpu-scope policy gives one per CPU. Both kinds coexist in one configuration.
+//!
+//! Every test here uses one UDP policy of host scope and one TCP policy of cpu scope, with the
+//! same rate, loaded together, and sends both from one source on two CPUs at once.
+//!
+//! Bounds: see `limiter_tests::bounds`. Host scope is held to ONE CPU's GCRA bound over the
+//! window (`check_upper` with `cpus = 1`) although two CPUs judged it.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, anyhow, ensure};
+use limiter_common::{
+    FlowKey, Gcra, SipKey,
+    key::FAMILY_V4,
+    maps::{CLASS_TCP, CLASS_UDP, GENERATIONS, Policy},
+};
+use limiter_ctl::{
+    Limiter, ModeRequest,
+    config::{PolicySpec, Rate, Scope},
+};
+use limiter_tests::{
+    bounds::{Judged, check_lower, check_overload, check_upper, first},
+    cpu::pin_current_thread,
+    flood::{FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Stream},
+    netns::TestNet,
+    policies::policies_json,
+    require_root,
+    rig::Rig,
+};
+use nix::{sched::sched_getaffinity, unistd::Pid};
+
+/// The host-scope policy (UDP) and the cpu-scope one (TCP).
+const HOST: u16 = 1;
+const CPU: u16 = 2;
+/// A fixed salt, so the test can predict every key's bucket.
+const SALT: SipKey = SipKey { k0: 0x686f_7374_2d73_636f, k1: 0x7065_2d74_6573_7473 };
+const BUCKETS: u32 = 1024;
+const FLOOD_TIME: Duration = Duration::from_secs(2);
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+/// Two CPUs this process may run on (the first two allowed), or None on a one-CPU machine.
+fn two_cpus() -> Option<[usize; 2]> {
+    let set = sched_getaffinity(Pid::from_raw(0)).ok()?;
+    let mut allowed = (0..nix::sched::CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false));
+    Some([allowed.next()?, allowed.next()?])
+}
+
+/// The limiter with [`SALT`], UDP judged by a host-scope policy and TCP by a cpu-scope one, both
+/// of `rate` and `burst`.
+fn load(rate: &str, burst: u64) -> anyhow::Result<(Limiter, Gcra)> {
+    let rate: Rate = rate.parse()?;
+    let compile = |scope, id| {
+        PolicySpec { scope, ..PolicySpec::any(rate, burst) }.compile(id).map_err(|e| anyhow!("{rate}: {e}"))
+    };
+    let (host, cpu) = (compile(Scope::Host, HOST)?, compile(Scope::Cpu, CPU)?);
+    ensure!(host.flags & Policy::SCOPE_HOST != 0 && cpu.flags & Policy::SCOPE_HOST == 0, "scopes compiled wrong");
+    let mut limiter = Limiter::load(BUCKETS).context("loading the limiter")?;
+    limiter.set_salt(SALT)?;
+    limiter.set_policy(&host)?;
+    limiter.set_policy(&cpu)?;
+    let mut config = limiter.config()?;
+    config.class_policy[CLASS_UDP] = HOST;
+    config.class_policy[CLASS_TCP] = CPU;
+    limiter.write_config(&config)?;
+    Ok((limiter, host.gcra))
+}
+
+/// The bucket (generation 0) of `src` under policy `id`.
+fn bucket_of(src: Ipv4Addr, id: u16) -> u32 {
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src.octets());
+    FlowKey { addr, policy: id, dport: 0, family: FAMILY_V4 }.bucket(&SALT, BUCKETS - 1)
+}
+
+/// BPF_PROG_TEST_RUN on two CPUs in turn, one packet at a time: the host-scope policy admits its
+/// burst once in all, the cpu-scope one once per CPU; the host policy's state is in the shared
+/// array only, at the predicted bucket, and the cpu policy's in the per-CPU array only.
+#[test]
+fn test_runs_on_two_cpus_share_one_host_allowance() {
+    require_root!();
+    let Some(cpus) = two_cpus() else {
+        eprintln!("skipped: this test needs two CPUs");
+        return;
+    };
+    // 10 per minute: nothing refills during the test (T = 6 s), so the burst is the allowance.
+    let burst = 20;
+    let (limiter, gcra) = load("10/min", burst).expect("loading the limiter");
+    let src = Ipv4Addr::new(198, 18, 0, 2);
+    let spec = FrameSpec {
+        src_mac: [2, 0, 0, 0, 0, 2],
+        dst_mac: [2, 0, 0, 0, 0, 1],
+        dst: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
+        sport: 40_000,
+        dport: 9,
+        payload: 18,
+    };
+    let udp = spec.frame_of(L4::Udp, src.into()).expect("UDP frame");
+    let tcp = spec.frame_of(L4::TcpSyn, src.into()).expect("TCP frame");
+    let start = Instant::now();
+    let mut admitted = [[0u64; 2]; 2];
+    // Packets alternate between the CPUs: 5 bursts' worth in all, each CPU offered 2.5.
+    for i in 0..5 * burst as usize {
+        let side = i % 2;
+        pin_current_thread(cpus[side]).expect("pinning the test thread");
+        for (p, frame) in [&udp, &tcp].into_iter().enumerate() {
+            match limiter.test_run(frame).expect("test run") {
+                XDP_PASS => admitted[p][side] += 1,
+                XDP_DROP => {}
+                other => panic!("unexpected XDP action {other}"),
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let bound = gcra.bound(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+    let (host, cpu) = (admitted[0][0] + admitted[0][1], admitted[1][0] + admitted[1][1]);
+    eprintln!(
+        "in {elapsed:?} on CPUs {cpus:?}: host scope admitted {:?} = {host}, cpu scope {:?} = {cpu} (one allowance: \
+         {bound}; cpu/host {:.2}x)",
+        admitted[0],
+        admitted[1],
+        cpu as f64 / host.max(1) as f64
+    );
+    assert!(elapsed < Duration::from_secs(5), "the test took {elapsed:?}: the rate refilled, the counts mean nothing");
+    assert_eq!(bound, burst, "the bound over {elapsed:?}");
+    assert_eq!(host, burst, "host scope: admitted {:?} on CPUs {cpus:?}, one allowance is {burst}", admitted[0]);
+    assert!(admitted[0][0] > 0 && admitted[0][1] > 0, "host scope: both CPUs admit from the one allowance");
+    assert_eq!(admitted[1], [burst, burst], "cpu scope: each CPU admits its own allowance of {burst}");
+    // Where the state went: each policy's bucket in its own array, nothing in the other.
+    let (host_bucket, cpu_bucket) = (bucket_of(src, HOST), bucket_of(src, CPU));
+    for index in 0..GENERATIONS * BUCKETS {
+        let shared = limiter.host_bucket(index).expect("reading HOST_BUCKETS");
+        assert_eq!(
+            shared != 0,
+            index == host_bucket,
+            "HOST_BUCKETS[{index}] = {shared:#x} (host bucket {host_bucket})"
+        );
+        let per_cpu = limiter.bucket(index).expect("reading BUCKETS");
+        for (c, &tat) in per_cpu.iter().enumerate() {
+            let expected = index == cpu_bucket && cpus.contains(&c);
+            assert_eq!(tat != 0, expected, "BUCKETS[{index}] on CPU {c} = {tat:#x} (cpu bucket {cpu_bucket})");
+        }
+    }
+    assert_eq!(limiter.host_bucket(host_bucket).expect("HOST_BUCKETS") & 0xff, u64::from(HOST), "owner byte");
+}
+
+/// A salt rotation carries a host-scope key's TAT over from the old generation's shared bucket
+/// without a fresh allowance, and a refused flood during the grace writes nothing: neither the
+/// old bucket (never written) nor the new one (written only when the judgement writes).
+#[test]
+fn rotation_carries_a_host_bucket_over_and_a_refused_flood_writes_nothing() {
+    require_root!();
+    let burst = 5;
+    let (mut limiter, _) = load("10/min", burst).expect("loading the limiter");
+    let src = Ipv4Addr::new(198, 18, 0, 2);
+    let spec = FrameSpec {
+        src_mac: [2, 0, 0, 0, 0, 2],
+        dst_mac: [2, 0, 0, 0, 0, 1],
+        dst: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
+        sport: 40_000,
+        dport: 9,
+        payload: 18,
+    };
+    let udp = spec.frame_of(L4::Udp, src.into()).expect("UDP frame");
+    let admitted = |limiter: &Limiter, n: u64| -> u64 {
+        (0..n).filter(|_| limiter.test_run(&udp).expect("test run") == XDP_PASS).count() as u64
+    };
+    assert_eq!(admitted(&limiter, 3 * burst), burst, "before the rotation: the burst");
+    let old = bucket_of(src, HOST);
+    let spent = limiter.host_bucket(old).expect("HOST_BUCKETS");
+    assert_ne!(spent, 0);
+    let salt = SipKey { k0: SALT.k0 ^ 0x5a5a, k1: SALT.k1.rotate_left(7) };
+    limiter.rotate_salt(salt, Duration::from_secs(600)).expect("rotating the salt");
+    assert_eq!(limiter.config().expect("config").generation, 1);
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src.octets());
+    let new = BUCKETS + FlowKey { addr, policy: HOST, dport: 0, family: FAMILY_V4 }.bucket(&salt, BUCKETS - 1);
+    assert_eq!(admitted(&limiter, 3 * burst), 0, "after the rotation, within the grace: no fresh allowance");
+    assert_eq!(limiter.host_bucket(old).expect("HOST_BUCKETS"), spent, "the old generation is never written");
+    assert_eq!(limiter.host_bucket(new).expect("HOST_BUCKETS"), 0, "refusals carried over write nothing");
+}
+
+/// End to end on veth (native XDP runs on the sending CPU): one source floods from two CPUs at
+/// once, UDP and TCP interleaved. The host-scope policy (UDP) admits at most ONE allowance over
+/// the window although both CPUs judged it, and at least 90% of it; the cpu-scope policy (TCP)
+/// admits up to one allowance per CPU, more than one in all. The ratio is printed.
+#[test]
+fn one_source_on_two_cpus_gets_one_allowance_under_host_scope() {
+    require_root!();
+    let Some(cpus) = two_cpus() else {
+        eprintln!("skipped: this test needs two CPUs");
+        return;
+    };
+    let net = TestNet::new().expect("test network");
+    let (rate, burst) = ("1000/s", 100);
+    let (mut limiter, gcra) = load(rate, burst).expect("loading the limiter");
+    let iface = &net.receiver.iface;
+    let attached = net.receiver.run(|| limiter.attach(iface, ModeRequest::Native)).expect("entering the namespace");
+    let attached = attached.unwrap_or_else(|e| panic!("native XDP on veth {iface} failed: {e}"));
+    assert_eq!(attached.mode, limiter_ctl::AttachMode::Native);
+
+    let src = IpAddr::V4(net.sender.v4);
+    let spec = net.frames_to(false, 9);
+    let stream = |l4| Stream { spec: spec.clone(), l4, sources: Sources::One(src) };
+    let frames = Frames::mix(&[stream(L4::Udp), stream(L4::TcpSyn)]).expect("frames");
+    let reports: Vec<Report> = thread::scope(|s| {
+        let floods: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                let (frames, sender) = (&frames, &net.sender);
+                s.spawn(move || -> anyhow::Result<Report> {
+                    let limits = Limits::timed(FLOOD_TIME).on_cpu(cpu);
+                    sender.run(|| frames.send(&mut PacketSocket::open(&sender.iface)?, &limits))?
+                })
+            })
+            .collect();
+        floods.into_iter().map(|f| f.join().expect("flood thread").expect("flood")).collect()
+    });
+    let host = Judged::new(&limiter.counters_per_cpu(HOST).expect("counters"));
+    let cpu = Judged::new(&limiter.counters_per_cpu(CPU).expect("counters"));
+    let read = Instant::now();
+    let start = reports.iter().map(first).min().expect("two floods");
+    let window = read - start;
+    eprintln!("floods: {} | {}", reports[0], reports[1]);
+    eprintln!("host scope: {host}\ncpu scope: {cpu}");
+    let ratio = cpu.total.admitted_packets as f64 / host.total.admitted_packets.max(1) as f64;
+    eprintln!(
+        "one source on CPUs {cpus:?}: host scope admitted {}, cpu scope {} ({ratio:.2}x); one allowance over {window:?}: \
+         {}",
+        host.total.admitted_packets,
+        cpu.total.admitted_packets,
+        gcra.bound(u64::try_from(window.as_nanos()).unwrap_or(u64::MAX))
+    );
+
+    for report in &reports {
+        // Each CPU's flood alone offers each policy (half its frames) 10x the rate.
+        check_overload(report, 2.0 * per_sec(rate), 1);
+    }
+    for (what, judged) in [("host", &host), ("cpu", &cpu)] {
+        assert_eq!(judged.total.errors, 0, "{what} scope: the program reported internal errors");
+        for c in cpus {
+            let on = &judged.per_cpu[c];
+            assert!(
+                on.refused_packets > 0 && on.admitted_packets > 0,
+                "{what} scope: CPU {c} did not both admit and refuse ({on:?}): the source was not spread over two CPUs"
+            );
+        }
+    }
+    // Host scope: one allowance in all, though two CPUs judged it; and close to all of it.
+    check_upper("host scope, both CPUs together", host.total.admitted_packets, &gcra, 1, window);
+    let longest = reports.iter().max_by_key(|r| r.duration()).expect("two floods");
+    check_lower("host scope, both CPUs together", host.total.admitted_packets, &gcra, longest);
+    // Cpu scope: each CPU is held to one allowance, and together they exceed one: the multiplier
+    // host scope removes is real in this very run.
+    for c in cpus {
+        check_upper(&format!("cpu scope, CPU {c}"), cpu.per_cpu[c].admitted_packets, &gcra, 1, window);
+    }
+    let one = gcra.bound(u64::try_from(window.as_nanos()).unwrap_or(u64::MAX));
+    assert!(
+        cpu.total.admitted_packets > one,
+        "cpu scope admitted {} <= one allowance {one} over {window:?}: the two CPUs did not each judge a share, so \
+         this run cannot show what host scope removes",
+        cpu.total.admitted_packets
+    );
+    limiter.detach().expect("detach");
+}
+
+fn per_sec(rate: &str) -> f64 {
+    rate.parse::<Rate>().expect("the test's rates parse").per_sec()
+}
+
+/// Through the real daemon and CLI: a host-scope and a cpu-scope policy in one config. Both are
+/// listed with their scope (`policy list --json`, `policy show`), written to the file (a new
+/// policy's default scope left out), and compiled into the kernel with
+/// `Policy::SCOPE_HOST` on the host one only; `policy set --scope` changes only the scope.
+#[test]
+fn host_and_cpu_scope_policies_coexist_in_one_config() {
+    require_root!();
+    let rig = Rig::start(&[]).expect("starting the rig");
+    rig.ctl_ok(&["policy", "set", "quota", "--match", "udp", "--rate", "100/s", "--scope", "host"]);
+    rig.ctl_ok(&["policy", "set", "web", "--match", "tcp", "--rate", "100/s"]);
+    let check = |want: &[(&str, &str)], cpu_lines: usize, what: &str| {
+        let listed = policies_json(&rig);
+        let rules = rig.snapshot().rules;
+        for (name, scope) in want {
+            let p = listed.iter().find(|p| p["name"] == *name).unwrap_or_else(|| panic!("{what}: {name} not listed"));
+            assert_eq!(p["scope"], *scope, "{what}: {name} in `policy list --json`: {p}");
+            let id = u16::try_from(p["id"].as_u64().expect("an id")).expect("a policy id");
+            let flags = rules.policy(id).expect("the policy in the kernel").flags;
+            assert_eq!(flags & Policy::SCOPE_HOST != 0, *scope == "host", "{what}: {name}'s kernel flags {flags:#x}");
+            let shown = rig.ctl_ok(&["policy", "show", name]);
+            assert!(
+                shown.lines().any(|l| l.split_whitespace().eq(["scope", scope])),
+                "{what}: `policy show {name}` says no `scope {scope}`:\n{shown}"
+            );
+        }
+        let file = rig.scratch.config_file().expect("config").expect("the daemon wrote its config");
+        let hosts = want.iter().filter(|(_, s)| *s == "host").count();
+        assert_eq!(file.matches("scope = \"host\"").count(), hosts, "{what}: the file:\n{file}");
+        // A new policy leaves the default out; an edit back to it writes it (as for every field).
+        assert_eq!(file.matches("scope = \"cpu\"").count(), cpu_lines, "{what}: the file:\n{file}");
+    };
+    check(&[("quota", "host"), ("web", "cpu")], 0, "set");
+    rig.ctl_ok(&["policy", "set", "web", "--scope", "host"]);
+    check(&[("quota", "host"), ("web", "host")], 0, "web set to host");
+    let web = policies_json(&rig).into_iter().find(|p| p["name"] == "web").expect("web listed");
+    assert_eq!((&web["match"], &web["rate"]), (&"tcp".into(), &"100/s".into()), "only the scope changed: {web}");
+    rig.ctl_ok(&["policy", "set", "quota", "--scope", "cpu"]);
+    check(&[("quota", "cpu"), ("web", "host")], 1, "quota set back to cpu");
+}
