@@ -79,6 +79,20 @@ fn bucket_of(src: Ipv4Addr, id: u16) -> u32 {
     FlowKey { addr, policy: id, dport: 0, family: FAMILY_V4 }.bucket(&SALT, BUCKETS - 1)
 }
 
+/// The source of the test-run frames, and their spec (to 198.18.0.1, UDP or TCP port 9).
+const SRC: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+fn test_run_spec() -> FrameSpec {
+    FrameSpec {
+        src_mac: [2, 0, 0, 0, 0, 2],
+        dst_mac: [2, 0, 0, 0, 0, 1],
+        dst: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
+        sport: 40_000,
+        dport: 9,
+        payload: 18,
+    }
+}
+
 /// BPF_PROG_TEST_RUN on two CPUs in turn, one packet at a time: the host-scope policy admits its
 /// burst once in all, the cpu-scope one once per CPU; the host policy's state is in the shared
 /// array only, at the predicted bucket, and the cpu policy's in the per-CPU array only.
@@ -92,15 +106,7 @@ fn test_runs_on_two_cpus_share_one_host_allowance() {
     // 10 per minute: nothing refills during the test (T = 6 s), so the burst is the allowance.
     let burst = 20;
     let (limiter, gcra) = load("10/min", burst).expect("loading the limiter");
-    let src = Ipv4Addr::new(198, 18, 0, 2);
-    let spec = FrameSpec {
-        src_mac: [2, 0, 0, 0, 0, 2],
-        dst_mac: [2, 0, 0, 0, 0, 1],
-        dst: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
-        sport: 40_000,
-        dport: 9,
-        payload: 18,
-    };
+    let (src, spec) = (SRC, test_run_spec());
     let udp = spec.frame_of(L4::Udp, src.into()).expect("UDP frame");
     let tcp = spec.frame_of(L4::TcpSyn, src.into()).expect("TCP frame");
     let start = Instant::now();
@@ -158,15 +164,7 @@ fn rotation_carries_a_host_bucket_over_and_a_refused_flood_writes_nothing() {
     require_root!();
     let burst = 5;
     let (mut limiter, _) = load("10/min", burst).expect("loading the limiter");
-    let src = Ipv4Addr::new(198, 18, 0, 2);
-    let spec = FrameSpec {
-        src_mac: [2, 0, 0, 0, 0, 2],
-        dst_mac: [2, 0, 0, 0, 0, 1],
-        dst: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
-        sport: 40_000,
-        dport: 9,
-        payload: 18,
-    };
+    let (src, spec) = (SRC, test_run_spec());
     let udp = spec.frame_of(L4::Udp, src.into()).expect("UDP frame");
     let admitted = |limiter: &Limiter, n: u64| -> u64 {
         (0..n).filter(|_| limiter.test_run(&udp).expect("test run") == XDP_PASS).count() as u64
