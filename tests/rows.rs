@@ -25,8 +25,11 @@ use limiter_tests::{
 
 const POLICY: u16 = 1;
 const SALT: SipKey = SipKey { k0: 0x726f_7773_2d74_6573, k1: 0x7421_6c69_6d69_7465 };
-const FLOOD_TIME: Duration = Duration::from_secs(2);
-/// Each flooder must be offered at least this many packets (burst 5, then refusals).
+/// How long a machine gets to offer each flooder its packets (and each innocent its one): far
+/// more than the fastest and the slowest machines of this kind need.
+const FLOOD_TIME: Duration = Duration::from_secs(10);
+/// Each flooder is offered this many packets (burst 5, then refusals: its buckets are spent;
+/// refusals write nothing, so more packets would change nothing).
 const MIN_PER_FLOODER: u64 = 10;
 
 /// What one run measured.
@@ -61,10 +64,12 @@ fn measure(net: &TestNet, buckets: u32, rows: u32, flooders: u32, innocents: u32
 
     let spec = net.frames_to(false, 9);
     let flood = Sources::Spoofed { prefix: "198.19.0.0/16".parse::<Prefix>().expect("prefix"), count: flooders };
-    let report = send(net, &Frames::build(&spec, &flood).expect("frames"), Limits::timed(FLOOD_TIME));
+    let wanted = MIN_PER_FLOODER * u64::from(flooders);
+    let report = send(net, &Frames::build(&spec, &flood).expect("frames"), Limits::counted(wanted, FLOOD_TIME));
     assert!(
-        report.sent >= MIN_PER_FLOODER * u64::from(flooders),
-        "the flood offered {} packets to {flooders} flooders, fewer than {MIN_PER_FLOODER} each ({report})",
+        report.sent >= wanted,
+        "the machine: its generator offered {} packets to {flooders} flooders in {FLOOD_TIME:?}, fewer than \
+         {MIN_PER_FLOODER} each ({report}); the limiter is not at fault",
         report.sent
     );
     let before = limiter.counters_per_cpu(POLICY).expect("counters");
