@@ -103,7 +103,13 @@ pub fn key_hash(salt: &SipInit, family: u8, words: &[u64; 3]) -> u64 {
 /// The bucket for key words with one row of `bucket_mask + 1` buckets.
 #[inline(always)]
 pub fn bucket_of(salt: &SipInit, family: u8, words: &[u64; 3], bucket_mask: u32) -> u32 {
-    row_index(key_hash(salt, family, words), 0, bucket_mask.wrapping_add(1))
+    row0_index(key_hash(salt, family, words), bucket_mask)
+}
+
+/// [`bucket_of`] from the key's hash.
+#[inline(always)]
+pub fn row0_index(hash: u64, bucket_mask: u32) -> u32 {
+    row_index(hash, 0, bucket_mask.wrapping_add(1))
 }
 
 /// The mask for a prefix of `prefix_len` bits, as the two little-endian words the XDP program

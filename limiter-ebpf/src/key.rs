@@ -3,6 +3,7 @@
 use limiter_common::{
     key::{FAMILY_V4, v4_word, v6_meta_word},
     maps::Policy,
+    siphash::SipInit,
 };
 
 use crate::parse::Packet;
@@ -15,5 +16,41 @@ pub fn key_words(pkt: &Packet, policy: &Policy) -> [u64; 3] {
         [v4_word(pkt.src[0] & policy.v4_mask, policy.id, dport), 0, 0]
     } else {
         [pkt.src[0] & policy.v6_mask[0], pkt.src[1] & policy.v6_mask[1], v6_meta_word(policy.id, dport)]
+    }
+}
+
+/// The last key a CPU hashed and its keyed hash: a flood from one source (what a refusal costs
+/// most often) skips SipHash on every packet after its first. Exact, never a guess: the memo
+/// holds whole key words, the family and the salt's first state word (64 secret bits that
+/// change with every salt), and it serves only an identical key under the identical salt.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct KeyMemo {
+    pub words: [u64; 3],
+    /// `SipInit::v[0]` of the salt the hash was taken under.
+    pub salt: u64,
+    pub family: u64,
+    pub hash: u64,
+}
+
+impl KeyMemo {
+    /// The memoised hash when the memo is for this key and salt.
+    #[inline(always)]
+    pub fn get(&self, salt: &SipInit, family: u8, words: &[u64; 3]) -> Option<u64> {
+        if self.salt == salt.v[0]
+            && self.family == u64::from(family)
+            && self.words[0] == words[0]
+            && self.words[1] == words[1]
+            && self.words[2] == words[2]
+        {
+            Some(self.hash)
+        } else {
+            None
+        }
+    }
+
+    #[inline(always)]
+    pub fn set(&mut self, salt: &SipInit, family: u8, words: &[u64; 3], hash: u64) {
+        *self = Self { words: *words, salt: salt.v[0], family: u64::from(family), hash };
     }
 }

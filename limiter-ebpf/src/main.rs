@@ -13,7 +13,7 @@ use aya_ebpf::{
 use limiter_common::{
     FlowKey, gcra,
     key::FAMILY_V4,
-    key::{bucket_of, key_hash},
+    key::{key_hash, row0_index},
     maps::{
         ACL_ALLOW, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES,
         MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES, RefusalSample,
@@ -22,7 +22,7 @@ use limiter_common::{
 };
 use limiter_ebpf::{
     decide::{Verdict, count, decide},
-    key::key_words,
+    key::{KeyMemo, key_words},
     parse::{Packet, Skip, parse},
     scope,
 };
@@ -53,6 +53,14 @@ static POLICY_NAMES: Array<[u8; POLICY_NAME_LEN]> = Array::with_max_entries(MAX_
 static LAYOUT: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 static REFUSALS: RingBuf = RingBuf::with_byte_size(REFUSALS_BYTES, 0);
+/// Each CPU's last key and its hash (`KeyMemo`). Not pinned: a cache, empty after a reload.
+#[map]
+static KEY_MEMO: PerCpuArray<KeyMemo> = PerCpuArray::with_max_entries(1, 0);
+
+/// 0 turns the key memo off (the benchmark sets it, to measure the memo against no memo in the
+/// same run); read-only data, so the verifier drops the untaken branch.
+#[unsafe(no_mangle)]
+static USE_KEY_MEMO: u8 = 1;
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
@@ -111,14 +119,15 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     }
     let generation = (cfg.generation & 1) as usize;
     let (rows, len) = row_shape(cfg);
-    let current = bucket_rows(cfg, generation, pkt.family, &words, rows, len);
+    let current = bucket_rows(cfg, generation, current_hash(cfg, generation, pkt.family, &words), rows, len);
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(mut values) = read_rows(&current, rows) else {
         return fault();
     };
     if now < cfg.grace_until_ns {
         // Salt rotation: each of the source's rows under the previous salt may be further ahead.
-        let previous = bucket_rows(cfg, generation ^ 1, pkt.family, &words, rows, len);
+        let old_hash = key_hash(&cfg.salts[generation ^ 1], pkt.family, &words);
+        let previous = bucket_rows(cfg, generation ^ 1, old_hash, rows, len);
         let Some(old) = read_rows(&previous, rows) else {
             return fault();
         };
@@ -151,7 +160,8 @@ fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: V
 #[inline(always)]
 fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], frame_len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
-    let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, pkt.family, words))?;
+    let hash = current_hash(cfg, generation, pkt.family, words);
+    let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
     let exhausted = if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse };
     // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
     Some(unsafe {
@@ -164,7 +174,8 @@ fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], fra
             if now < cfg.grace_until_ns {
                 // Salt rotation: the key's bucket under the previous salt may be further ahead
                 // (never written: every write goes to the current generation).
-                if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, pkt.family, words)) {
+                let old_hash = key_hash(&cfg.salts[generation ^ 1], pkt.family, words);
+                if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, old_hash)) {
                     value = gcra::later(current, scope::load(old), now);
                 }
             }
@@ -177,12 +188,33 @@ fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], fra
     })
 }
 
-/// The key's bucket in `HOST_BUCKETS` for `generation`, under that generation's salt: one index
-/// over the generation's whole half, laid out as `BUCKETS` is.
+/// The key's bucket in `HOST_BUCKETS` for `generation`, from the key's hash under that
+/// generation's salt: one index over the generation's whole half, laid out as `BUCKETS` is.
 #[inline(always)]
-fn host_index(cfg: &Config, generation: usize, family: u8, words: &[u64; 3]) -> u32 {
+fn host_index(cfg: &Config, generation: usize, hash: u64) -> u32 {
     let base = (generation as u32) * (cfg.bucket_mask + 1);
-    base + bucket_of(&cfg.salts[generation], family, words, cfg.bucket_mask)
+    base + row0_index(hash, cfg.bucket_mask)
+}
+
+/// The key's hash under the current generation's salt, from this CPU's memo when the last
+/// packet it judged had the same key (a flood from one source), else SipHash (then memoised).
+#[inline(always)]
+fn current_hash(cfg: &Config, generation: usize, family: u8, words: &[u64; 3]) -> u64 {
+    let salt = &cfg.salts[generation];
+    if unsafe { core::ptr::read_volatile(&USE_KEY_MEMO) } == 0 {
+        return key_hash(salt, family, words);
+    }
+    let Some(memo) = KEY_MEMO.get_ptr_mut(0) else {
+        return key_hash(salt, family, words);
+    };
+    // SAFETY: a map value, valid for the program's run; only this CPU touches it.
+    let memo = unsafe { &mut *memo };
+    if let Some(hash) = memo.get(salt, family, words) {
+        return hash;
+    }
+    let hash = key_hash(salt, family, words);
+    memo.set(salt, family, words, hash);
+    hash
 }
 
 /// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.
@@ -219,18 +251,11 @@ fn row_shape(cfg: &Config) -> (usize, u32) {
     (rows, len)
 }
 
-/// The source's bucket in each row of `generation`, under that generation's salt.
+/// The source's bucket in each row of `generation`, from its hash under that generation's salt.
 #[inline(always)]
-fn bucket_rows(
-    cfg: &Config,
-    generation: usize,
-    family: u8,
-    words: &[u64; 3],
-    rows: usize,
-    len: u32,
-) -> [u32; MAX_ROWS] {
+fn bucket_rows(cfg: &Config, generation: usize, hash: u64, rows: usize, len: u32) -> [u32; MAX_ROWS] {
     let base = (generation as u32) * (cfg.bucket_mask + 1);
-    let mut idx = row_indexes(key_hash(&cfg.salts[generation], family, words), rows, len);
+    let mut idx = row_indexes(hash, rows, len);
     let mut i = 0;
     while i < MAX_ROWS {
         idx[i] += base;

@@ -136,7 +136,20 @@ fn limiter_with(
     allow: &[&str],
     scope: Scope,
 ) -> anyhow::Result<Limiter> {
-    let mut limiter = Limiter::load_rows(buckets, rows)?;
+    configure(Limiter::load_rows(buckets, rows)?, policies, allow, scope)
+}
+
+/// [`limiter_rows`] with the per-CPU key memo off: every packet hashes its key (the A of an A/B).
+fn limiter_without_memo(buckets: u32, rows: u32, policies: &[(&str, &str, u64)]) -> anyhow::Result<Limiter> {
+    configure(Limiter::load_rows_without_key_memo(buckets, rows)?, policies, &[], Scope::Cpu)
+}
+
+fn configure(
+    mut limiter: Limiter,
+    policies: &[(&str, &str, u64)],
+    allow: &[&str],
+    scope: Scope,
+) -> anyhow::Result<Limiter> {
     limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
     let mut state = State::default();
     for (i, (matches, rate, burst)) in policies.iter().enumerate() {
@@ -184,6 +197,24 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             name: "limiter: refuse",
             what: "policy matched, GCRA refuses (XDP_DROP)",
             run: limiter_runner(limiter(BUCKETS, &[("any", "1/h", 1)], &[])?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: refuse, no key memo",
+            what: "as refuse, every packet hashes its key (the memo off)",
+            run: limiter_runner(limiter_without_memo(BUCKETS, 1, &[("any", "1/h", 1)])?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: admit, no key memo",
+            what: "as admit, every packet hashes its key (the memo off)",
+            run: limiter_runner(limiter_without_memo(BUCKETS, 1, &[ADMIT_ALL])?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: refuse, 4 rows, no key memo",
+            what: "as refuse, 4 rows, every packet hashes its key (the memo off)",
+            run: limiter_runner(limiter_without_memo(BUCKETS, 4, &[("any", "1/h", 1)])?),
             warm_all_sources: true,
         },
         Subject {

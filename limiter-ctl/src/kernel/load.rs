@@ -37,13 +37,26 @@ impl Limiter {
         Self::open(buckets, rows, None)
     }
 
+    /// Test-only: [`Limiter::load_rows`] with the program's per-CPU key memo off (every packet
+    /// hashes its key), for the benchmark to measure the memo against no memo in one run.
+    #[cfg(feature = "testing")]
+    pub fn load_rows_without_key_memo(buckets: u32, rows: u32) -> Result<Self, Error> {
+        Self::open_with(buckets, rows, None, false)
+    }
+
     /// Loads the program with its maps pinned in `pins`. When a limiter was left there (its
     /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
     /// they are what this build expects; [`Limiter::adopted`] says so.
     pub(crate) fn open(buckets: u32, rows: u32, pins: Option<PinDir>) -> Result<Self, Error> {
+        Self::open_with(buckets, rows, pins, true)
+    }
+
+    fn open_with(buckets: u32, rows: u32, pins: Option<PinDir>, key_memo: bool) -> Result<Self, Error> {
         check_buckets(buckets)?;
         check_rows(rows)?;
+        let key_memo = u8::from(key_memo);
         let mut loader = EbpfLoader::new();
+        loader.override_global("USE_KEY_MEMO", &key_memo, true);
         loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
         loader.map_max_entries(MAP_HOST_BUCKETS, GENERATIONS * buckets);
         let mut adopted = false;
