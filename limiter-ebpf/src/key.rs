@@ -23,6 +23,11 @@ pub fn key_words(pkt: &Packet, policy: &Policy) -> [u64; 3] {
 /// most often) skips SipHash on every packet after its first. Exact, never a guess: the memo
 /// holds whole key words, the family and the salt's first state word (64 secret bits that
 /// change with every salt), and it serves only an identical key under the identical salt.
+///
+/// It also holds how long the key's last refusal stands (`refused_until_ns`, 0: none; see
+/// docs/DESIGN.md, Decide): set only when that refusal wrote nothing, so while every packet
+/// this CPU judges is the same key refused from the memo, its buckets cannot change, and the
+/// exact GCRA would refuse each of them until then. Any other key replaces the memo.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct KeyMemo {
@@ -31,6 +36,10 @@ pub struct KeyMemo {
     pub salt: u64,
     pub family: u64,
     pub hash: u64,
+    pub refused_until_ns: u64,
+    /// The policy's parameters when `refused_until_ns` was set (a rate change voids it).
+    pub emission: u64,
+    pub capacity: u64,
 }
 
 impl KeyMemo {
@@ -51,6 +60,6 @@ impl KeyMemo {
 
     #[inline(always)]
     pub fn set(&mut self, salt: &SipInit, family: u8, words: &[u64; 3], hash: u64) {
-        *self = Self { words: *words, salt: salt.v[0], family: u64::from(family), hash };
+        *self = Self { words: *words, salt: salt.v[0], family: u64::from(family), hash, ..Self::default() };
     }
 }

@@ -119,7 +119,20 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     }
     let generation = (cfg.generation & 1) as usize;
     let (rows, len) = row_shape(cfg);
-    let current = bucket_rows(cfg, generation, current_hash(cfg, generation, pkt.family, &words), rows, len);
+    let memo = key_memo();
+    let hash = current_hash(cfg, generation, pkt.family, &words, memo);
+    if let Some(m) = memo {
+        // SAFETY: a map value, valid for the program's run; only this CPU touches it.
+        let m = unsafe { &*m };
+        if m.refused_until_ns != 0 && m.emission == policy.gcra.emission && m.capacity == policy.gcra.capacity {
+            let now = unsafe { bpf_ktime_get_ns() };
+            // Wrapping: `now` before the end of the standing refusal.
+            if (m.refused_until_ns.wrapping_sub(now) as i64) > 0 {
+                return act(cfg, pkt, policy, &words, refusal(policy), frame_len);
+            }
+        }
+    }
+    let current = bucket_rows(cfg, generation, hash, rows, len);
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(mut values) = read_rows(&current, rows) else {
         return fault();
@@ -139,7 +152,61 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     }
     let (verdict, store) = decide(policy, &values, rows, now, frame_len, owner_capacity);
     write_rows(&current, rows, &store);
+    if let Some(m) = memo {
+        // SAFETY: as above.
+        let m = unsafe { &mut *m };
+        m.refused_until_ns = if verdict == Verdict::Admit || now < cfg.grace_until_ns {
+            0
+        } else {
+            refused_until(policy, &values, rows, now, &store)
+        };
+        m.emission = policy.gcra.emission;
+        m.capacity = policy.gcra.capacity;
+    }
     act(cfg, pkt, policy, &words, verdict, frame_len)
+}
+
+/// The verdict for a packet the policy refuses (dry-run: would refuse).
+#[inline(always)]
+fn refusal(policy: &Policy) -> Verdict {
+    if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse }
+}
+
+/// Until when (ns, exclusive) the exact GCRA refuses a packet policy's key whose buckets hold
+/// `values` and stay as they are, 0 when it cannot say (a byte policy: the cost depends on the
+/// frame; a refusal that wrote; a row beyond the policy's window, which depends on its owner).
+/// A refusal stands while every row's TAT is more than `capacity - cost` ahead of now.
+#[inline(always)]
+fn refused_until(
+    policy: &Policy,
+    values: &[u64; MAX_ROWS],
+    rows: usize,
+    now_ns: u64,
+    store: &[Option<u64>; MAX_ROWS],
+) -> u64 {
+    if policy.flags & Policy::BYTES != 0 {
+        return 0;
+    }
+    let now = now_ns.wrapping_shl(gcra::CLOCK_SHIFT);
+    let threshold = policy.gcra.capacity - policy.gcra.cost(1);
+    let mut least = u64::MAX;
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        let ahead = gcra::ahead_units(values[i], now);
+        if store[i].is_some() || ahead > policy.gcra.capacity || ahead <= threshold {
+            return 0;
+        }
+        if ahead < least {
+            least = ahead;
+        }
+        i += 1;
+    }
+    if least == u64::MAX {
+        return 0;
+    }
+    // Refused at `now + d` iff `(d << CLOCK_SHIFT) < least - threshold`: d below the ceiling.
+    let span = (least - threshold + (1 << gcra::CLOCK_SHIFT) - 1) >> gcra::CLOCK_SHIFT;
+    now_ns.wrapping_add(span)
 }
 
 /// Counts the verdict (and samples a refusal), and turns it into the XDP action.
@@ -160,7 +227,7 @@ fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: V
 #[inline(always)]
 fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], frame_len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
-    let hash = current_hash(cfg, generation, pkt.family, words);
+    let hash = current_hash(cfg, generation, pkt.family, words, key_memo());
     let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
     let exhausted = if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse };
     // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
@@ -196,15 +263,21 @@ fn host_index(cfg: &Config, generation: usize, hash: u64) -> u32 {
     base + row0_index(hash, cfg.bucket_mask)
 }
 
+/// This CPU's key memo, None when turned off.
+#[inline(always)]
+fn key_memo() -> Option<*mut KeyMemo> {
+    if unsafe { core::ptr::read_volatile(&USE_KEY_MEMO) } == 0 {
+        return None;
+    }
+    KEY_MEMO.get_ptr_mut(0)
+}
+
 /// The key's hash under the current generation's salt, from this CPU's memo when the last
 /// packet it judged had the same key (a flood from one source), else SipHash (then memoised).
 #[inline(always)]
-fn current_hash(cfg: &Config, generation: usize, family: u8, words: &[u64; 3]) -> u64 {
+fn current_hash(cfg: &Config, generation: usize, family: u8, words: &[u64; 3], memo: Option<*mut KeyMemo>) -> u64 {
     let salt = &cfg.salts[generation];
-    if unsafe { core::ptr::read_volatile(&USE_KEY_MEMO) } == 0 {
-        return key_hash(salt, family, words);
-    }
-    let Some(memo) = KEY_MEMO.get_ptr_mut(0) else {
+    let Some(memo) = memo else {
         return key_hash(salt, family, words);
     };
     // SAFETY: a map value, valid for the program's run; only this CPU touches it.
