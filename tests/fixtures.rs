@@ -2,7 +2,10 @@
 //! fixture is counted, what every truncation of it becomes, that a burst is enforced per
 //! source, and that the program picks the very bucket userspace predicts.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
 
 use etherparse::EtherType;
 use limiter_common::{
@@ -270,6 +273,55 @@ fn a_source_gets_its_burst_then_is_dropped_and_others_still_pass() {
         assert_eq!(all[0], Counters::default(), "{family}: nothing unjudged");
         let per_cpu = limiter.counters_per_cpu(ID).expect("per-CPU counters");
         assert_eq!(per_cpu[CPU], expect, "{family}: everything on the pinned CPU");
+    }
+}
+
+/// The per-CPU key memo refuses a flooding source without reading its buckets until its
+/// refusal ends (limiter-ebpf `KeyMemo`): it must end exactly when the exact GCRA would admit
+/// again, never later, never earlier. One source floods (back-to-back test runs on one CPU)
+/// under 10/s, burst 1: after each admission at kernel time `t` (inside the user-measured call
+/// `[u0, u1]`), the next is due at `t + T`. A refusal whose call began at or after `u1 + T` was
+/// refused too long; an admission whose call ended before `u0 + T` came early.
+#[test]
+fn a_memo_refusal_ends_when_the_allowance_returns() {
+    require_root!();
+    pin_current_thread(CPU).expect("pinning the test thread");
+    const T: Duration = Duration::from_millis(100);
+    const CYCLES: usize = 4;
+    let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
+    let spec = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1);
+    for rows in [1, 4] {
+        let mut limiter = Limiter::load_rows(BUCKETS, rows).expect("loading the limiter");
+        limiter.set_salt(SALT).expect("salt");
+        limiter.set_policy(&spec.compile(1).expect("10/s burst 1")).expect("policy");
+        limiter.set_default_policy(1).expect("default policy");
+        let timed = || {
+            let start = Instant::now();
+            let verdict = limiter.test_run(&frame).expect("test run");
+            (start, Instant::now(), verdict)
+        };
+        let (mut u0, mut u1, first) = timed();
+        assert_eq!(first, XDP_PASS, "rows {rows}: the first packet has its burst");
+        for cycle in 0..CYCLES {
+            let mut refused = 0u64;
+            loop {
+                let (s, e, verdict) = timed();
+                if verdict == XDP_PASS {
+                    assert!(e >= u0 + T, "rows {rows}, cycle {cycle}: admitted {:?} after the last admission", e - u0);
+                    assert!(refused > 0, "rows {rows}, cycle {cycle}: nothing refused in between");
+                    (u0, u1) = (s, e);
+                    break;
+                }
+                assert_eq!(verdict, XDP_DROP, "rows {rows}, cycle {cycle}: refused");
+                assert!(
+                    s < u1 + T + Duration::from_micros(1),
+                    "rows {rows}, cycle {cycle}: still refused {:?} after the last admission (due after {T:?})",
+                    s - u1
+                );
+                refused += 1;
+                assert!(e < u1 + 20 * T, "rows {rows}, cycle {cycle}: never admitted again");
+            }
+        }
     }
 }
 
