@@ -37,9 +37,12 @@ pub struct KeyMemo {
     pub family: u64,
     pub hash: u64,
     pub refused_until_ns: u64,
-    /// The policy's parameters when `refused_until_ns` was set (a rate change voids it).
+    /// The policy's parameters and the bucket geometry (`Config::bucket_mask | row_len << 32`,
+    /// and the rows) when `refused_until_ns` was set: a change to either voids it.
     pub emission: u64,
     pub capacity: u64,
+    pub shape: u64,
+    pub rows: u64,
 }
 
 impl KeyMemo {

@@ -124,7 +124,13 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     if let Some(m) = memo {
         // SAFETY: a map value, valid for the program's run; only this CPU touches it.
         let m = unsafe { &*m };
-        if m.refused_until_ns != 0 && m.emission == policy.gcra.emission && m.capacity == policy.gcra.capacity {
+        if m.refused_until_ns != 0
+            && m.emission == policy.gcra.emission
+            && m.capacity == policy.gcra.capacity
+            && m.shape == shape(cfg)
+            && m.rows == rows as u64
+            && policy.flags & Policy::BYTES == 0
+        {
             let now = unsafe { bpf_ktime_get_ns() };
             // Wrapping: `now` before the end of the standing refusal.
             if (m.refused_until_ns.wrapping_sub(now) as i64) > 0 {
@@ -162,8 +168,16 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
         };
         m.emission = policy.gcra.emission;
         m.capacity = policy.gcra.capacity;
+        m.shape = shape(cfg);
+        m.rows = rows as u64;
     }
     act(cfg, pkt, policy, &words, verdict, frame_len)
+}
+
+/// The bucket geometry a memo refusal was computed under (with the rows).
+#[inline(always)]
+fn shape(cfg: &Config) -> u64 {
+    u64::from(cfg.bucket_mask) | u64::from(cfg.row_len) << 32
 }
 
 /// The verdict for a packet the policy refuses (dry-run: would refuse).
