@@ -63,6 +63,12 @@ impl KeyMemo {
 
     #[inline(always)]
     pub fn set(&mut self, salt: &SipInit, family: u8, words: &[u64; 3], hash: u64) {
-        *self = Self { words: *words, salt: salt.v[0], family: u64::from(family), hash, ..Self::default() };
+        // Only what a miss must change (a spoofed flood misses every packet): the parameters
+        // below are read only with a standing refusal, which is set with them.
+        self.words = *words;
+        self.salt = salt.v[0];
+        self.family = u64::from(family);
+        self.hash = hash;
+        self.refused_until_ns = 0;
     }
 }

@@ -161,15 +161,18 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     if let Some(m) = memo {
         // SAFETY: as above.
         let m = unsafe { &mut *m };
-        m.refused_until_ns = if verdict == Verdict::Admit || now < cfg.grace_until_ns {
+        let until = if verdict == Verdict::Admit || now < cfg.grace_until_ns {
             0
         } else {
             refused_until(policy, &values, rows, now, &store)
         };
-        m.emission = policy.gcra.emission;
-        m.capacity = policy.gcra.capacity;
-        m.shape = shape(cfg);
-        m.rows = rows as u64;
+        m.refused_until_ns = until;
+        if until != 0 {
+            m.emission = policy.gcra.emission;
+            m.capacity = policy.gcra.capacity;
+            m.shape = shape(cfg);
+            m.rows = rows as u64;
+        }
     }
     act(cfg, pkt, policy, &words, verdict, frame_len)
 }
