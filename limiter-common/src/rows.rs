@@ -122,6 +122,41 @@ fn raise_rows(
     }
 }
 
+/// Until when (ns, exclusive) the exact GCRA keeps refusing packets of weight 1 from a key
+/// whose rows hold `values`, if they stay as they are, after [`judge_rows`] refused one at
+/// `now_ns` and wanted to `store` nothing; 0 when it cannot say (the refusal wrote, or a row is
+/// beyond the policy's window, where the answer depends on its owner). A refusal stands while
+/// every row's TAT is more than `capacity - cost` ahead of now (docs/DESIGN.md, Decide).
+#[inline(always)]
+pub fn refused_until(
+    gcra: &Gcra,
+    values: &[u64; MAX_ROWS],
+    rows: usize,
+    now_ns: u64,
+    store: &[Option<u64>; MAX_ROWS],
+) -> u64 {
+    let now = now_ns.wrapping_shl(CLOCK_SHIFT);
+    let threshold = gcra.capacity.saturating_sub(gcra.cost(1));
+    let mut least = u64::MAX;
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        let ahead = ahead_units(values[i], now);
+        if store[i].is_some() || ahead > gcra.capacity || ahead <= threshold {
+            return 0;
+        }
+        if ahead < least {
+            least = ahead;
+        }
+        i += 1;
+    }
+    if least == u64::MAX {
+        return 0;
+    }
+    // Refused at `now + d` iff `(d << CLOCK_SHIFT) < least - threshold`: d below the ceiling.
+    let span = (least - threshold + (1 << CLOCK_SHIFT) - 1) >> CLOCK_SHIFT;
+    now_ns.wrapping_add(span)
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -130,6 +165,7 @@ mod tests {
     use rand::{Rng, SeedableRng, rngs::StdRng};
 
     use super::*;
+    use crate::gcra::OWNER_MASK;
 
     const SEC: u64 = 1_000_000_000;
 
@@ -404,5 +440,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The standing refusal the kernel's memo serves is exact: every arrival before its end is
+    /// refused by the full judgement, writing nothing, and the first at its end is admitted.
+    #[test]
+    fn a_standing_refusal_ends_exactly_when_the_full_judgement_admits() {
+        let mut rng = StdRng::seed_from_u64(0x16);
+        let mut checked = 0;
+        for _ in 0..20_000 {
+            let count = rng.random_range(1..=2000u64);
+            let period = rng.random_range(1..=3u64) * SEC;
+            let burst = rng.random_range(1..=20u64);
+            let gcra = Gcra::new(count, period, burst, 1).unwrap();
+            let rows = rng.random_range(1..=MAX_ROWS);
+            let now: u64 = rng.random_range(SEC..1u64 << 47);
+            let now_u = now << CLOCK_SHIFT;
+            let mut values = [0u64; MAX_ROWS];
+            for v in values.iter_mut().take(rows) {
+                // Mostly spent rows near the threshold, some beyond the window, owners 1 or 2.
+                let ahead = rng.random_range(0..=gcra.capacity + gcra.capacity / 8) & !OWNER_MASK;
+                *v = now_u.wrapping_add(ahead) | rng.random_range(1..=2u64);
+            }
+            let owner_cap = |id: u8| if id == 2 { gcra.capacity * 2 } else { 0 };
+            let j = judge_rows(&gcra, 1, &values, rows, now, 1, owner_cap);
+            let until = if j.admit { 0 } else { refused_until(&gcra, &values, rows, now, &j.store) };
+            if until == 0 {
+                continue;
+            }
+            checked += 1;
+            let span = until - now;
+            for d in [0, span / 2, span.saturating_sub(1), rng.random_range(0..span)] {
+                let j = judge_rows(&gcra, 1, &values, rows, now + d, 1, owner_cap);
+                assert!(!j.admit && j.store == [None; MAX_ROWS], "refused at +{d} of {span}: {j:?}");
+            }
+            let j = judge_rows(&gcra, 1, &values, rows, until, 1, owner_cap);
+            assert!(j.admit, "admitted at the end ({span} ns): {j:?}");
+        }
+        assert!(checked > 1000, "only {checked} standing refusals drawn");
     }
 }

@@ -18,7 +18,7 @@ use limiter_common::{
         ACL_ALLOW, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES,
         MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES, RefusalSample,
     },
-    rows::{MAX_ROWS, row_indexes},
+    rows::{self, MAX_ROWS, row_indexes},
 };
 use limiter_ebpf::{
     decide::{Verdict, count, decide},
@@ -189,10 +189,8 @@ fn refusal(policy: &Policy) -> Verdict {
     if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse }
 }
 
-/// Until when (ns, exclusive) the exact GCRA refuses a packet policy's key whose buckets hold
-/// `values` and stay as they are, 0 when it cannot say (a byte policy: the cost depends on the
-/// frame; a refusal that wrote; a row beyond the policy's window, which depends on its owner).
-/// A refusal stands while every row's TAT is more than `capacity - cost` ahead of now.
+/// Until when a refusal stands (`limiter_common::rows::refused_until`), 0 for a byte policy
+/// (the cost depends on the frame).
 #[inline(always)]
 fn refused_until(
     policy: &Policy,
@@ -204,26 +202,7 @@ fn refused_until(
     if policy.flags & Policy::BYTES != 0 {
         return 0;
     }
-    let now = now_ns.wrapping_shl(gcra::CLOCK_SHIFT);
-    let threshold = policy.gcra.capacity - policy.gcra.cost(1);
-    let mut least = u64::MAX;
-    let mut i = 0;
-    while i < MAX_ROWS && i < rows {
-        let ahead = gcra::ahead_units(values[i], now);
-        if store[i].is_some() || ahead > policy.gcra.capacity || ahead <= threshold {
-            return 0;
-        }
-        if ahead < least {
-            least = ahead;
-        }
-        i += 1;
-    }
-    if least == u64::MAX {
-        return 0;
-    }
-    // Refused at `now + d` iff `(d << CLOCK_SHIFT) < least - threshold`: d below the ceiling.
-    let span = (least - threshold + (1 << gcra::CLOCK_SHIFT) - 1) >> gcra::CLOCK_SHIFT;
-    now_ns.wrapping_add(span)
+    rows::refused_until(&policy.gcra, values, rows, now_ns, store)
 }
 
 /// Counts the verdict (and samples a refusal), and turns it into the XDP action.
