@@ -325,6 +325,57 @@ fn a_memo_refusal_ends_when_the_allowance_returns() {
     }
 }
 
+/// A source that keeps to its rate is never refused while another floods on the same CPU: the
+/// flood's packets take the key memo's standing refusal, the at-rate source's replace the memo
+/// each time (both paths, interleaved), and the flood stays within its bound.
+#[test]
+fn an_at_rate_source_is_never_refused_beside_a_memo_refused_flood() {
+    require_root!();
+    pin_current_thread(CPU).expect("pinning the test thread");
+    const T: Duration = Duration::from_millis(50);
+    const RUN: Duration = Duration::from_millis(600);
+    let datagram = |s| ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(s, 10)).datagram(&udp(1000, 53, 16)));
+    let (flood, steady) = (datagram(0), datagram(1));
+    let spec = PolicySpec::any(Rate { count: 20, period_ns: 1_000_000_000 }, 2);
+    for rows in [1, 4] {
+        let mut limiter = Limiter::load_rows(BUCKETS, rows).expect("loading the limiter");
+        limiter.set_salt(SALT).expect("salt");
+        limiter.set_policy(&spec.compile(1).expect("20/s burst 2")).expect("policy");
+        limiter.set_default_policy(1).expect("default policy");
+        let run = |frame: &[u8]| limiter.test_run(frame).expect("test run");
+        let start = Instant::now();
+        let (mut flood_admitted, mut flood_refused, mut steady_sent) = (0u64, 0u64, 0u64);
+        let mut steady_due = start;
+        while start.elapsed() < RUN {
+            if Instant::now() >= steady_due {
+                assert_eq!(
+                    run(&steady),
+                    XDP_PASS,
+                    "rows {rows}: the at-rate source's packet {steady_sent} was refused"
+                );
+                // Its next packet is due a full interval after this call ended.
+                steady_due = Instant::now() + T;
+                steady_sent += 1;
+            }
+            match run(&flood) {
+                XDP_PASS => flood_admitted += 1,
+                v => {
+                    assert_eq!(v, XDP_DROP);
+                    flood_refused += 1;
+                }
+            }
+        }
+        let elapsed = start.elapsed();
+        let gcra = spec.compile(1).expect("policy").gcra;
+        let bound = gcra.bound(elapsed.as_nanos() as u64);
+        assert!(flood_admitted <= bound, "rows {rows}: the flood got {flood_admitted}, bound {bound}");
+        assert!(
+            flood_refused > 1000 && steady_sent >= 5,
+            "rows {rows}: {flood_refused} refused, {steady_sent} sent at rate"
+        );
+    }
+}
+
 /// A frame sent in the bucket test, and what userspace knows of its source.
 struct Sent {
     frame: Vec<u8>,
