@@ -10,6 +10,16 @@
 //! added with no rules). The bare XDP_DROP
 //! run of the same workload is the cost of the flood itself; subtracting it gives each system's
 //! net cost.
+//!
+//! Options (after `--`), to run a subset quickly, e.g.
+//! `cargo bench -p limiter-tests --bench peers -- --only limiter,xdp-drop --workloads one-source --runs 3 --seconds 3 --parts floods --out target/peers-x`:
+//! - `--only SYSTEMS`: comma-separated systems (default all): limiter, hashlimit, nft, nothing,
+//!   xdp-drop. Net costs need xdp-drop in the run; per-dropped costs also need nothing.
+//! - `--workloads LIST`: one-source, spoofed, churn (default all).
+//! - `--runs N` (default 3), `--seconds S` (flood length, default 3).
+//! - `--parts LIST`: floods, burst (the boundary burst), memory (the sweep); default all.
+//! - `--quick`: a smoke run (1 run of 1 s, a short memory sweep).
+//! - `--out DIR`: where the table and plots go (default target/peers).
 
 use std::{
     collections::BTreeMap,
@@ -23,7 +33,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use limiter_common::Gcra;
 use limiter_tests::{
     cpu::pin_current_thread,
@@ -37,12 +47,73 @@ use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, setsockopt, socko
 
 const POLICY: PerSource = PerSource { rate_per_s: 5, burst: 5 };
 const SENDER_CPU: usize = 1;
-/// Runs per system and workload, and the flood's length; `--quick` (a smoke run) uses 1 and 1 s.
-const RUNS: usize = 3;
-const FLOOD: Duration = Duration::from_secs(3);
 
-fn quick() -> bool {
-    std::env::args().any(|a| a == "--quick")
+/// What to run (the options in the module doc).
+#[derive(Clone, Debug)]
+struct Opts {
+    systems: Vec<System>,
+    workloads: Vec<Workload>,
+    runs: usize,
+    flood: Duration,
+    floods: bool,
+    burst: bool,
+    memory: bool,
+    quick: bool,
+    out: String,
+}
+
+impl Opts {
+    fn parse() -> anyhow::Result<Opts> {
+        let mut o = Opts {
+            systems: System::ALL.to_vec(),
+            workloads: Workload::ALL.to_vec(),
+            runs: 3,
+            flood: Duration::from_secs(3),
+            floods: true,
+            burst: true,
+            memory: true,
+            quick: false,
+            out: "target/peers".into(),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(a) = args.next() {
+            let mut value = || args.next().with_context(|| format!("{a} needs a value"));
+            match a.as_str() {
+                "--only" => {
+                    o.systems = list(&value()?, |n| System::ALL.into_iter().find(|s| s.short() == n))?;
+                }
+                "--workloads" => {
+                    o.workloads = list(&value()?, |n| Workload::ALL.into_iter().find(|w| w.short() == n))?;
+                }
+                "--runs" => o.runs = value()?.parse().context("--runs N")?,
+                "--seconds" => o.flood = Duration::from_secs_f64(value()?.parse().context("--seconds S")?),
+                "--parts" => {
+                    let parts = value()?;
+                    let parts: Vec<&str> = parts.split(',').collect();
+                    for p in &parts {
+                        ensure!(["floods", "burst", "memory"].contains(p), "--parts: unknown part {p:?}");
+                    }
+                    (o.floods, o.burst, o.memory) =
+                        (parts.contains(&"floods"), parts.contains(&"burst"), parts.contains(&"memory"));
+                }
+                "--quick" => o.quick = true,
+                "--out" => o.out = value()?,
+                // cargo bench passes --bench to every harness-less bench.
+                "--bench" => {}
+                _ => bail!("unknown option {a:?} (see the doc comment of tests/benches/peers.rs)"),
+            }
+        }
+        if o.quick {
+            (o.runs, o.flood) = (1, Duration::from_secs(1));
+        }
+        ensure!(o.runs >= 1 && !o.flood.is_zero(), "--runs and --seconds must be positive");
+        Ok(o)
+    }
+}
+
+/// A comma-separated list of names, each looked up by `find`.
+fn list<T>(names: &str, find: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
+    names.split(',').map(|n| find(n).with_context(|| format!("unknown name {n:?}"))).collect()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -54,6 +125,14 @@ enum Workload {
 
 impl Workload {
     const ALL: [Workload; 3] = [Self::OneSource, Self::Spoofed, Self::Churn];
+
+    fn short(self) -> &'static str {
+        match self {
+            Self::OneSource => "one-source",
+            Self::Spoofed => "spoofed",
+            Self::Churn => "churn",
+        }
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -113,11 +192,7 @@ fn bound(gcra: &Gcra, sources: LiveSources, sent: u64, seconds: f64) -> u64 {
     per_key(each + 1) * extra + per_key(each) * (count - extra)
 }
 
-fn flood_time() -> Duration {
-    if quick() { Duration::from_secs(1) } else { FLOOD }
-}
-
-fn flood(system: System, workload: Workload, gcra: &Gcra) -> anyhow::Result<Run> {
+fn flood(system: System, workload: Workload, gcra: &Gcra, length: Duration) -> anyhow::Result<Run> {
     let net = TestNet::new()?;
     let sources = workload.sources();
     let generator = LiveGen::new(&spec(&net, sources.first.is_ipv6()), L4::Udp, sources)?;
@@ -128,7 +203,7 @@ fn flood(system: System, workload: Workload, gcra: &Gcra) -> anyhow::Result<Run>
     let report = net.sender.run(move || -> anyhow::Result<_> {
         pin_current_thread(SENDER_CPU)?;
         // Bounded by time: the packet cap is far beyond what any machine sends in it.
-        generator.send(&sender, cap(flood_time()), flood_time())
+        generator.send(&sender, cap(length), length)
     })??;
     // Let the receiver's queue drain before reading.
     std::thread::sleep(Duration::from_millis(100));
@@ -269,7 +344,8 @@ fn mmm(v: &[f64], digits: usize) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
-    let out_dir = std::env::args().skip_while(|a| a != "--out").nth(1).unwrap_or_else(|| "target/peers".into());
+    let opts = Opts::parse()?;
+    let out_dir = opts.out.clone();
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "the peers benchmark creates namespaces and loads XDP: run it as root (sudo -E cargo xtask bench --peers)"
@@ -279,25 +355,34 @@ fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let started = Instant::now();
     let mut runs: BTreeMap<(Workload, System), Vec<Run>> = BTreeMap::new();
-    let rounds = if quick() { 1 } else { RUNS };
+    let rounds = if opts.floods { opts.runs } else { 0 };
     for round in 0..rounds {
-        for workload in Workload::ALL {
-            for system in System::ALL {
-                let run = flood(system, workload, &gcra)
+        for &workload in &opts.workloads {
+            for &system in &opts.systems {
+                let run = flood(system, workload, &gcra, opts.flood)
                     .with_context(|| format!("{} / {}", system.name(), workload.name()))?;
                 eprintln!("round {round}: {:<20} {:<30} {run:?}", system.name(), workload.name());
                 runs.entry((workload, system)).or_default().push(run);
             }
         }
     }
+    let selected = |s: &System| opts.systems.contains(s);
     let mut bursts = BTreeMap::new();
-    for system in [System::Limiter, System::Hashlimit, System::Nftables, System::Nothing] {
-        bursts.insert(system, boundary_burst(system)?);
+    for system in [System::Limiter, System::Hashlimit, System::Nftables, System::Nothing].into_iter().filter(selected) {
+        if opts.burst {
+            bursts.insert(system, boundary_burst(system)?);
+        }
     }
     let mut sweep: BTreeMap<System, Vec<(u32, Run)>> = BTreeMap::new();
-    let sizes: &[u32] = if quick() { &[1_000, 100_000] } else { &[1_000, 10_000, 100_000, 1_000_000] };
+    let sizes: &[u32] = match (opts.memory, opts.quick) {
+        (false, _) => &[],
+        (true, true) => &[1_000, 100_000],
+        (true, false) => &[1_000, 10_000, 100_000, 1_000_000],
+    };
     for &sources in sizes {
-        for system in [System::Limiter, System::Hashlimit, System::Nftables, System::Nothing] {
+        for system in
+            [System::Limiter, System::Hashlimit, System::Nftables, System::Nothing].into_iter().filter(selected)
+        {
             let run = memory_sweep(system, sources)?;
             eprintln!("memory: {:<20} {sources:>8} sources {run:?}", system.name());
             sweep.entry(system).or_default().push((sources, run));
@@ -312,7 +397,7 @@ fn main() -> anyhow::Result<()> {
         "Policy for every system: {} packets/s per source, burst {}, on UDP port {PORT} (IPv4 per address, IPv6 per /64). {rounds} runs each, median (min-max). Floods of up to {} s from the live-frames generator on CPU {SENDER_CPU}.\n",
         POLICY.rate_per_s,
         POLICY.burst,
-        flood_time().as_secs()
+        opts.flood.as_secs_f64()
     )?;
     writeln!(
         md,
@@ -320,30 +405,32 @@ fn main() -> anyhow::Result<()> {
     )?;
     writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     let mut net_cost: BTreeMap<(Workload, System), f64> = BTreeMap::new();
-    for workload in Workload::ALL {
-        let baseline =
-            stats(&runs[&(workload, System::XdpDrop)].iter().map(Run::cpu_per_million).collect::<Vec<_>>()).1;
-        let stateless = stats(&runs[&(workload, System::Nothing)].iter().map(|r| r.grew as f64).collect::<Vec<_>>()).1;
+    for &workload in opts.workloads.iter().filter(|_| opts.floods) {
+        let median = |s: System, f: &dyn Fn(&Run) -> f64| {
+            runs.get(&(workload, s)).map(|r| stats(&r.iter().map(f).collect::<Vec<_>>()).1)
+        };
+        // Without XDP_DROP (or "nothing") in the run, the net columns cannot be computed.
+        let baseline = median(System::XdpDrop, &Run::cpu_per_million);
+        let stateless = median(System::Nothing, &|r| r.grew as f64).unwrap_or(0.0);
         // What passing a packet up the stack costs, net: "nothing" passes them all.
-        let pass_cost = stats(
-            &runs[&(workload, System::Nothing)].iter().map(|r| r.cpu_per_million() - baseline).collect::<Vec<_>>(),
-        )
-        .1 / 1e6;
-        for system in System::ALL {
+        let pass_cost = baseline.and_then(|b| median(System::Nothing, &|r| r.cpu_per_million() - b)).map(|c| c / 1e6);
+        for &system in &opts.systems {
             let r = &runs[&(workload, system)];
             let col = |f: fn(&Run) -> f64| r.iter().map(f).collect::<Vec<_>>();
             let cpu = col(Run::cpu_per_million);
-            let net: Vec<f64> = cpu.iter().map(|c| c - baseline).collect();
-            net_cost.insert((workload, system), stats(&net).1);
+            let net: Vec<f64> = baseline.map_or(Vec::new(), |b| cpu.iter().map(|c| c - b).collect());
+            if !net.is_empty() {
+                net_cost.insert((workload, system), stats(&net).1);
+            }
             // Net cost per dropped packet: the run's net CPU, less what its admitted packets cost
             // the stack, over what it dropped (only where it dropped at least a third: below that
             // the difference of two noisy totals swamps it).
             let per_dropped: Vec<f64> = r
                 .iter()
                 .filter(|r| system.limits() && (r.offered - r.admitted) * 3 >= r.offered)
-                .map(|r| {
-                    let net_s = (r.cpu_per_million() - baseline) * r.offered as f64 / 1e6;
-                    (net_s - r.admitted as f64 * pass_cost) / ((r.offered - r.admitted) as f64 / 1e6)
+                .filter_map(|r| {
+                    let net_s = (r.cpu_per_million() - baseline?) * r.offered as f64 / 1e6;
+                    Some((net_s - r.admitted as f64 * pass_cost?) / ((r.offered - r.admitted) as f64 / 1e6))
                 })
                 .collect();
             writeln!(
@@ -358,7 +445,7 @@ fn main() -> anyhow::Result<()> {
                 mmm(&col(|r| r.bound as f64), 0),
                 mmm(&col(|r| r.admitted as f64 / r.bound.max(1) as f64), 3),
                 mmm(&cpu, 3),
-                if system == System::XdpDrop { "-".into() } else { mmm(&net, 3) },
+                if system == System::XdpDrop || net.is_empty() { "-".into() } else { mmm(&net, 3) },
                 if per_dropped.is_empty() { "-".into() } else { mmm(&per_dropped, 3) },
                 {
                     let m: Vec<f64> =
@@ -369,9 +456,11 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
     }
-    writeln!(md, "\nState memory as distinct sources grow (IPv6 /64 sources, each sent twice):\n")?;
-    writeln!(md, "| distinct sources | system | offered | admitted | state memory (MiB) | keys held |")?;
-    writeln!(md, "|---:|---|---:|---:|---:|---:|")?;
+    if !sweep.is_empty() {
+        writeln!(md, "\nState memory as distinct sources grow (IPv6 /64 sources, each sent twice):\n")?;
+        writeln!(md, "| distinct sources | system | offered | admitted | state memory (MiB) | keys held |")?;
+        writeln!(md, "|---:|---|---:|---:|---:|---:|")?;
+    }
     let stateless: BTreeMap<u32, f64> =
         sweep.get(&System::Nothing).into_iter().flatten().map(|(n, r)| (*n, r.grew as f64)).collect();
     let mut memory_points: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
@@ -402,7 +491,10 @@ fn main() -> anyhow::Result<()> {
         .filter(|((_, s), _)| *s != System::XdpDrop)
         .map(|((w, s), v)| (w.name(), s.name(), *v))
         .collect();
-    plot::cpu_per_million(&format!("{out_dir}/cpu-per-million.svg"), &bars)?;
+    // Only the plots this run has data for.
+    if !bars.is_empty() {
+        plot::cpu_per_million(&format!("{out_dir}/cpu-per-million.svg"), &bars)?;
+    }
     let bound_line: Vec<(f64, f64)> = bursts
         .get(&System::Limiter)
         .and_then(|a| a.first().copied())
@@ -413,11 +505,15 @@ fn main() -> anyhow::Result<()> {
                 .collect()
         })
         .unwrap_or_default();
-    plot::boundary_burst(
-        &format!("{out_dir}/boundary-burst.svg"),
-        &bursts.iter().map(|(s, a)| (s.name(), a.clone())).collect::<Vec<_>>(),
-        &bound_line,
-    )?;
-    plot::memory(&format!("{out_dir}/memory.svg"), &memory_points)?;
+    if !bursts.is_empty() {
+        plot::boundary_burst(
+            &format!("{out_dir}/boundary-burst.svg"),
+            &bursts.iter().map(|(s, a)| (s.name(), a.clone())).collect::<Vec<_>>(),
+            &bound_line,
+        )?;
+    }
+    if !memory_points.is_empty() {
+        plot::memory(&format!("{out_dir}/memory.svg"), &memory_points)?;
+    }
     Ok(())
 }

@@ -43,6 +43,17 @@ impl System {
         }
     }
 
+    /// The name the peers bench's `--only` takes.
+    pub fn short(self) -> &'static str {
+        match self {
+            Self::Limiter => "limiter",
+            Self::Hashlimit => "hashlimit",
+            Self::Nftables => "nft",
+            Self::Nothing => "nothing",
+            Self::XdpDrop => "xdp-drop",
+        }
+    }
+
     /// Whether the system enforces the policy (the others are baselines).
     pub fn limits(self) -> bool {
         matches!(self, Self::Limiter | Self::Hashlimit | Self::Nftables)
