@@ -24,9 +24,18 @@ use limiter_ctl::objects;
 use crate::flood::{FrameSpec, L4, Report, Throttle, ifindex, log_flood};
 
 const PROGRAM: &str = "limiter_gen";
-/// Frames per BPF_PROG_TEST_RUN call at most: the deadline is checked between calls (which are
-/// made smaller on a machine slow enough that one takes more than 2 ms).
+/// Frames of the first BPF_PROG_TEST_RUN call, and the most of any: the deadline is checked
+/// between calls, which are sized to last about [`call_time`]. Each call also has a fixed cost
+/// that does not shrink with its frames (about 24 ms on kernel 6.18: setting up and tearing down
+/// the page pool), so calls must be long for the generator to reach its speed.
 const CHUNK: u32 = 1 << 15;
+const MAX_CHUNK: u32 = 1 << 22;
+
+/// How long one call may take: a twentieth of the flood (the deadline is overshot by no more
+/// than that), at least 2 ms.
+fn call_time(max_time: Duration) -> Duration {
+    (max_time / 20).max(Duration::from_millis(2))
+}
 /// Frames the kernel builds and flushes at a time.
 const BATCH: u32 = 64;
 
@@ -128,10 +137,12 @@ impl LiveGen {
             program.test_run(opts).context("BPF_PROG_TEST_RUN (live frames)")?;
             let took = before.elapsed();
             sent += u64::from(n);
-            // Calls of about a millisecond: the deadline is overshot by no more than that, on
-            // any machine.
-            if took > Duration::from_millis(2) && chunk > BATCH {
+            // Calls of about `call_time`: shorter ones would spend the flood on their fixed cost,
+            // longer ones overshoot the deadline.
+            if took > call_time(max_time) && chunk > BATCH {
                 chunk /= 2;
+            } else if took < call_time(max_time) / 2 && n == chunk && chunk < MAX_CHUNK {
+                chunk *= 2;
             }
             if let Some(t) = throttle {
                 t.after(took);
