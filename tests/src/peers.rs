@@ -372,6 +372,16 @@ fn nft_counters(json: &str) -> anyhow::Result<Vec<u64>> {
     Ok(out)
 }
 
+/// The machine's CPUs (the `cpuN` lines of /proc/stat): busy time is summed over them, and the
+/// limiter's per-CPU maps scale with them.
+pub fn cpus() -> anyhow::Result<usize> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let n =
+        stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)).count();
+    ensure!(n > 0, "no cpuN lines in /proc/stat");
+    Ok(n)
+}
+
 /// Busy CPU time of the whole machine (all CPUs, everything but idle and iowait), from /proc/stat.
 pub fn busy_cpu() -> anyhow::Result<Duration> {
     let stat = std::fs::read_to_string("/proc/stat")?;
