@@ -4,7 +4,7 @@
 //!
 //! Each run builds fresh namespaces, sets one system up on the receiver, floods it from the
 //! sender with the live-frames generator (pinned to one CPU; on a veth pair the receiver's work
-//! happens on that CPU too) and reads: packets the system saw and let through, busy CPU time of
+//! happens on that CPU too) and reads: packets the system saw and let through, kernel CPU time of
 //! the whole machine, and the memory of the limiting state (this limiter: its maps as the kernel
 //! charges them; netfilter: the slab and vmalloc memory the run added beyond what the same flood
 //! added with no rules). The bare XDP_DROP
@@ -23,6 +23,8 @@
 //! - `--out DIR`: where the plots go (default target/peers; `cargo xtask bench --peers`: docs/bench).
 //! - `--table FILE`: where the table goes (default target/peers.md; xtask records BENCHMARKS.md
 //!   from it).
+//! - `--images PREFIX`: show the plots in the table, next to their tables, as
+//!   `![...](PREFIX/NAME.svg)` (xtask: docs/bench, relative to BENCHMARKS.md).
 
 use std::{
     collections::BTreeMap,
@@ -68,6 +70,7 @@ struct Opts {
     quick: bool,
     out: String,
     table: String,
+    images: Option<String>,
 }
 
 impl Opts {
@@ -83,6 +86,7 @@ impl Opts {
             quick: false,
             out: "target/peers".into(),
             table: "target/peers.md".into(),
+            images: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -108,6 +112,7 @@ impl Opts {
                 "--quick" => o.quick = true,
                 "--out" => o.out = value()?,
                 "--table" => o.table = value()?,
+                "--images" => o.images = Some(value()?),
                 // cargo bench passes --bench to every harness-less bench.
                 "--bench" => {}
                 _ => bail!("unknown option {a:?} (see the doc comment of tests/benches/peers.rs)"),
@@ -466,6 +471,15 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
     }
+    let image = |alt: &str, name: &str| opts.images.as_ref().map(|p| format!("\n![{alt}]({p}/{name}.svg)\n"));
+    if !bursts.is_empty() {
+        if let Some(i) = image(
+            "Two bursts across a second boundary: packets let through against the bound, per system",
+            "boundary-burst",
+        ) {
+            md.push_str(&i);
+        }
+    }
     if !sweep.is_empty() {
         writeln!(md, "\nState memory as distinct sources grow (IPv6 /64 sources, each sent twice):\n")?;
         writeln!(md, "| distinct sources | system | offered | admitted | state memory (MiB) | keys held |")?;
@@ -494,7 +508,20 @@ fn main() -> anyhow::Result<()> {
         }
         memory_points.push((system.label(), line));
     }
-    let headline = headline(&runs, &per_dropped_cost)?;
+    if !memory_points.is_empty() {
+        if let Some(i) = image("State memory against distinct sources; hollow points: the table was full", "memory") {
+            md.push_str(&i);
+        }
+    }
+    let mut headline = headline(&runs, &per_dropped_cost)?;
+    if per_dropped_cost.contains_key(&(Workload::OneSource, System::Limiter)) {
+        if let Some(i) =
+            image("Net CPU per million dropped packets, one source, per system and placement", "cpu-per-dropped")
+        {
+            headline.push_str(&i[1..]);
+            headline.push('\n');
+        }
+    }
     writeln!(md, "\nMeasured in {:.0} s.", elapsed.as_secs_f64())?;
     let md = format!("{headline}{md}");
     print!("{md}");

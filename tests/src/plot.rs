@@ -50,7 +50,9 @@ pub fn cpu_per_dropped(path: &str, bars: &[Bar], cpus: usize) -> anyhow::Result<
     let groups = workloads.len() as f64;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("Net CPU s per million packets DROPPED (minus a bare XDP_DROP; busy time of all {cpus} CPUs)"),
+            format!(
+                "Net CPU s per million packets DROPPED (minus a bare XDP_DROP; kernel CPU time of all {cpus} CPUs)"
+            ),
             ("sans-serif", 17),
         )
         .margin(15)

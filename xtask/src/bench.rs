@@ -56,6 +56,9 @@ fn peers(args: &Args) -> anyhow::Result<()> {
         .arg(&table);
     if args.quick {
         cmd.arg("--quick");
+    } else {
+        // The plots in BENCHMARKS.md next to their tables (paths relative to it).
+        cmd.args(["--images", "docs/bench"]);
     }
     exec(&mut cmd)?;
     if args.no_record || args.quick {
