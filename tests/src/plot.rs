@@ -114,7 +114,6 @@ pub fn boundary_burst(path: &str, series: &[(&str, Vec<f64>)], bound: &[(f64, f6
     let all: Vec<f64> = series.iter().flat_map(|(_, a)| a.iter().copied()).collect();
     let t0 = all.iter().copied().fold(f64::INFINITY, f64::min).min(0.985);
     let t1 = all.iter().copied().fold(0.0f64, f64::max).max(1.02) + 0.005;
-    let top = series.iter().map(|(_, a)| a.len()).max().unwrap_or(1) as f64 * 1.1 + 1.0;
     let panels = series.len().max(1);
     let root = SVGBackend::new(path, (SIZE.0, 60 + 190 * panels as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -128,6 +127,9 @@ pub fn boundary_burst(path: &str, series: &[(&str, Vec<f64>)], bound: &[(f64, f6
         let c = color(i);
         // The bound from this system's first packet let through.
         let start = arrivals.first().copied().unwrap_or(t0);
+        // Each panel's own height: a few packets let through are not flattened by many.
+        let bound_top = bound.iter().filter(|(t, _)| start + t <= t1).map(|b| b.1).fold(0.0f64, f64::max);
+        let top = (arrivals.len() as f64).max(bound_top) * 1.25 + 1.0;
         let mut chart = ChartBuilder::on(&area)
             .margin(8)
             .margin_right(20)
@@ -221,9 +223,10 @@ pub fn memory(path: &str, series: &[(&str, Vec<MemoryPoint>)], cpus: usize) -> a
             .map_err(err)?;
         chart
             .draw_series(points.iter().filter(|p| p.full).map(|p| {
+                // Left of the point (log x: a factor), so the last one stays inside the chart.
                 Text::new(
                     format!("{} full", short_name(name)),
-                    (p.sources, p.mib),
+                    (p.sources / 3.2, p.mib),
                     ("sans-serif", 12).into_font().color(&c),
                 )
             }))
