@@ -4,7 +4,7 @@
 //!
 //! Each run builds fresh namespaces, sets one system up on the receiver, floods it from the
 //! sender with the live-frames generator (pinned to one CPU; on a veth pair the receiver's work
-//! happens on that CPU too) and reads: packets the system saw and let through, busy CPU time of
+//! happens on that CPU too) and reads: packets the system saw and let through, kernel CPU time of
 //! the whole machine, and the memory of the limiting state (this limiter: its maps as the kernel
 //! charges them; netfilter: the slab and vmalloc memory the run added beyond what the same flood
 //! added with no rules). The bare XDP_DROP
@@ -13,13 +13,18 @@
 //!
 //! Options (after `--`), to run a subset quickly, e.g.
 //! `cargo bench -p limiter-tests --bench peers -- --only limiter,xdp-drop --workloads one-source --runs 3 --seconds 3 --parts floods --out target/peers-x`:
-//! - `--only SYSTEMS`: comma-separated systems (default all): limiter, hashlimit, nft, nothing,
-//!   xdp-drop. Net costs need xdp-drop in the run; per-dropped costs also need nothing.
+//! - `--only SYSTEMS`: comma-separated systems (default all): limiter, hashlimit-raw, nft-raw,
+//!   nft-ingress, hashlimit-input, nft-input, nothing, xdp-drop. Net costs need xdp-drop in the
+//!   run; per-dropped costs also need nothing.
 //! - `--workloads LIST`: one-source, spoofed, churn (default all).
-//! - `--runs N` (default 3), `--seconds S` (flood length, default 3).
+//! - `--runs N` (default 3), `--seconds S` (flood length, default 2).
 //! - `--parts LIST`: floods, burst (the boundary burst), memory (the sweep); default all.
 //! - `--quick`: a smoke run (1 run of 1 s, a short memory sweep).
-//! - `--out DIR`: where the table and plots go (default target/peers).
+//! - `--out DIR`: where the plots go (default target/peers; `cargo xtask bench --peers`: docs/bench).
+//! - `--table FILE`: where the table goes (default target/peers.md; xtask records BENCHMARKS.md
+//!   from it).
+//! - `--images PREFIX`: show the plots in the table, next to their tables, as
+//!   `![...](PREFIX/NAME.svg)` (xtask: docs/bench, relative to BENCHMARKS.md).
 
 use std::{
     collections::BTreeMap,
@@ -40,13 +45,17 @@ use limiter_tests::{
     flood::{FrameSpec, Frames, L4, Limits, PacketSocket, Sources, cap},
     livegen::{LiveGen, LiveSources},
     netns::TestNet,
-    peers::{self, PORT, PerSource, System},
+    peers::{self, PORT, PerSource, Place, System},
     plot,
 };
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, setsockopt, sockopt};
 
 const POLICY: PerSource = PerSource { rate_per_s: 5, burst: 5 };
 const SENDER_CPU: usize = 1;
+/// The systems of the boundary burst and the memory sweep: the algorithm, not where its rules
+/// sit, decides both, so each peer appears once, at its best placement.
+const EXTRAS: [System; 4] =
+    [System::Limiter, System::Hashlimit(Place::Raw), System::Nftables(Place::Raw), System::Nothing];
 
 /// What to run (the options in the module doc).
 #[derive(Clone, Debug)]
@@ -60,6 +69,8 @@ struct Opts {
     memory: bool,
     quick: bool,
     out: String,
+    table: String,
+    images: Option<String>,
 }
 
 impl Opts {
@@ -68,12 +79,14 @@ impl Opts {
             systems: System::ALL.to_vec(),
             workloads: Workload::ALL.to_vec(),
             runs: 3,
-            flood: Duration::from_secs(3),
+            flood: Duration::from_secs(2),
             floods: true,
             burst: true,
             memory: true,
             quick: false,
             out: "target/peers".into(),
+            table: "target/peers.md".into(),
+            images: None,
         };
         let mut args = std::env::args().skip(1);
         while let Some(a) = args.next() {
@@ -98,6 +111,8 @@ impl Opts {
                 }
                 "--quick" => o.quick = true,
                 "--out" => o.out = value()?,
+                "--table" => o.table = value()?,
+                "--images" => o.images = Some(value()?),
                 // cargo bench passes --bench to every harness-less bench.
                 "--bench" => {}
                 _ => bail!("unknown option {a:?} (see the doc comment of tests/benches/peers.rs)"),
@@ -232,7 +247,7 @@ fn flood(system: System, workload: Workload, gcra: &Gcra, length: Duration) -> a
 fn state_memory(system: System, r: &Run, baseline: f64) -> Option<f64> {
     match system {
         System::Limiter => r.maps.map(|m| m as f64),
-        System::Hashlimit | System::Nftables => Some(r.grew as f64 - baseline),
+        System::Hashlimit(_) | System::Nftables(_) => Some(r.grew as f64 - baseline),
         _ => None,
     }
 }
@@ -368,7 +383,7 @@ fn main() -> anyhow::Result<()> {
     }
     let selected = |s: &System| opts.systems.contains(s);
     let mut bursts = BTreeMap::new();
-    for system in [System::Limiter, System::Hashlimit, System::Nftables, System::Nothing].into_iter().filter(selected) {
+    for system in EXTRAS.into_iter().filter(selected) {
         if opts.burst {
             bursts.insert(system, boundary_burst(system)?);
         }
@@ -380,9 +395,7 @@ fn main() -> anyhow::Result<()> {
         (true, false) => &[1_000, 10_000, 100_000, 1_000_000],
     };
     for &sources in sizes {
-        for system in
-            [System::Limiter, System::Hashlimit, System::Nftables, System::Nothing].into_iter().filter(selected)
-        {
+        for system in EXTRAS.into_iter().filter(selected) {
             let run = memory_sweep(system, sources)?;
             eprintln!("memory: {:<20} {sources:>8} sources {run:?}", system.name());
             sweep.entry(system).or_default().push((sources, run));
@@ -404,7 +417,8 @@ fn main() -> anyhow::Result<()> {
         "| workload | system | sent | offered (Mpps reached) | admitted | bound | admitted / bound | CPU s per M offered | net of XDP_DROP | net s per M dropped | state memory (MiB) | keys held |"
     )?;
     writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
-    let mut net_cost: BTreeMap<(Workload, System), f64> = BTreeMap::new();
+    // Per workload and system: the net cost per million dropped, (median, min, max).
+    let mut per_dropped_cost: BTreeMap<(Workload, System), (f64, f64, f64)> = BTreeMap::new();
     for &workload in opts.workloads.iter().filter(|_| opts.floods) {
         let median = |s: System, f: &dyn Fn(&Run) -> f64| {
             runs.get(&(workload, s)).map(|r| stats(&r.iter().map(f).collect::<Vec<_>>()).1)
@@ -419,9 +433,6 @@ fn main() -> anyhow::Result<()> {
             let col = |f: fn(&Run) -> f64| r.iter().map(f).collect::<Vec<_>>();
             let cpu = col(Run::cpu_per_million);
             let net: Vec<f64> = baseline.map_or(Vec::new(), |b| cpu.iter().map(|c| c - b).collect());
-            if !net.is_empty() {
-                net_cost.insert((workload, system), stats(&net).1);
-            }
             // Net cost per dropped packet: the run's net CPU, less what its admitted packets cost
             // the stack, over what it dropped (only where it dropped at least a third: below that
             // the difference of two noisy totals swamps it).
@@ -433,6 +444,10 @@ fn main() -> anyhow::Result<()> {
                     Some((net_s - r.admitted as f64 * pass_cost?) / ((r.offered - r.admitted) as f64 / 1e6))
                 })
                 .collect();
+            if !per_dropped.is_empty() {
+                let (lo, med, hi) = stats(&per_dropped);
+                per_dropped_cost.insert((workload, system), (med, lo, hi));
+            }
             writeln!(
                 md,
                 "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -456,6 +471,15 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
     }
+    let image = |alt: &str, name: &str| opts.images.as_ref().map(|p| format!("\n![{alt}]({p}/{name}.svg)\n"));
+    if !bursts.is_empty() {
+        if let Some(i) = image(
+            "Two bursts across a second boundary: packets let through against the bound, per system",
+            "boundary-burst",
+        ) {
+            md.push_str(&i);
+        }
+    }
     if !sweep.is_empty() {
         writeln!(md, "\nState memory as distinct sources grow (IPv6 /64 sources, each sent twice):\n")?;
         writeln!(md, "| distinct sources | system | offered | admitted | state memory (MiB) | keys held |")?;
@@ -463,57 +487,123 @@ fn main() -> anyhow::Result<()> {
     }
     let stateless: BTreeMap<u32, f64> =
         sweep.get(&System::Nothing).into_iter().flatten().map(|(n, r)| (*n, r.grew as f64)).collect();
-    let mut memory_points: Vec<(&str, Vec<(f64, f64)>)> = Vec::new();
+    let mut memory_points: Vec<(&str, Vec<plot::MemoryPoint>)> = Vec::new();
     for (system, points) in sweep.iter().filter(|(s, _)| s.limits()) {
         let mut line = Vec::new();
         for (sources, r) in points {
             let mib =
                 state_memory(*system, r, stateless.get(sources).copied().unwrap_or(0.0)).unwrap_or(0.0) / 1048576.0;
-            line.push((f64::from(*sources), mib));
+            // A table holding clearly fewer keys than there were sources had stopped tracking.
+            let full = r.keys.is_some_and(|k| k * 10 < u64::from(*sources) * 9);
+            line.push(plot::MemoryPoint { sources: f64::from(*sources), mib, full });
             writeln!(
                 md,
-                "| {sources} | {} | {} | {} | {mib:.1} | {} |",
+                "| {sources} | {} | {} | {} | {mib:.1} | {}{} |",
                 system.name(),
                 r.offered,
                 r.admitted,
-                r.keys.map_or("fixed".into(), |k| k.to_string())
+                r.keys.map_or("fixed".into(), |k| k.to_string()),
+                if full { " (full)" } else { "" }
             )?;
         }
-        memory_points.push((system.name(), line));
+        memory_points.push((system.label(), line));
+    }
+    if !memory_points.is_empty() {
+        if let Some(i) = image("State memory against distinct sources; hollow points: the table was full", "memory") {
+            md.push_str(&i);
+        }
+    }
+    let mut headline = headline(&runs, &per_dropped_cost)?;
+    if per_dropped_cost.contains_key(&(Workload::OneSource, System::Limiter)) {
+        if let Some(i) =
+            image("Net CPU per million dropped packets, one source, per system and placement", "cpu-per-dropped")
+        {
+            headline.push_str(&i[1..]);
+            headline.push('\n');
+        }
     }
     writeln!(md, "\nMeasured in {:.0} s.", elapsed.as_secs_f64())?;
+    let md = format!("{headline}{md}");
     print!("{md}");
 
     std::fs::create_dir_all(&out_dir)?;
-    std::fs::write(format!("{out_dir}/peers.md"), &md)?;
-    let bars: Vec<(&str, &str, f64)> = net_cost
-        .iter()
-        .filter(|((_, s), _)| *s != System::XdpDrop)
-        .map(|((w, s), v)| (w.name(), s.name(), *v))
+    if let Some(dir) = std::path::Path::new(&opts.table).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&opts.table, &md).with_context(|| format!("writing {}", opts.table))?;
+    let cpus = peers::cpus()?;
+    // In System::ALL's order: the limiter, the best placements, then INPUT.
+    let bars: Vec<plot::Bar> = System::ALL
+        .into_iter()
+        .filter_map(|s| {
+            let (med, lo, hi) = per_dropped_cost.get(&(Workload::OneSource, s))?;
+            Some((Workload::OneSource.name(), s.label(), *med, *lo, *hi))
+        })
         .collect();
     // Only the plots this run has data for.
     if !bars.is_empty() {
-        plot::cpu_per_million(&format!("{out_dir}/cpu-per-million.svg"), &bars)?;
+        plot::cpu_per_dropped(&format!("{out_dir}/cpu-per-dropped.svg"), &bars, cpus)?;
     }
-    let bound_line: Vec<(f64, f64)> = bursts
-        .get(&System::Limiter)
-        .and_then(|a| a.first().copied())
-        .map(|t0| {
-            (0..=800)
-                .map(|i| t0 + f64::from(i) * 1e-4)
-                .map(|t| (t, gcra.bound(((t - t0) * 1e9) as u64) as f64))
-                .collect()
-        })
-        .unwrap_or_default();
+    // The bound, from a system's first packet let through.
+    let bound_line: Vec<(f64, f64)> =
+        (0..=800).map(|i| f64::from(i) * 1e-4).map(|t| (t, gcra.bound((t * 1e9) as u64) as f64)).collect();
     if !bursts.is_empty() {
         plot::boundary_burst(
             &format!("{out_dir}/boundary-burst.svg"),
-            &bursts.iter().map(|(s, a)| (s.name(), a.clone())).collect::<Vec<_>>(),
+            &bursts.iter().map(|(s, a)| (s.label(), a.clone())).collect::<Vec<_>>(),
             &bound_line,
         )?;
     }
     if !memory_points.is_empty() {
-        plot::memory(&format!("{out_dir}/memory.svg"), &memory_points)?;
+        plot::memory(&format!("{out_dir}/memory.svg"), &memory_points, cpus)?;
     }
     Ok(())
+}
+
+/// The claims, in the order the docs make them, from the one-source flood (nearly every packet
+/// dropped): the limiter's net cost per million dropped against the cheapest netfilter
+/// placement, then against INPUT as commonly configured; and its end-to-end cost against a bare
+/// XDP_DROP on the same flood. Empty when the run lacks the systems a line needs.
+fn headline(
+    runs: &BTreeMap<(Workload, System), Vec<Run>>,
+    per_dropped: &BTreeMap<(Workload, System), (f64, f64, f64)>,
+) -> anyhow::Result<String> {
+    let w = Workload::OneSource;
+    let mut md = String::new();
+    let cost = |s: System| per_dropped.get(&(w, s)).map(|c| c.0);
+    let mut netfilter: Vec<(System, f64)> =
+        System::ALL.into_iter().filter(|s| s.netfilter()).filter_map(|s| Some((s, cost(s)?))).collect();
+    netfilter.sort_by(|a, b| a.1.total_cmp(&b.1));
+    if let (Some(limiter), false) = (cost(System::Limiter), netfilter.is_empty()) {
+        writeln!(md, "One source flooding (nearly every packet dropped), net CPU s per million dropped (median):\n")?;
+        writeln!(md, "| system | net CPU s per M dropped | limiter cheaper by |")?;
+        writeln!(md, "|---|---:|---:|")?;
+        writeln!(md, "| {} | {limiter:.3} | - |", System::Limiter.name())?;
+        for (s, c) in &netfilter {
+            writeln!(md, "| {} | {c:.3} | {:.1}x |", s.name(), c / limiter)?;
+        }
+        let (best, best_cost) = netfilter[0];
+        write!(md, "\nAgainst netfilter at its best placement ({}): **{:.1}x**", best.name(), best_cost / limiter)?;
+        for s in [System::Hashlimit(Place::Input), System::Nftables(Place::Input)] {
+            if let Some(c) = cost(s) {
+                write!(md, "; against {}: {:.1}x", s.name(), c / limiter)?;
+            }
+        }
+        writeln!(md, ".\n")?;
+    }
+    let gross = |s: System| runs.get(&(w, s)).map(|r| stats(&r.iter().map(Run::cpu_per_million).collect::<Vec<_>>()));
+    if let (Some(l), Some(d)) = (gross(System::Limiter), gross(System::XdpDrop)) {
+        writeln!(
+            md,
+            "End to end, a refused packet costs the limiter **{:.2}x** a bare XDP_DROP (CPU s per million offered, one source: {:.3} ({:.3}-{:.3}) against {:.3} ({:.3}-{:.3})).\n",
+            l.1 / d.1,
+            l.1,
+            l.0,
+            l.2,
+            d.1,
+            d.0,
+            d.2
+        )?;
+    }
+    Ok(md)
 }

@@ -24,20 +24,57 @@ use crate::netns::{End, TestNet};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum System {
     Limiter,
-    Hashlimit,
-    Nftables,
+    Hashlimit(Place),
+    Nftables(Place),
     Nothing,
     XdpDrop,
 }
 
+/// Where a netfilter system's rules sit. `Input` is how they are commonly configured (after
+/// routing); `Raw` is before conntrack and routing (iptables `-t raw PREROUTING`, nftables
+/// `hook prerouting priority raw`); `Ingress` is nftables' `netdev` family on the receiving
+/// device, before the IP stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Place {
+    Ingress,
+    Raw,
+    Input,
+}
+
 impl System {
-    pub const ALL: [System; 5] = [Self::Limiter, Self::Hashlimit, Self::Nftables, Self::Nothing, Self::XdpDrop];
+    pub const ALL: [System; 8] = [
+        Self::Limiter,
+        Self::Hashlimit(Place::Raw),
+        Self::Nftables(Place::Raw),
+        Self::Nftables(Place::Ingress),
+        Self::Hashlimit(Place::Input),
+        Self::Nftables(Place::Input),
+        Self::Nothing,
+        Self::XdpDrop,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Limiter => "limiter (XDP)",
-            Self::Hashlimit => "iptables hashlimit",
-            Self::Nftables => "nftables meter",
+            Self::Hashlimit(Place::Raw) => "iptables hashlimit, raw PREROUTING",
+            Self::Hashlimit(_) => "iptables hashlimit, INPUT (as commonly configured)",
+            Self::Nftables(Place::Raw) => "nftables meter, prerouting priority raw",
+            Self::Nftables(Place::Ingress) => "nftables meter, netdev ingress",
+            Self::Nftables(Place::Input) => "nftables meter, input (as commonly configured)",
+            Self::Nothing => "nothing",
+            Self::XdpDrop => "bare XDP_DROP",
+        }
+    }
+
+    /// A short name for plot legends.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Limiter => "limiter (XDP)",
+            Self::Hashlimit(Place::Raw) => "hashlimit raw",
+            Self::Hashlimit(_) => "hashlimit INPUT",
+            Self::Nftables(Place::Raw) => "nft raw",
+            Self::Nftables(Place::Ingress) => "nft ingress",
+            Self::Nftables(Place::Input) => "nft input",
             Self::Nothing => "nothing",
             Self::XdpDrop => "bare XDP_DROP",
         }
@@ -47,8 +84,11 @@ impl System {
     pub fn short(self) -> &'static str {
         match self {
             Self::Limiter => "limiter",
-            Self::Hashlimit => "hashlimit",
-            Self::Nftables => "nft",
+            Self::Hashlimit(Place::Raw) => "hashlimit-raw",
+            Self::Hashlimit(_) => "hashlimit-input",
+            Self::Nftables(Place::Raw) => "nft-raw",
+            Self::Nftables(Place::Ingress) => "nft-ingress",
+            Self::Nftables(Place::Input) => "nft-input",
             Self::Nothing => "nothing",
             Self::XdpDrop => "xdp-drop",
         }
@@ -56,7 +96,12 @@ impl System {
 
     /// Whether the system enforces the policy (the others are baselines).
     pub fn limits(self) -> bool {
-        matches!(self, Self::Limiter | Self::Hashlimit | Self::Nftables)
+        matches!(self, Self::Limiter | Self::Hashlimit(_) | Self::Nftables(_))
+    }
+
+    /// Whether the system is one of netfilter's.
+    pub fn netfilter(self) -> bool {
+        matches!(self, Self::Hashlimit(_) | Self::Nftables(_))
     }
 }
 
@@ -109,12 +154,12 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
             Ok(Receiver::Limiter(limiter))
         }
         System::XdpDrop => Ok(Receiver::Xdp { ebpf: attach_bench(r, "bench_drop")?, system }),
-        System::Hashlimit | System::Nftables | System::Nothing => {
+        System::Hashlimit(_) | System::Nftables(_) | System::Nothing => {
             let ebpf = attach_bench(r, "bench_pass")?;
             match system {
-                System::Hashlimit => hashlimit(r, policy)?,
-                System::Nftables => nft(r, &nft_rules(Some(policy)))?,
-                _ => nft(r, &nft_rules(None))?,
+                System::Hashlimit(place) => hashlimit(r, place, policy)?,
+                System::Nftables(place) => nft(r, &nft_rules(place, Some(policy), &r.iface))?,
+                _ => nft(r, &nft_rules(Place::Input, None, &r.iface))?,
             }
             Ok(Receiver::Xdp { ebpf, system })
         }
@@ -133,50 +178,61 @@ fn attach_bench(end: &End, program: &'static str) -> anyhow::Result<Ebpf> {
     })?
 }
 
-/// iptables' hashlimit with its defaults for table size and expiry, as an operator gets it.
-fn hashlimit(end: &End, p: PerSource) -> anyhow::Result<()> {
+/// iptables' hashlimit with its defaults for table size and expiry, as an operator gets it, in
+/// the `filter` table's INPUT chain or the `raw` table's PREROUTING chain (`Ingress` is not
+/// iptables').
+fn hashlimit(end: &End, place: Place, p: PerSource) -> anyhow::Result<()> {
     let above = format!("{}/sec", p.rate_per_s);
     let burst = p.burst.to_string();
     let port = PORT.to_string();
+    let (table, chain) = hashlimit_chain(place)?;
     for (tool, name, mask) in [("iptables-legacy", "lmt4", "32"), ("ip6tables-legacy", "lmt6", "64")] {
         // Counts what arrives, before hashlimit: with its table full it drops packets of new
         // sources without matching, so its own rule would not count them.
         run(end, tool, &["-w", "-t", "raw", "-A", "PREROUTING", "-p", "udp", "--dport", &port])?;
-        run(
-            end,
-            tool,
-            &[
-                "-w",
-                "-A",
-                "INPUT",
-                "-p",
-                "udp",
-                "--dport",
-                &port,
-                "-m",
-                "hashlimit",
-                "--hashlimit-above",
-                &above,
-                "--hashlimit-burst",
-                &burst,
-                "--hashlimit-mode",
-                "srcip",
-                "--hashlimit-srcmask",
-                mask,
-                "--hashlimit-name",
-                name,
-                "-j",
-                "DROP",
-            ],
-        )?;
-        run(end, tool, &["-w", "-A", "INPUT", "-p", "udp", "--dport", &port, "-j", "ACCEPT"])?;
+        let head = ["-w", "-t", table, "-A", chain, "-p", "udp", "--dport", &port];
+        let limit = [
+            "-m",
+            "hashlimit",
+            "--hashlimit-above",
+            &above,
+            "--hashlimit-burst",
+            &burst,
+            "--hashlimit-mode",
+            "srcip",
+            "--hashlimit-srcmask",
+            mask,
+            "--hashlimit-name",
+            name,
+            "-j",
+            "DROP",
+        ];
+        run(end, tool, &[&head[..], &limit[..]].concat())?;
+        run(end, tool, &[&head[..], &["-j", "ACCEPT"][..]].concat())?;
     }
     Ok(())
 }
 
+fn hashlimit_chain(place: Place) -> anyhow::Result<(&'static str, &'static str)> {
+    match place {
+        Place::Input => Ok(("filter", "INPUT")),
+        Place::Raw => Ok(("raw", "PREROUTING")),
+        Place::Ingress => bail!("iptables has no ingress hook"),
+    }
+}
+
+/// The nftables table and chain a placement's rules sit in: (family, chain).
+fn nft_chain(place: Place) -> (&'static str, &'static str) {
+    match place {
+        Place::Input => ("inet", "input"),
+        Place::Raw => ("inet", "prerouting"),
+        Place::Ingress => ("netdev", "ingress"),
+    }
+}
+
 /// The nftables ruleset: a count of what arrives, the meters (when limiting), then a counting
-/// accept.
-pub fn nft_rules(policy: Option<PerSource>) -> String {
+/// accept, in table `lmt` at the placement's hook (`iface`: the device for `netdev ingress`).
+pub fn nft_rules(place: Place, policy: Option<PerSource>, iface: &str) -> String {
     let meters = policy.map_or(String::new(), |p| {
         let limit = format!("limit rate over {}/second burst {} packets", p.rate_per_s, p.burst);
         format!(
@@ -184,8 +240,14 @@ pub fn nft_rules(policy: Option<PerSource>) -> String {
              udp dport {PORT} meter m6 {{ ip6 saddr and ffff:ffff:ffff:ffff:: {limit} }} counter drop\n"
         )
     });
+    let (family, chain) = nft_chain(place);
+    let hook = match place {
+        Place::Input => "hook input priority filter".to_string(),
+        Place::Raw => "hook prerouting priority raw".to_string(),
+        Place::Ingress => format!("hook ingress device \"{iface}\" priority filter"),
+    };
     format!(
-        "table inet lmt {{\n chain input {{\n type filter hook input priority 0; policy accept;\nudp dport {PORT} counter\n{meters}udp dport {PORT} counter accept\n }}\n}}\n"
+        "table {family} lmt {{\n chain {chain} {{\n type filter {hook}; policy accept;\nudp dport {PORT} counter\n{meters}udp dport {PORT} counter accept\n }}\n}}\n"
     )
 }
 
@@ -221,20 +283,30 @@ impl Receiver {
                 let dropped: u64 = map.get(&0, 0)?.iter().sum();
                 Ok(Counts { offered: dropped, admitted: 0 })
             }
-            Self::Xdp { system: System::Hashlimit, .. } => {
+            Self::Xdp { system: System::Hashlimit(place), .. } => {
+                let (table, chain) = hashlimit_chain(*place)?;
                 let mut c = Counts::default();
                 for tool in ["iptables-legacy", "ip6tables-legacy"] {
                     let arrived =
                         rule_packets(&run(end, tool, &["-w", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])?)?;
-                    let rules = rule_packets(&run(end, tool, &["-w", "-L", "INPUT", "-v", "-x", "-n"])?)?;
-                    ensure!(arrived.len() == 1 && rules.len() == 2, "{tool}: unexpected rules {arrived:?} {rules:?}");
+                    let rules = rule_packets(&run(end, tool, &["-w", "-t", table, "-L", chain, "-v", "-x", "-n"])?)?;
+                    // Raw PREROUTING: count, limit, accept; INPUT: limit, accept.
+                    let expected = if table == "raw" { 3 } else { 2 };
+                    ensure!(
+                        !arrived.is_empty() && rules.len() == expected,
+                        "{tool}: unexpected rules {arrived:?} {rules:?}"
+                    );
                     c.offered += arrived[0];
-                    c.admitted += rules[1];
+                    c.admitted += rules[expected - 1];
                 }
                 Ok(c)
             }
-            Self::Xdp { .. } => {
-                let counters = nft_counters(&run(end, "nft", &["-j", "list", "chain", "inet", "lmt", "input"])?)?;
+            Self::Xdp { system, .. } => {
+                let (family, chain) = nft_chain(match system {
+                    System::Nftables(place) => *place,
+                    _ => Place::Input,
+                });
+                let counters = nft_counters(&run(end, "nft", &["-j", "list", "chain", family, "lmt", chain])?)?;
                 let (offered, admitted) =
                     (*counters.first().context("no nft counters")?, *counters.last().context("no nft counters")?);
                 Ok(Counts { offered, admitted })
@@ -245,18 +317,19 @@ impl Receiver {
     /// Keys the system holds state for right now (None: fixed state, nothing to count).
     pub fn keys(&self, end: &End) -> anyhow::Result<Option<u64>> {
         match self {
-            Self::Xdp { system: System::Hashlimit, .. } => {
+            Self::Xdp { system: System::Hashlimit(_), .. } => {
                 let mut n = 0;
                 for name in ["ipt_hashlimit/lmt4", "ip6t_hashlimit/lmt6"] {
                     n += run(end, "cat", &[&format!("/proc/net/{name}")])?.lines().count() as u64;
                 }
                 Ok(Some(n))
             }
-            Self::Xdp { system: System::Nftables, .. } => {
+            Self::Xdp { system: System::Nftables(place), .. } => {
+                let (family, _) = nft_chain(*place);
                 let mut n = 0;
                 for set in ["m4", "m6"] {
                     let json: serde_json::Value =
-                        serde_json::from_str(&run(end, "nft", &["-j", "list", "meter", "inet", "lmt", set])?)?;
+                        serde_json::from_str(&run(end, "nft", &["-j", "list", "meter", family, "lmt", set])?)?;
                     n += json["nftables"]
                         .as_array()
                         .into_iter()
@@ -299,13 +372,26 @@ fn nft_counters(json: &str) -> anyhow::Result<Vec<u64>> {
     Ok(out)
 }
 
-/// Busy CPU time of the whole machine (all CPUs, everything but idle and iowait), from /proc/stat.
+/// The machine's CPUs (the `cpuN` lines of /proc/stat): busy time is summed over them, and the
+/// limiter's per-CPU maps scale with them.
+pub fn cpus() -> anyhow::Result<usize> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let n =
+        stat.lines().filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit)).count();
+    ensure!(n > 0, "no cpuN lines in /proc/stat");
+    Ok(n)
+}
+
+/// Kernel CPU time of the whole machine (all CPUs: system, irq and softirq), from /proc/stat.
+/// Everything a flood costs is kernel time (the generator's BPF_PROG_TEST_RUN calls, XDP, the
+/// stack, netfilter); user time is left out because on a shared machine it is other work.
 pub fn busy_cpu() -> anyhow::Result<Duration> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let line = stat.lines().next().context("/proc/stat is empty")?;
     let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect();
     ensure!(f.len() >= 8, "unexpected /proc/stat: {line}");
-    let busy: u64 = f[..8].iter().sum::<u64>() - f[3] - f[4];
+    // user nice system idle iowait irq softirq steal
+    let busy: u64 = f[2] + f[5] + f[6];
     // USER_HZ is 100 on Linux.
     Ok(Duration::from_millis(busy * 10))
 }
@@ -368,6 +454,9 @@ mod tests {
         assert_eq!(rule_packets(ipt).unwrap(), vec![120, 7]);
         let nft = r#"{"nftables":[{"metainfo":{}},{"chain":{}},{"rule":{"expr":[{"match":{}},{"counter":{"packets":5,"bytes":300}},{"drop":null}]}},{"rule":{"expr":[{"counter":{"packets":2,"bytes":120}},{"accept":null}]}}]}"#;
         assert_eq!(nft_counters(nft).unwrap(), vec![5, 2]);
-        assert!(nft_rules(Some(PerSource { rate_per_s: 5, burst: 5 })).contains("meter m6"));
+        let policy = Some(PerSource { rate_per_s: 5, burst: 5 });
+        assert!(nft_rules(Place::Input, policy, "veth0").contains("meter m6"));
+        assert!(nft_rules(Place::Raw, policy, "veth0").contains("hook prerouting priority raw"));
+        assert!(nft_rules(Place::Ingress, policy, "veth0").contains("table netdev lmt"));
     }
 }

@@ -46,17 +46,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn peers(args: &Args) -> anyhow::Result<()> {
     crate::setup::apt(&["iptables", "nftables"])?;
+    // The plots go to docs/bench (shown in BENCHMARKS.md), the table to target/ (recorded from there).
     let out = workspace_root().join(if args.quick { "target/peers" } else { "docs/bench" });
+    let table = workspace_root().join("target/bench-peers.md");
     let mut cmd = cargo();
-    cmd.args(["bench", "--package", "limiter-tests", "--bench", "peers", "--", "--out"]).arg(&out);
+    cmd.args(["bench", "--package", "limiter-tests", "--bench", "peers", "--", "--out"])
+        .arg(&out)
+        .arg("--table")
+        .arg(&table);
     if args.quick {
         cmd.arg("--quick");
+    } else {
+        // The plots in BENCHMARKS.md next to their tables (paths relative to it).
+        cmd.args(["--images", "docs/bench"]);
     }
     exec(&mut cmd)?;
     if args.no_record || args.quick {
         return Ok(());
     }
-    record("peers", "sudo -E cargo xtask bench --peers", &out.join("peers.md"))
+    record("peers", "sudo -E cargo xtask bench --peers", &table)
 }
 
 /// Puts `table` into BENCHMARKS.md between the `bench:NAME` markers, with the command, the date
