@@ -80,3 +80,47 @@ fn a_broken_manifest_is_refused() {
         assert!(text(&out).contains("did not validate"), "{what}: {}", text(&out));
     }
 }
+
+/// The DaemonSet's documents as JSON values.
+fn daemonset_documents() -> Vec<serde_json::Value> {
+    use serde::Deserialize as _;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/daemonset.yaml");
+    let text = std::fs::read_to_string(&path).expect("reading the DaemonSet");
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).expect("YAML")).expect("JSON-like"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// What the schemas cannot say: the probes reach the daemon's /readyz and /livez on its
+/// metrics port, requests and limits are both set, the namespace admits the pod under Pod
+/// Security, and a rollout never runs two pods on a node.
+#[test]
+fn the_daemonset_probes_the_daemon_and_is_admitted() {
+    let docs = daemonset_documents();
+    let of = |kind: &str| docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let ns = of("Namespace");
+    assert_eq!(ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged", "{ns}");
+    let ds = of("DaemonSet");
+    assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 0, "two pods cannot share a node");
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let port = c["ports"].as_array().and_then(|p| p.first()).expect("a container port");
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/livez")] {
+        let get = &c[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}");
+        assert!(get["port"] == port["name"] || get["port"] == port["containerPort"], "{probe} port: {get}");
+    }
+    let metrics = c["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .find_map(|a| a.strip_prefix("--metrics="));
+    let metrics = metrics.expect("--metrics=");
+    assert!(metrics.ends_with(&format!(":{}", port["containerPort"])), "--metrics={metrics} is not the probed port");
+    for side in ["requests", "limits"] {
+        for what in ["cpu", "memory"] {
+            assert!(c["resources"][side][what].is_string(), "resources.{side}.{what} is not set");
+        }
+    }
+}
