@@ -113,7 +113,7 @@ pub(crate) struct DaemonArgs {
     /// Still missing then: exit 1, so a supervisor retries.
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_wait)]
     pub wait_iface: Duration,
-    /// Policies and lists, loaded at start, re-read on `limiter-ctl reload` or SIGHUP, edited in
+    /// Policies and lists, loaded at start, re-read when it changes, on `limiter-ctl reload` or SIGHUP, edited in
     /// place on every change (comments, order, owner, mode and a symlink kept).
     #[arg(long, value_name = "PATH", default_value = config::DEFAULT_PATH)]
     pub config: PathBuf,
