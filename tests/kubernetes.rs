@@ -152,7 +152,8 @@ fn a_configmap_volume_is_followed_live() {
     let volume = ConfigMapVolume::new(&first);
     assert!(std::fs::write(volume.config(), "x").is_err(), "the mounted config is writable: not read-only");
     let launch = Launch { config: Some(volume.config()), ..Launch::default() };
-    let daemon = Daemon::launch(&net.receiver, &scratch, &["--rotate-every", "off"], launch).expect("spawning");
+    let daemon = Daemon::launch(&net.receiver, &scratch, &["--rotate-every", "off", "--watch-config=true"], launch)
+        .expect("spawning");
     let mut rig = Rig { daemon, scratch, net };
     rig.daemon.wait_attached(&rig.net.receiver).expect("the daemon must start on a read-only, unsorted config");
     assert_eq!(names(&rig), ["alpha", "zeta"]);
@@ -227,7 +228,7 @@ fn a_configmap_volume_is_followed_live() {
 #[test]
 fn own_writes_are_not_reloaded_and_the_watch_can_be_turned_off() {
     require_root!();
-    let mut rig = Rig::start(&["--rotate-every", "off"]).expect("starting the rig");
+    let mut rig = Rig::start(&["--rotate-every", "off", "--watch-config=true"]).expect("starting the rig");
     let applied = reloads(&rig, "applied");
     for rate in [100, 200, 300] {
         rig.set(&Pol::new("dns", "udp:53", rate, 10));
