@@ -116,10 +116,10 @@ pub(super) struct Daemon {
     reloads: stats::Reloads,
     /// What `/readyz` and `/livez` answer.
     health: Health,
-    /// The config file's bytes as last loaded, refused or written by the daemon (None: it could
-    /// not be read): a watched change to the same bytes (the daemon's own write, a ConfigMap
-    /// resync) is no reload.
-    seen: Option<Vec<u8>>,
+    /// The config file's text as last loaded, refused or written by the daemon (or why it could
+    /// not be read): a watched change to the same (the daemon's own write, a ConfigMap resync)
+    /// is no reload.
+    seen: Result<String, String>,
 }
 
 /// Control connections served at once; one more is told so in one line and closed.
@@ -168,7 +168,7 @@ impl Daemon {
             longest_window,
             reloads: stats::Reloads::default(),
             health,
-            seen: None,
+            seen: Err(String::new()),
         }
     }
 
@@ -269,7 +269,7 @@ impl Daemon {
         if !self.state.to_config().same_rules(file) {
             self.save().map_err(Error::SaveConfig)?;
         }
-        self.seen = std::fs::read(&self.config_path).ok();
+        self.seen = self.read_file();
         Ok(())
     }
 
@@ -470,7 +470,7 @@ impl Daemon {
                 return Err(Error::SaveChange { error, rollback });
             }
             // The daemon's own write: the watch sees it, and must not apply it again.
-            self.seen = std::fs::read(&self.config_path).ok();
+            self.seen = self.read_file();
         }
         self.state = next;
         self.longest_window = self.longest_window.max(self.state.max_window());
@@ -489,7 +489,7 @@ impl Daemon {
     fn reload(&mut self, trigger: &'static str) -> Result<Reloaded, Error> {
         let config = self.config_path.display().to_string();
         // Whatever the outcome, these bytes have been judged: the watch need not see them again.
-        self.seen = std::fs::read(&self.config_path).ok();
+        self.seen = self.read_file();
         super::notify_reloading();
         let result = self.try_reload();
         super::notify_reloaded(&self.iface, result.is_ok());
@@ -508,10 +508,16 @@ impl Daemon {
     /// seen are reloaded as SIGHUP reloads them (validated, applied or refused whole, logged
     /// once, counted); the same bytes (the daemon's own write, a resync, a touch) are nothing.
     fn file_changed(&mut self) {
-        if std::fs::read(&self.config_path).ok() == self.seen {
+        if self.read_file() == self.seen {
             return;
         }
         let _ = self.reload("config file changed");
+    }
+
+    /// The config's text as a reload would read it (never blocking: a FIFO is refused, not
+    /// waited on), or why it cannot be read.
+    fn read_file(&self) -> Result<String, String> {
+        config::read(&self.config_path).map_err(|e| e.to_string())
     }
 
     fn try_reload(&mut self) -> Result<Reloaded, Error> {
