@@ -245,6 +245,20 @@ fn own_writes_are_not_reloaded_and_the_watch_can_be_turned_off() {
     eprintln!("edit in place to applied: {took:?}");
     assert!(took <= APPLIED_WITHIN);
 
+    // A FIFO in its place is refused without a wait (opened non-blocking): the loop answers.
+    let refused = reloads(&rig, "refused");
+    std::fs::remove_file(rig.scratch.config()).expect("removing the config");
+    nix::unistd::mkfifo(&rig.scratch.config(), nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
+        .expect("mkfifo");
+    let swapped = Instant::now();
+    while reloads(&rig, "refused") == refused && swapped.elapsed() < APPLIED_WITHIN * 3 {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(reloads(&rig, "refused") > refused, "a FIFO was not refused\n{}", rig.daemon.output());
+    assert_eq!(running(&rig), [("dns".to_string(), "700/s".to_string())], "a refused FIFO changed the policies");
+    std::fs::remove_file(rig.scratch.config()).expect("removing the FIFO");
+    std::fs::write(rig.scratch.config(), &text).expect("restoring the config");
+
     rig.daemon.stop_ok();
     rig.restart(&["--rotate-every", "off", "--watch-config=false"]).expect("restarting without the watch");
     std::fs::write(rig.scratch.config(), toml(&Pol::new("dns", "udp:53", 900, 90))).expect("editing");
