@@ -269,7 +269,8 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// `limiter-ctl --socket S daemon --iface IFACE --mode native --config C --pin-dir P EXTRA...`
+    /// `limiter-ctl --socket S daemon --iface IFACE --mode native --watch-config=false --config C
+    /// --pin-dir P EXTRA...`
     /// in `end`'s network namespace ([`Runner::NetOnly`]), with the socket, config and pins in
     /// `scratch`. Does not wait for it to attach.
     pub fn spawn(end: &End, scratch: &Scratch, extra: &[&str]) -> anyhow::Result<Self> {
@@ -290,7 +291,10 @@ impl Daemon {
         let socket = launch.socket.unwrap_or_else(|| scratch.socket());
         let mut cmd = launch.runner.command(end, &bin);
         cmd.arg("--socket").arg(&socket);
-        cmd.args(["daemon", "--iface", &end.iface, "--mode", "native"]);
+        // The watch off unless a test turns it on (`--watch-config=true` in `extra`, which comes
+        // later and wins): tests of SIGHUP and `limiter-ctl reload` count the reloads their
+        // writes cause, and the watch would add its own (tests/kubernetes.rs tests the watch).
+        cmd.args(["daemon", "--iface", &end.iface, "--mode", "native", "--watch-config=false"]);
         cmd.arg("--config").arg(launch.config.unwrap_or_else(|| scratch.config()));
         cmd.arg("--pin-dir").arg(launch.pin_dir.unwrap_or_else(|| scratch.pins().to_path_buf())).args(extra);
         if let Some(wrap) = launch.wrap {

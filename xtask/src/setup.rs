@@ -1,7 +1,8 @@
 //! Installs what the build and the tests need, checking first so a second run takes seconds:
 //! the nightly toolchain's rust-src (for -Z build-std), LLVM 22 and bpf-linker 0.13 built
 //! against it, iproute2, and a mounted bpffs; for `cargo xtask package` and its test, cargo-deb
-//! and the Debian tools they call (systemd-analyze, man, strip).
+//! and the Debian tools they call (systemd-analyze, man, strip); kubernetes-validate (pip) for
+//! the manifests test.
 
 use std::{path::Path, process::Command};
 
@@ -12,6 +13,9 @@ use crate::sh::{exec, output, probe};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: &str = "22";
 const CARGO_DEB_VERSION: &str = "3.8.0";
+/// tests/manifests.rs: the Kubernetes manifests against the schemas this release bundles
+/// (offline, strict).
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 /// What building the XDP program and running it in namespaces needs.
 const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
 /// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils.
@@ -22,6 +26,7 @@ pub fn run() -> anyhow::Result<()> {
     build()?;
     apt(PACKAGING_PACKAGES)?;
     cargo_deb()?;
+    kubernetes_validate()?;
     eprintln!("setup: ready");
     Ok(())
 }
@@ -107,6 +112,28 @@ pub fn cargo_deb() -> anyhow::Result<()> {
     }
     exec(Command::new("cargo").args(["install", "--locked", &format!("cargo-deb@{CARGO_DEB_VERSION}")]))
         .context("installing cargo-deb failed")
+}
+
+/// kubernetes-validate from PyPI, for tests/manifests.rs: pip into the Python that `python3`
+/// is (Debian's marks itself externally managed, hence the retry that says so).
+fn kubernetes_validate() -> anyhow::Result<()> {
+    let version = output(Command::new("python3").args(["-m", "kubernetes_validate", "--version"])).unwrap_or_default();
+    if version.contains(KUBERNETES_VALIDATE_VERSION) {
+        eprintln!("setup: kubernetes-validate {KUBERNETES_VALIDATE_VERSION} present");
+        return Ok(());
+    }
+    if !probe(Command::new("python3").args(["-m", "pip", "--version"])) {
+        apt(&["python3-pip"])?;
+    }
+    let spec = format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}");
+    let pip = || {
+        let mut cmd = Command::new("python3");
+        cmd.args(["-m", "pip", "install", "--quiet", &spec]);
+        cmd
+    };
+    exec(&mut pip())
+        .or_else(|_| exec(pip().arg("--break-system-packages")))
+        .context("installing kubernetes-validate (pip) failed")
 }
 
 fn bpffs() -> anyhow::Result<()> {

@@ -113,10 +113,15 @@ pub(crate) struct DaemonArgs {
     /// Still missing then: exit 1, so a supervisor retries.
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_wait)]
     pub wait_iface: Duration,
-    /// Policies and lists, loaded at start, re-read on `limiter-ctl reload` or SIGHUP, edited in
+    /// Policies and lists, loaded at start, re-read when it changes, on `limiter-ctl reload` or SIGHUP, edited in
     /// place on every change (comments, order, owner, mode and a symlink kept).
     #[arg(long, value_name = "PATH", default_value = config::DEFAULT_PATH)]
     pub config: PathBuf,
+    /// Apply a changed config file within about 2 s, as SIGHUP would (its directory is
+    /// watched, so a ConfigMap's `..data` swap is seen too); `--watch-config=false`: only on
+    /// SIGHUP or `limiter-ctl reload`.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch_config: bool,
     /// Install (or replace) the policy "default", matching all traffic, at this rate per source.
     #[arg(long, value_name = "RATE", allow_hyphen_values = true)]
     pub rate: Option<Rate>,
@@ -264,6 +269,7 @@ impl DaemonArgs {
             iface: self.iface,
             wait_iface: self.wait_iface,
             config: self.config,
+            watch_config: self.watch_config,
             rate: self.rate,
             burst: self.burst,
             buckets: self.buckets,

@@ -161,25 +161,32 @@ fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
     Ok(out)
 }
 
-/// Serves `/metrics` on `addr` until the process ends. Binding happens before this returns,
-/// so a taken port is reported at start.
-pub(super) async fn serve(addr: SocketAddr, shared: Shared) -> Result<tokio::task::JoinHandle<()>, Error> {
+/// Serves `/metrics` (and `probes`, see `health`) on `addr` until the process ends. Binding
+/// happens before this returns, so a taken port is reported at start.
+pub(super) async fn serve(
+    addr: SocketAddr,
+    shared: Shared,
+    probes: Router,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Metrics { addr, source })?;
-    let app = Router::new().route(
-        "/metrics",
-        get(move || {
-            let shared = shared.clone();
-            async move {
-                match render(&shared) {
-                    Ok(body) => {
-                        ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
-                            .into_response()
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let shared = shared.clone();
+                async move {
+                    match render(&shared) {
+                        Ok(body) => (
+                            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                            body,
+                        )
+                            .into_response(),
+                        Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "encoding failed").into_response(),
                     }
-                    Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "encoding failed").into_response(),
                 }
-            }
-        }),
-    );
+            }),
+        )
+        .merge(probes);
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!(error = %e, "the metrics endpoint stopped");

@@ -1,7 +1,8 @@
 //! The daemon room: `limiter-ctl daemon`. Validate the config, wait for the interface, claim it
 //! (one daemon per interface), load or adopt the program, make its maps say what the config
 //! says, attach, tell systemd it is ready, then serve the control socket until SIGTERM, SIGINT
-//! or SIGUSR2, re-reading the config on SIGHUP (`serve`); leave the program attached and pinned
+//! or SIGUSR2, re-reading the config on SIGHUP and when its file changes (`serve`, `watch`);
+//! answering the probes (`health`); leave the program attached and pinned
 //! for the next daemon. A start that fails takes away what it made. Beside the loop: the wire types of the control
 //! socket, shared with the CLI (`ipc`), the counters sampled once a second (`stats`), the
 //! Prometheus endpoint (`metrics`) and the most-refused sources (`top`).
@@ -13,11 +14,13 @@
 //! It may use the kernel and config rooms, nothing of the CLI. Its one error type is [`Error`].
 
 mod error;
+mod health;
 pub(crate) mod ipc;
 mod metrics;
 mod serve;
 pub(crate) mod stats;
 pub(crate) mod top;
+mod watch;
 
 use std::{
     collections::BTreeMap,
@@ -30,6 +33,7 @@ use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 pub use error::{Error, Rollback};
+use health::Health;
 use serve::{Daemon, Signals, bind};
 
 use crate::{
@@ -46,6 +50,8 @@ pub(crate) struct Options {
     pub iface: String, pub wait_iface: Duration, pub mode: ModeRequest,
     /// The policies and lists; loaded at start, re-read on SIGHUP, edited in place on every change.
     pub config: PathBuf,
+    /// Watch the config file's directory and apply a changed file as SIGHUP does.
+    pub watch_config: bool,
     /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
     pub rate: Option<Rate>, pub burst: Option<u64>,
     /// Buckets per generation and CPU, the count-min rows they are split into, and where the
@@ -135,6 +141,18 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         }
     };
     desired(&BTreeMap::new(), config::DEFAULT_MAX_FRAME)?;
+    // The metrics listener (and its probes) first, so /readyz can say what the daemon waits for.
+    let (shared, health) = (stats::Shared::default(), Health::new());
+    let metrics_addr = match args.metrics {
+        MetricsAt::Off => None,
+        MetricsAt::At(addr) => Some(addr),
+        MetricsAt::Auto => Some(SocketAddr::from(([127, 0, 0, 1], auto_metrics_port(&args.iface)))),
+    };
+    if let Some(addr) = metrics_addr {
+        metrics::serve(addr, shared.clone(), health.routes()).await?;
+        info!(address = %addr, auto = args.metrics == MetricsAt::Auto, "serving metrics at /metrics, probes at /readyz and /livez");
+    }
+    health.not_ready(format!("waiting for interface {}", args.iface));
     if !wait_for_interface(&args.iface, args.wait_iface, &mut signals).await? {
         return Ok(());
     }
@@ -150,7 +168,9 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         info!(note, "bpffs");
     }
     let mut made = Made::default();
-    let started = start(&args, socket, &pins, &file, |ids| desired(ids, max_frame), &mut made).await;
+    health.not_ready(format!("loading and attaching the program on {}", args.iface));
+    let probes = Probes { shared, health, metrics_addr };
+    let started = start(&args, socket, &pins, &file, |ids| desired(ids, max_frame), probes, &mut made).await;
     let (mut daemon, listener, refusals) = match started {
         Ok(started) => started,
         Err(e) => {
@@ -244,28 +264,27 @@ fn stopped_waiting(signal: &str) -> bool {
     false
 }
 
-/// Binds the socket, serves metrics, loads (or adopts) the program, makes its maps say what the
-/// config says, attaches, and tells systemd it is ready. `made` says what it created.
+/// What the metrics listener reads: the snapshot, the probes' state, and where it listens.
+struct Probes {
+    shared: stats::Shared,
+    health: Health,
+    metrics_addr: Option<SocketAddr>,
+}
+
+/// Binds the socket, loads (or adopts) the program, makes its maps say what the config says,
+/// attaches, and tells systemd (and /readyz) it is ready. `made` says what it created.
 async fn start(
     args: &Options,
     socket: &Path,
     pins: &PinDir,
     file: &config::ConfigFile,
     desired: impl Fn(&BTreeMap<Name, u16>) -> Result<State, Error>,
+    probes: Probes,
     made: &mut Made,
 ) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>), Error> {
+    let Probes { shared, health, metrics_addr } = probes;
     let listener = bind(socket)?;
     made.socket = true;
-    let shared = stats::Shared::default();
-    let metrics_addr = match args.metrics {
-        MetricsAt::Off => None,
-        MetricsAt::At(addr) => Some(addr),
-        MetricsAt::Auto => Some(SocketAddr::from(([127, 0, 0, 1], auto_metrics_port(&args.iface)))),
-    };
-    if let Some(addr) = metrics_addr {
-        metrics::serve(addr, shared.clone()).await?;
-        info!(address = %addr, auto = args.metrics == MetricsAt::Auto, "serving metrics at /metrics");
-    }
 
     let mut limiter = Limiter::open(args.buckets, args.rows, Some(pins.clone()))?;
     made.pins = !limiter.adopted() && limiter.replaces_incompatible().is_none();
@@ -307,8 +326,9 @@ async fn start(
         pins = %pins.dir().display(),
         "{event}"
     );
-    let mut daemon = Daemon::new(limiter, state, args, shared, longest_window);
+    let mut daemon = Daemon::new(limiter, state, args, shared, health.clone(), longest_window);
     daemon.start_up(file)?;
+    health.ready();
     let status = format!(
         "enforcing on {} ({} mode){}",
         args.iface,

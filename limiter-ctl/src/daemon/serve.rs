@@ -30,9 +30,11 @@ use tracing::{error, info, warn};
 
 use super::{
     Error, Options, Rollback,
+    health::Health,
     ipc::{MAX_REQUEST, PolicyStatus, Reloaded, Request, Response},
     stats,
     top::Top,
+    watch::{self, ConfigWatch},
 };
 use crate::{
     config::{self, ConfigFile, Entry, PolicyDef, State},
@@ -112,6 +114,12 @@ pub(super) struct Daemon {
     longest_window: Duration,
     /// Reloads applied and refused, for `/metrics`.
     reloads: stats::Reloads,
+    /// What `/readyz` and `/livez` answer.
+    health: Health,
+    /// The config file's text as last loaded, refused or written by the daemon (or why it could
+    /// not be read): a watched change to the same (the daemon's own write, a ConfigMap resync)
+    /// is no reload.
+    seen: Result<String, String>,
 }
 
 /// Control connections served at once; one more is told so in one line and closed.
@@ -143,6 +151,7 @@ impl Daemon {
         state: State,
         args: &Options,
         shared: stats::Shared,
+        health: Health,
         longest_window: Duration,
     ) -> Self {
         Self {
@@ -158,6 +167,8 @@ impl Daemon {
             top: Top::new(args.sample_refusals.max(1)),
             longest_window,
             reloads: stats::Reloads::default(),
+            health,
+            seen: Err(String::new()),
         }
     }
 
@@ -184,6 +195,20 @@ impl Daemon {
         let mut second = tokio::time::interval(Duration::from_secs(1));
         let mut occupancy = tokio::time::interval(OCCUPANCY_EVERY);
         let mut if_index = kernel::if_index(&self.iface);
+        let mut config_watch = if args.watch_config {
+            match ConfigWatch::start(&self.config_path) {
+                Ok(w) => {
+                    info!(config = %self.config_path.display(), "watching the config file: a change applies as SIGHUP does");
+                    Some(w)
+                }
+                Err(e) => {
+                    warn!(error = %e, "not watching the config file: changes apply on SIGHUP or `limiter-ctl reload` only");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let (signal_name, exit) = loop {
             tokio::select! {
                 _ = sigint.recv() => break ("SIGINT", Exit::HandOver),
@@ -194,6 +219,7 @@ impl Daemon {
                     let _ = self.reload("SIGHUP");
                 }
                 Some(job) = jobs.recv() => self.run(job),
+                _ = watch::settled(&mut config_watch) => self.file_changed(),
                 ready = refusals.readable_mut() => match ready {
                     Ok(mut guard) => {
                         let ring = guard.get_inner_mut();
@@ -212,6 +238,7 @@ impl Daemon {
                     }
                 }
                 _ = second.tick() => {
+                    self.health.beat();
                     if_index = self.watch_interface(if_index);
                     // A failed read costs one second of stats, never the attachment.
                     if let Err(e) = self.snapshot() {
@@ -242,6 +269,7 @@ impl Daemon {
         if !self.state.to_config().same_rules(file) {
             self.save().map_err(Error::SaveConfig)?;
         }
+        self.seen = self.read_file();
         Ok(())
     }
 
@@ -300,10 +328,14 @@ impl Daemon {
         let now = kernel::if_index(&self.iface);
         match (known, now) {
             (Some(_), None) => {
+                self.health.not_ready(format!("interface {} is gone; waiting for it to come back", self.iface));
                 warn!(iface = %self.iface, "interface gone: the program went with it; waiting for it to come back")
             }
             (_, Some(index)) if known != Some(index) => match self.limiter.reattach(self.mode) {
-                Ok(attached) => info!(iface = %self.iface, mode = %attached.mode, "interface re-created: reattached"),
+                Ok(attached) => {
+                    self.health.ready();
+                    info!(iface = %self.iface, mode = %attached.mode, "interface re-created: reattached")
+                }
                 Err(e) => {
                     warn!(iface = %self.iface, error = %e, "reattaching failed; will retry");
                     return known;
@@ -432,9 +464,13 @@ impl Daemon {
             let rollback = Rollback(self.limiter.sync(&next, &self.state).map_err(Box::new));
             return Err(Error::UpdateMaps { error: Box::new(error), rollback });
         }
-        if save && let Err(error) = config::save(&self.config_path, &next.to_config()) {
-            let rollback = Rollback(self.limiter.sync(&next, &self.state).map_err(Box::new));
-            return Err(Error::SaveChange { error, rollback });
+        if save {
+            if let Err(error) = config::save(&self.config_path, &next.to_config()) {
+                let rollback = Rollback(self.limiter.sync(&next, &self.state).map_err(Box::new));
+                return Err(Error::SaveChange { error, rollback });
+            }
+            // The daemon's own write: the watch sees it, and must not apply it again.
+            self.seen = self.read_file();
         }
         self.state = next;
         self.longest_window = self.longest_window.max(self.state.max_window());
@@ -452,6 +488,8 @@ impl Daemon {
     /// the file and why) and counted for `/metrics`.
     fn reload(&mut self, trigger: &'static str) -> Result<Reloaded, Error> {
         let config = self.config_path.display().to_string();
+        // Whatever the outcome, these bytes have been judged: the watch need not see them again.
+        self.seen = self.read_file();
         super::notify_reloading();
         let result = self.try_reload();
         super::notify_reloaded(&self.iface, result.is_ok());
@@ -464,6 +502,22 @@ impl Daemon {
             Err(e) => error!(%config, trigger, "reload refused: {e}; the running config stays"),
         }
         result
+    }
+
+    /// The watch saw the config's directory change and settle: bytes other than those last
+    /// seen are reloaded as SIGHUP reloads them (validated, applied or refused whole, logged
+    /// once, counted); the same bytes (the daemon's own write, a resync, a touch) are nothing.
+    fn file_changed(&mut self) {
+        if self.read_file() == self.seen {
+            return;
+        }
+        let _ = self.reload("config file changed");
+    }
+
+    /// The config's text as a reload would read it (never blocking: a FIFO is refused, not
+    /// waited on), or why it cannot be read.
+    fn read_file(&self) -> Result<String, String> {
+        config::read(&self.config_path).map_err(|e| e.to_string())
     }
 
     fn try_reload(&mut self) -> Result<Reloaded, Error> {
