@@ -112,6 +112,8 @@ pub(super) struct Daemon {
     longest_window: Duration,
     /// Reloads applied and refused, for `/metrics`.
     reloads: stats::Reloads,
+    /// `--rotate-every`, for `/metrics` (an alert compares the salt's age with it).
+    rotate_every: Option<Duration>,
 }
 
 /// Control connections served at once; one more is told so in one line and closed.
@@ -158,6 +160,7 @@ impl Daemon {
             top: Top::new(args.sample_refusals.max(1)),
             longest_window,
             reloads: stats::Reloads::default(),
+            rotate_every: args.rotate_every,
         }
     }
 
@@ -253,6 +256,7 @@ impl Daemon {
         let mut snapshot =
             self.sampler.sample(&self.state, counters, mode.as_str(), self.limiter.salt_age()?, occupancy);
         snapshot.reloads = self.reloads.clone();
+        snapshot.rotate_every_s = self.rotate_every.map(|d| d.as_secs_f64());
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
         }
