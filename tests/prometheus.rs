@@ -436,7 +436,7 @@ fn a_real_prometheus_fires_the_refusal_alert_during_a_flood() {
     // The dashboard, mid-flood: every query, variables as Grafana substitutes them.
     let instance = METRICS.to_string();
     let mut empty = Vec::new();
-    let mut refused_shown = 0.0;
+    let (mut refused_shown, mut would_refuse_shown) = (0.0, 0.0);
     for (panel, expr) in dashboard_queries() {
         let q =
             expr.replace("$instance", &instance).replace("$policy", "flood|watch").replace("$__rate_interval", "4s");
@@ -444,12 +444,17 @@ fn a_real_prometheus_fires_the_refusal_alert_during_a_flood() {
         if result.is_empty() {
             empty.push(format!("{panel}: {q}"));
         }
-        if panel == "Refused per policy" {
-            refused_shown = result
+        let shown = |policy: &str| -> f64 {
+            result
                 .iter()
-                .filter(|r| r["metric"]["policy"] == "flood")
+                .filter(|r| r["metric"]["policy"] == policy)
                 .filter_map(|r| r["value"][1].as_str()?.parse::<f64>().ok())
-                .sum();
+                .sum()
+        };
+        match panel.as_str() {
+            "Refused per policy" => refused_shown = shown("flood"),
+            "Dry-run: would refuse" => would_refuse_shown = shown("watch"),
+            _ => {}
         }
     }
     let instances = prometheus.api("/api/v1/label/instance/values?match[]=limiter_build_info").expect("instances");
@@ -481,7 +486,9 @@ fn a_real_prometheus_fires_the_refusal_alert_during_a_flood() {
     assert!(alert["annotations"]["summary"].as_str().is_some_and(|s| s.contains("flood")), "{alert}");
     // The dry-run policy refuses nothing: it would.
     assert!(named(&alerts, "LimiterPolicyRefusing").iter().all(|a| a["labels"]["policy"] == "flood"), "{alerts:?}");
-    for silent in ["LimiterDown", "LimiterSkbMode", "LimiterConfigReloadFailed", "LimiterSaltNotRotating"] {
+    for silent in
+        ["LimiterDown", "LimiterSkbMode", "LimiterConfigReloadFailed", "LimiterSaltNotRotating", "LimiterErrors"]
+    {
         assert!(named(&alerts, silent).is_empty(), "{silent} active: {alerts:?}");
     }
     assert_eq!(up.len(), 1, "{up:?}");
@@ -490,6 +497,12 @@ fn a_real_prometheus_fires_the_refusal_alert_during_a_flood() {
     assert!(empty.is_empty(), "dashboard queries with no data mid-flood:\n{}", empty.join("\n"));
     // About 1500/s (2500/s offered, 1000/s admitted); a loaded machine sends slower.
     assert!(refused_shown > 300.0, "the refused panel shows {refused_shown:.0}/s for a flood of {}", run.report);
+    // Likewise about 2400/s that the dry-run policy (100/s) would refuse.
+    assert!(
+        would_refuse_shown > 300.0,
+        "the dry-run panel shows {would_refuse_shown:.0}/s for a flood of {}",
+        run.report
+    );
     assert!(
         instances.as_array().is_some_and(|i| i.iter().any(|v| v == instance.as_str())),
         "$instance values: {instances}"
