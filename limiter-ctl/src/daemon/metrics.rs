@@ -99,10 +99,10 @@ fn process(encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     if let Ok(fds) = me.fd_count() {
         gauge(encoder, "process_open_fds", "Number of open file descriptors.", vec![], fds as f64)?;
     }
-    if let Ok(limits) = me.limits() {
-        if let procfs::process::LimitValue::Value(max) = limits.max_open_files.soft_limit {
-            gauge(encoder, "process_max_fds", "Maximum number of open file descriptors.", vec![], max as f64)?;
-        }
+    if let Ok(limits) = me.limits()
+        && let procfs::process::LimitValue::Value(max) = limits.max_open_files.soft_limit
+    {
+        gauge(encoder, "process_max_fds", "Maximum number of open file descriptors.", vec![], max as f64)?;
     }
     Ok(())
 }
