@@ -434,16 +434,23 @@ mod tests {
         let start = value("process_start_time_seconds");
         // This test process started within the last hour, and not in the future (1 s of rounding).
         assert!(start <= now + 1.0 && start > now - 3600.0, "start {start}, now {now}");
-        // CPU spent so far: at least what this thread burns here, at most wall time times CPUs.
+        // This thread burns 300 ms of CPU (by its own clock, however long a busy machine makes
+        // that take): the process's CPU seconds grow by at least that (less two ticks of rounding:
+        // user and system time are each whole ticks).
+        let thread_cpu = || {
+            let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+            t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9
+        };
         let before = value("process_cpu_seconds_total");
-        let t = std::time::Instant::now();
-        while t.elapsed() < std::time::Duration::from_millis(300) {
+        let (start, wall) = (thread_cpu(), std::time::Instant::now());
+        while thread_cpu() - start < 0.3 {
+            assert!(wall.elapsed() < std::time::Duration::from_secs(60), "no 300 ms of CPU in 60 s");
             std::hint::black_box(0u64);
         }
         let text = render(&sample()).unwrap();
         let line = text.lines().find(|l| l.starts_with("process_cpu_seconds_total ")).unwrap();
         let after: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-        assert!(after - before >= 0.2, "CPU seconds went from {before} to {after} over 300 ms of spinning");
+        assert!(after - before >= 0.27, "CPU seconds went from {before} to {after} over 300 ms of this thread's CPU");
         assert!(text.contains("# TYPE process_cpu_seconds counter"), "{text}");
     }
 
