@@ -40,7 +40,9 @@ use serde_json::Value;
 /// How fast /metrics must answer, also under a flood.
 const SCRAPE_BUDGET: Duration = Duration::from_millis(100);
 /// The label keys a metric may carry: never one per source.
-const LABEL_KEYS: [&str; 5] = ["policy", "decision", "reason", "mode", "result"];
+/// (version, commit and layout are limiter_build_info's; scope and unit limiter_policy_info's.)
+const LABEL_KEYS: [&str; 10] =
+    ["policy", "decision", "reason", "mode", "result", "scope", "unit", "version", "commit", "layout"];
 
 /// A network `ADDR/LEN` as `top` prints it (host bits zero).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -620,7 +622,8 @@ fn counters_carry_on_across_restarts_and_reset_after_detach() {
 // h. No label per source
 
 /// After floods from 64 IPv4 and 64 IPv6 spoofed sources, over policies of every kind and lists
-/// with entries, /metrics has labels keyed only by policy, decision, reason and mode, no label
+/// with entries, /metrics has labels keyed only by policy, decision, reason, mode and the build's
+/// and policies' settings, no label
 /// value that reads as an address or a network, no address anywhere in the text, and exactly the
 /// series its policies make (a fixed number per policy, whatever the sources).
 #[test]
@@ -674,9 +677,9 @@ fn metrics_carry_no_label_per_source() {
     for needle in ["198.19.", "2001:db8", "2001:DB8"] {
         assert!(!body.contains(needle), "an address in /metrics ({needle}):\n{body}");
     }
-    // The series: 5 packet and 3 byte decisions per policy, 4 unjudged reasons, 2 drop reasons, errors, mode,
-    // policy count, salt age, occupancy, 2 reload results, the last reload's outcome and time. The sources do
-    // not add any.
+    // The series: 5 packet and 3 byte decisions and an info per policy, 4 unjudged reasons, 2 drop reasons,
+    // errors, mode, policy count, salt age, occupancy, 2 reload results, the last reload's outcome and time,
+    // the build, 7 of the process (no rotation interval: rotation is off). The sources do not add any.
     let names: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
     let expected: BTreeSet<&str> = [
         "limiter_packets_total",
@@ -691,10 +694,19 @@ fn metrics_carry_no_label_per_source() {
         "limiter_config_reloads_total",
         "limiter_config_last_reload_successful",
         "limiter_config_last_reload_success_timestamp_seconds",
+        "limiter_build_info",
+        "limiter_policy_info",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_threads",
+        "process_start_time_seconds",
+        "process_open_fds",
+        "process_max_fds",
     ]
     .into();
     assert_eq!(names, expected, "metric families");
-    assert_eq!(samples.len(), 3 * (5 + 3) + 4 + 2 + 4 + 1 + 2 + 2, "series count:\n{body}");
+    assert_eq!(samples.len(), 3 * (5 + 3 + 1) + 4 + 2 + 4 + 1 + 2 + 2 + 1 + 7, "series count:\n{body}");
     // The flood did reach every policy, so the labels were tested with traffic behind them.
     assert!(packets(&samples, "per-source", "refused") > 0 && packets(&samples, "per-net", "refused") > 0);
     assert!(packets(&samples, "watch", "dry_run") > 0 && packets(&samples, "per-source", "allowed") > 0);

@@ -509,7 +509,15 @@ fn deb_installs_with_dpkg_and_runs() {
     ] {
         assert!(read(&pkg.path(path)).contains(marker), "{path} lacks {marker:?}");
     }
-    for doc in ["README.md", "DESIGN.md", "OPERATIONS.md", "PAIRING.md", "examples/daemonset.yaml"] {
+    for doc in [
+        "README.md",
+        "DESIGN.md",
+        "OPERATIONS.md",
+        "PAIRING.md",
+        "examples/daemonset.yaml",
+        "examples/limiter-rules.yml",
+        "examples/limiter-dashboard.json",
+    ] {
         assert!(pkg.path("usr/share/doc/limiter").join(doc).is_file(), "no /usr/share/doc/limiter/{doc}");
     }
 }

@@ -1,8 +1,8 @@
 //! Installs what the build and the tests need, checking first so a second run takes seconds:
 //! the nightly toolchain's rust-src (for -Z build-std), LLVM 22 and bpf-linker 0.13 built
 //! against it, iproute2, and a mounted bpffs; for `cargo xtask package` and its test, cargo-deb
-//! and the Debian tools they call (systemd-analyze, man, strip); kubernetes-validate (pip) for
-//! the manifests test.
+//! and the Debian tools they call (systemd-analyze, man, strip); Prometheus and promtool;
+//! kubernetes-validate (pip) for the manifests test.
 
 use std::{path::Path, process::Command};
 
@@ -18,8 +18,9 @@ const CARGO_DEB_VERSION: &str = "3.8.0";
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 /// What building the XDP program and running it in namespaces needs.
 const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
-/// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils.
-const PACKAGING_PACKAGES: &[&str] = &["systemd", "man-db", "binutils", "dpkg-dev"];
+/// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils;
+/// tests/prometheus.rs: `prometheus` and `promtool` (the rules, the exposition, a real scrape).
+const PACKAGING_PACKAGES: &[&str] = &["systemd", "man-db", "binutils", "dpkg-dev", "prometheus"];
 
 /// Everything: `cargo xtask setup` and `cargo xtask test`.
 pub fn run() -> anyhow::Result<()> {

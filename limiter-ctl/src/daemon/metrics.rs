@@ -1,5 +1,7 @@
 //! The Prometheus endpoint (`--metrics ADDR`, default 127.0.0.1:9464): the latest snapshot in
-//! the OpenMetrics text format. Labels are policies and decisions, never sources.
+//! the OpenMetrics text format (or Prometheus' text format 0.0.4 for a client that asks only
+//! for that, such as `promtool check metrics`), with the build, each policy's settings and the
+//! process's own CPU, memory and descriptors. Labels are policies and decisions, never sources.
 
 use std::net::SocketAddr;
 
@@ -42,6 +44,69 @@ fn gauge(
     ConstGauge::new(value).encode(family.encode_family(&labels)?)
 }
 
+/// A float counter (seconds of CPU).
+fn counter_f64(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    ConstCounter::new(value).encode(family.encode_family(&Labels::new())?)
+}
+
+/// An info gauge: one series of value 1 per label set (a gauge, not OpenMetrics' `info` type,
+/// which Prometheus' text format and promtool do not know).
+fn info(encoder: &mut DescriptorEncoder, name: &str, help: &str, series: Vec<Labels>) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for labels in series {
+        ConstGauge::new(1i64).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// The commit the binary was built from (build.rs asks git; "unknown" outside a checkout).
+const COMMIT: &str = env!("LIMITER_COMMIT");
+
+/// The process's own resources, read from /proc/self at each scrape: the names and meanings of
+/// the Prometheus client libraries' process collectors, so dashboards made for them work.
+fn process(encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    // A /proc that cannot be read (hidepid, an odd container) costs these series, not the scrape.
+    let Ok(me) = procfs::process::Process::myself() else { return Ok(()) };
+    if let Ok(stat) = me.stat() {
+        let ticks = procfs::ticks_per_second() as f64;
+        counter_f64(
+            encoder,
+            "process_cpu_seconds",
+            "User and system CPU time spent, in seconds.",
+            (stat.utime + stat.stime) as f64 / ticks,
+        )?;
+        let page = procfs::page_size() as f64;
+        gauge(
+            encoder,
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            vec![],
+            stat.rss as f64 * page,
+        )?;
+        gauge(encoder, "process_virtual_memory_bytes", "Virtual memory size in bytes.", vec![], stat.vsize as f64)?;
+        gauge(encoder, "process_threads", "Number of OS threads in the process.", vec![], stat.num_threads as f64)?;
+        if let Ok(boot) = procfs::boot_time_secs() {
+            gauge(
+                encoder,
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch, in seconds.",
+                vec![],
+                boot as f64 + stat.starttime as f64 / ticks,
+            )?;
+        }
+    }
+    if let Ok(fds) = me.fd_count() {
+        gauge(encoder, "process_open_fds", "Number of open file descriptors.", vec![], fds as f64)?;
+    }
+    if let Ok(limits) = me.limits()
+        && let procfs::process::LimitValue::Value(max) = limits.max_open_files.soft_limit
+    {
+        gauge(encoder, "process_max_fds", "Maximum number of open file descriptors.", vec![], max as f64)?;
+    }
+    Ok(())
+}
+
 fn by_decision(policy: &str, decisions: &[(&'static str, u64)]) -> Vec<(Labels, u64)> {
     decisions.iter().map(|(d, n)| (vec![("policy", policy.to_string()), ("decision", (*d).to_string())], *n)).collect()
 }
@@ -49,6 +114,32 @@ fn by_decision(policy: &str, decisions: &[(&'static str, u64)]) -> Vec<(Labels, 
 impl Collector for Exposition {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.0.read().map_err(|_| std::fmt::Error)?.clone();
+        info(
+            &mut encoder,
+            "limiter_build_info",
+            "1, labelled with the version, the commit and the pinned maps' layout version of the running binary.",
+            vec![vec![
+                ("version", env!("CARGO_PKG_VERSION").to_string()),
+                ("commit", COMMIT.to_string()),
+                ("layout", limiter_common::maps::LAYOUT_VERSION.to_string()),
+            ]],
+        )?;
+        info(
+            &mut encoder,
+            "limiter_policy_info",
+            "1 per policy, labelled with how it judges: mode (enforce, dry-run), scope (cpu, host), unit (packets, bytes).",
+            s.policies
+                .iter()
+                .map(|p| {
+                    vec![
+                        ("policy", p.name.clone()),
+                        ("mode", p.mode.clone()),
+                        ("scope", p.scope.clone()),
+                        ("unit", p.unit.clone()),
+                    ]
+                })
+                .collect(),
+        )?;
         let (mut packets, mut bytes) = (Vec::new(), Vec::new());
         for p in &s.policies {
             let c = &p.totals;
@@ -117,6 +208,15 @@ impl Collector for Exposition {
             vec![],
             s.salt_age_s,
         )?;
+        if let Some(every) = s.rotate_every_s {
+            gauge(
+                &mut encoder,
+                "limiter_salt_rotation_interval_seconds",
+                "--rotate-every in seconds: the salt's age stays under it (absent with --rotate-every off).",
+                vec![],
+                every,
+            )?;
+        }
         let r = &s.reloads;
         let result = |r: &str, n: u64| (vec![("result", r.to_string())], n);
         counter(
@@ -148,7 +248,7 @@ impl Collector for Exposition {
                 occupancy,
             )?;
         }
-        Ok(())
+        process(&mut encoder)
     }
 }
 
@@ -161,6 +261,38 @@ fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
     Ok(out)
 }
 
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a client's Accept header asks for Prometheus' text format only (it names text/plain
+/// and neither OpenMetrics nor anything at all): everyone else, Prometheus included, gets
+/// OpenMetrics.
+fn wants_text_004(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| a.contains("text/plain") && !a.contains("openmetrics") && !a.contains("*/*"))
+}
+
+/// OpenMetrics text as Prometheus' text format 0.0.4: a counter's HELP and TYPE name its
+/// `_total` series (OpenMetrics names the family without it), and no `# EOF`. Only counters and
+/// gauges are exposed here, so nothing else differs.
+fn to_text_004(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(name).then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
 /// Serves `/metrics` (and `probes`, see `health`) on `addr` until the process ends. Binding
 /// happens before this returns, so a taken port is reported at start.
 pub(super) async fn serve(
@@ -169,24 +301,22 @@ pub(super) async fn serve(
     probes: Router,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Metrics { addr, source })?;
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let shared = shared.clone();
-                async move {
-                    match render(&shared) {
-                        Ok(body) => (
-                            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-                            body,
-                        )
-                            .into_response(),
-                        Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "encoding failed").into_response(),
+    let app = Router::new().route(
+        "/metrics",
+        get(move |headers: axum::http::HeaderMap| {
+            let shared = shared.clone();
+            async move {
+                match render(&shared) {
+                    Ok(body) if wants_text_004(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok())) => {
+                        ([(header::CONTENT_TYPE, TEXT_004)], to_text_004(&body)).into_response()
                     }
+                    Ok(body) => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
+                    Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "encoding failed").into_response(),
                 }
-            }),
-        )
-        .merge(probes);
+            }
+        }),
+    )
+    .merge(probes);
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!(error = %e, "the metrics endpoint stopped");
@@ -212,6 +342,9 @@ mod tests {
                 id: 1,
                 totals: PolicyCounters { admitted_packets: 7, refused_packets: 3, ..Default::default() },
                 rates: Default::default(),
+                mode: "dry-run".into(),
+                scope: "host".into(),
+                unit: "bytes".into(),
             }],
             attach_mode: "native".into(),
             bucket_occupancy: Some(0.25),
@@ -233,10 +366,114 @@ mod tests {
             for label in labels.split(',').filter(|l| !l.is_empty()) {
                 let key = label.split('=').next().unwrap_or("");
                 assert!(
-                    ["policy", "decision", "reason", "mode", "result"].contains(&key),
+                    ["policy", "decision", "reason", "mode", "result", "scope", "unit", "version", "commit", "layout"]
+                        .contains(&key),
                     "unexpected label {key} in {line}"
                 );
             }
+        }
+    }
+
+    fn sample() -> Shared {
+        Arc::new(RwLock::new(Snapshot {
+            policies: vec![PolicyStats {
+                name: "dns".into(),
+                mode: "enforce".into(),
+                scope: "cpu".into(),
+                unit: "packets".into(),
+                ..Default::default()
+            }],
+            attach_mode: "skb".into(),
+            rotate_every_s: Some(3600.0),
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn build_info_names_version_commit_and_layout() {
+        let text = render(&sample()).unwrap();
+        let line = text.lines().find(|l| l.starts_with("limiter_build_info{")).expect(&text);
+        assert!(line.contains(&format!(r#"version="{}""#, env!("CARGO_PKG_VERSION"))), "{line}");
+        assert!(line.contains(&format!(r#"layout="{}""#, limiter_common::maps::LAYOUT_VERSION)), "{line}");
+        // build.rs ran in this checkout: a hex commit, or "unknown" where git could not say.
+        let commit = line.split(r#"commit=""#).nth(1).and_then(|r| r.split('"').next()).expect(line);
+        assert!(commit == "unknown" || (commit.len() >= 7 && commit.chars().all(|c| c.is_ascii_hexdigit())), "{line}");
+        assert!(line.ends_with("} 1"), "{line}");
+        assert!(text.contains("# TYPE limiter_build_info gauge"), "{text}");
+    }
+
+    #[test]
+    fn policy_info_gives_each_policy_its_mode_scope_and_unit() {
+        let text = render(&sample()).unwrap();
+        assert!(
+            text.contains(r#"limiter_policy_info{policy="dns",mode="enforce",scope="cpu",unit="packets"} 1"#),
+            "{text}"
+        );
+        let empty = render(&Arc::new(RwLock::new(Snapshot::default()))).unwrap();
+        assert!(!empty.lines().any(|l| l.starts_with("limiter_policy_info{")), "{empty}");
+    }
+
+    #[test]
+    fn salt_rotation_interval_is_exposed_unless_rotation_is_off() {
+        let text = render(&sample()).unwrap();
+        assert!(text.contains("limiter_salt_rotation_interval_seconds 3600.0"), "{text}");
+        let off = render(&Arc::new(RwLock::new(Snapshot::default()))).unwrap();
+        assert!(!off.contains("limiter_salt_rotation_interval_seconds"), "{off}");
+    }
+
+    #[test]
+    fn process_metrics_describe_this_process() {
+        let text = render(&sample()).unwrap();
+        let value = |name: &str| -> f64 {
+            let line =
+                text.lines().find(|l| l.split(' ').next() == Some(name)).unwrap_or_else(|| panic!("{name}: {text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        assert!(value("process_resident_memory_bytes") > 1e6, "{text}");
+        assert!(value("process_virtual_memory_bytes") >= value("process_resident_memory_bytes"));
+        let fds = std::fs::read_dir("/proc/self/fd").unwrap().count() as f64;
+        assert!((value("process_open_fds") - fds).abs() <= 2.0, "open fds {} vs {fds}", value("process_open_fds"));
+        assert!(value("process_max_fds") >= value("process_open_fds"));
+        assert!(value("process_threads") >= 1.0);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let start = value("process_start_time_seconds");
+        // This test process started within the last hour, and not in the future (1 s of rounding).
+        assert!(start <= now + 1.0 && start > now - 3600.0, "start {start}, now {now}");
+        // This thread burns 300 ms of CPU (by its own clock, however long a busy machine makes
+        // that take): the process's CPU seconds grow by at least that (less two ticks of rounding:
+        // user and system time are each whole ticks).
+        let thread_cpu = || {
+            let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+            t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9
+        };
+        let before = value("process_cpu_seconds_total");
+        let (start, wall) = (thread_cpu(), std::time::Instant::now());
+        while thread_cpu() - start < 0.3 {
+            assert!(wall.elapsed() < std::time::Duration::from_secs(60), "no 300 ms of CPU in 60 s");
+            std::hint::black_box(0u64);
+        }
+        let text = render(&sample()).unwrap();
+        let line = text.lines().find(|l| l.starts_with("process_cpu_seconds_total ")).unwrap();
+        let after: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(after - before >= 0.27, "CPU seconds went from {before} to {after} over 300 ms of this thread's CPU");
+        assert!(text.contains("# TYPE process_cpu_seconds counter"), "{text}");
+    }
+
+    #[test]
+    fn text_004_names_counters_by_their_total_series_and_drops_eof() {
+        let text = to_text_004(&render(&sample()).unwrap());
+        assert!(text.contains("# HELP limiter_packets_total Packets judged"), "{text}");
+        assert!(text.contains("# TYPE limiter_packets_total counter"), "{text}");
+        assert!(text.contains("# TYPE process_cpu_seconds_total counter"), "{text}");
+        assert!(text.contains("# TYPE limiter_salt_age_seconds gauge"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(wants_text_004(Some("text/plain; version=0.0.4")));
+        for accept in [
+            None,
+            Some("*/*"),
+            Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+        ] {
+            assert!(!wants_text_004(accept), "{accept:?}");
         }
     }
 }

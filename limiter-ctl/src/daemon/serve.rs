@@ -120,6 +120,8 @@ pub(super) struct Daemon {
     /// not be read): a watched change to the same (the daemon's own write, a ConfigMap resync)
     /// is no reload.
     seen: Result<String, String>,
+    /// `--rotate-every`, for `/metrics` (an alert compares the salt's age with it).
+    rotate_every: Option<Duration>,
 }
 
 /// Control connections served at once; one more is told so in one line and closed.
@@ -169,6 +171,7 @@ impl Daemon {
             reloads: stats::Reloads::default(),
             health,
             seen: Err(String::new()),
+            rotate_every: args.rotate_every,
         }
     }
 
@@ -281,6 +284,7 @@ impl Daemon {
         let mut snapshot =
             self.sampler.sample(&self.state, counters, mode.as_str(), self.limiter.salt_age()?, occupancy);
         snapshot.reloads = self.reloads.clone();
+        snapshot.rotate_every_s = self.rotate_every.map(|d| d.as_secs_f64());
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
         }

@@ -32,6 +32,13 @@ pub struct PolicyStats {
     pub totals: PolicyCounters,
     /// Over the last sampling interval.
     pub rates: Rates,
+    /// How the policy judges: `enforce` or `dry-run`, `cpu` or `host`, `packets` or `bytes`.
+    #[serde(default)]
+    pub mode: String,
+    #[serde(default)]
+    pub scope: String,
+    #[serde(default)]
+    pub unit: String,
 }
 
 /// Traffic no policy judged, and the limiter's own faults.
@@ -74,6 +81,9 @@ pub struct Snapshot {
     /// Config reloads since start (SIGHUP, `limiter-ctl reload`).
     #[serde(default)]
     pub reloads: Reloads,
+    /// `--rotate-every` in seconds (None: rotated only on request).
+    #[serde(default)]
+    pub rotate_every_s: Option<f64>,
 }
 
 /// Config reloads since the daemon started, applied and refused.
@@ -157,6 +167,9 @@ impl Sampler {
                         allowed_per_s: rate(id, |c| c.allowed_packets),
                         denied_per_s: rate(id, |c| c.denied_packets),
                     },
+                    mode: e.def.mode.as_str().to_string(),
+                    scope: e.def.scope.as_str().to_string(),
+                    unit: e.def.unit.as_str().to_string(),
                 }
             })
             .collect();
@@ -184,6 +197,7 @@ impl Sampler {
             salt_age_s: salt_age.as_secs_f64(),
             bucket_occupancy: occupancy,
             reloads: Reloads::default(),
+            rotate_every_s: None,
         }
     }
 }
