@@ -150,6 +150,10 @@ pub(crate) struct DaemonArgs {
     /// Send 1 in N refusals to `limiter-ctl top` (a power of two; 0: none).
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = parse_sample)]
     pub sample_refusals: u32,
+    /// Log lines on stdout as text, or one JSON object per line (for collectors). RUST_LOG
+    /// filters them (default info). Under systemd each line carries its syslog priority.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = super::logs::LogFormat::Text)]
+    pub log_format: super::logs::LogFormat,
 }
 
 /// Where the metrics endpoint listens, if anywhere.

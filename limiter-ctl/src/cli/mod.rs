@@ -7,6 +7,7 @@
 
 mod args;
 mod client;
+mod logs;
 mod show;
 
 use std::{io::Write as _, process::ExitCode};
@@ -91,6 +92,10 @@ fn exit_code(e: &Error) -> u8 {
 /// what failed and every cause, each after a colon.
 fn fail(e: &Error) -> ExitCode {
     let code = exit_code(e);
+    // Under systemd (the daemon, ExecReload=): filed in the journal as an error (see `logs`).
+    if logs::is_journal(&std::io::stderr()) {
+        eprint!("<3>");
+    }
     match e {
         Error::Daemon(d) if code == FAILED => {
             let mut line = d.to_string();
@@ -213,12 +218,7 @@ fn one_line(rendered: &str) -> String {
 }
 
 fn run_daemon(args: args::DaemonArgs, socket: &std::path::Path) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stdout)
-        .with_target(false)
-        .with_ansi(false)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    logs::init(args.log_format);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&Error::Runtime(e)),
