@@ -27,9 +27,11 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Load the XDP limiter on an interface (or adopt the one pinned there) and serve it.
     ///
-    /// SIGTERM, SIGINT and SIGUSR2 stop the daemon and leave the program attached and pinned,
-    /// enforcing, for the next daemon to adopt (buckets, counters and salt kept): a restart
-    /// leaves no gap. `limiter-ctl detach` takes the limiter off.
+    /// SIGHUP makes it re-read its config file, as `limiter-ctl reload` does (applied whole or
+    /// refused, logged; the running config stays). SIGTERM, SIGINT and SIGUSR2 stop the daemon
+    /// and leave the program attached and pinned, enforcing, for the next daemon to adopt
+    /// (buckets, counters and salt kept): a restart leaves no gap. `limiter-ctl detach` takes
+    /// the limiter off.
     Daemon(DaemonArgs),
     /// Create, replace, remove and inspect rate policies.
     #[command(subcommand)]

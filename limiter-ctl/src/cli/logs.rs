@@ -65,7 +65,7 @@ pub(crate) fn priority(level: &Level) -> u8 {
 pub(crate) fn is_journal(fd: &impl AsFd) -> bool {
     let Ok(stat) = nix::sys::stat::fstat(fd.as_fd()) else { return false };
     let named = std::env::var("JOURNAL_STREAM").ok();
-    names_stream(named.as_deref(), stat.st_dev as u64, stat.st_ino as u64)
+    names_stream(named.as_deref(), stat.st_dev, stat.st_ino)
 }
 
 /// Whether JOURNAL_STREAM's value (`DEVICE:INODE`, decimal) names the file `dev`, `ino`.

@@ -8,6 +8,7 @@
 mod args;
 mod client;
 mod logs;
+mod man;
 mod show;
 
 use std::{io::Write as _, process::ExitCode};
@@ -123,14 +124,14 @@ pub fn main() -> ExitCode {
             return ExitCode::from(BAD_INPUT);
         }
         Err(e) => {
-            // --help, --version
-            print!("{e}");
+            // --help, --version (a closed pipe, `| head`, is no error)
+            let _ = write!(std::io::stdout(), "{e}");
             return ExitCode::SUCCESS;
         }
     };
     match cli.command {
         Command::Daemon(args) => run_daemon(args, &cli.socket),
-        Command::Man { dir } => match man_pages(dir.as_deref()) {
+        Command::Man { dir } => match man::write(dir.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&Error::ManPages(e)),
         },
@@ -187,27 +188,6 @@ pub fn main() -> ExitCode {
         Command::Allow(cmd) => list_command(&cli.socket, List::Allow, cmd),
         Command::Deny(cmd) => list_command(&cli.socket, List::Deny, cmd),
     }
-}
-
-/// The top page to stdout, or (with `dir`) it and a page per subcommand, as the top page's
-/// SUBCOMMANDS section names them: limiter-ctl-policy.1, limiter-ctl-policy-set.1, ...
-fn man_pages(dir: Option<&std::path::Path>) -> std::io::Result<()> {
-    let top = Cli::command();
-    let Some(dir) = dir else {
-        return clap_mangen::Man::new(top).render(&mut std::io::stdout());
-    };
-    std::fs::create_dir_all(dir)?;
-    fn write(dir: &std::path::Path, cmd: clap::Command, name: String) -> std::io::Result<()> {
-        let cmd = cmd.name(name.clone());
-        let mut out = Vec::new();
-        clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
-        std::fs::write(dir.join(format!("{name}.1")), out)?;
-        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-            write(dir, sub.clone(), format!("{name}-{}", sub.get_name()))?;
-        }
-        Ok(())
-    }
-    write(dir, top, "limiter-ctl".into())
 }
 
 /// Clap's error up to its first blank line, as one line: the message, and for a missing
