@@ -14,8 +14,9 @@ const LLVM_MAJOR: &str = "22";
 const CARGO_DEB_VERSION: &str = "3.8.0";
 /// What building the XDP program and running it in namespaces needs.
 const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
-/// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils.
-const PACKAGING_PACKAGES: &[&str] = &["systemd", "man-db", "binutils", "dpkg-dev"];
+/// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils;
+/// tests/completions.rs runs the completion scripts in the shells they are for.
+const PACKAGING_PACKAGES: &[&str] = &["systemd", "man-db", "binutils", "dpkg-dev", "bash", "fish", "zsh"];
 
 /// Everything: `cargo xtask setup` and `cargo xtask test`.
 pub fn run() -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueHint};
 use ipnet::IpNet;
 
 use crate::{
@@ -77,7 +77,7 @@ pub(crate) enum Command {
     /// The one step that removes the limiter: stopping or restarting the daemon leaves the
     /// program enforcing. Refused (exit 1) while a daemon owns the interface, unless --force.
     Detach {
-        #[arg(long, value_name = "IFACE", required_unless_present = "all", conflicts_with = "all")]
+        #[arg(long, value_name = "IFACE", value_hint = ValueHint::Other, required_unless_present = "all", conflicts_with = "all")]
         iface: Option<String>,
         /// Every interface pinned under --pin-dir (what removing the package does).
         #[arg(long)]
@@ -109,7 +109,7 @@ pub(crate) enum Command {
 #[command(args_override_self = true)]
 pub(crate) struct DaemonArgs {
     /// Interface to protect.
-    #[arg(long, value_name = "IFACE")]
+    #[arg(long, value_name = "IFACE", value_hint = ValueHint::Other)]
     pub iface: String,
     /// Wait this long for a missing interface to appear (e.g. 5min; 0: fail at once, exit 2).
     /// Still missing then: exit 1, so a supervisor retries.
@@ -196,7 +196,7 @@ pub(crate) enum ConfigCommand {
         #[arg(value_name = "FILE")]
         file: PathBuf,
         /// Check byte policies' bursts against this interface's MTU [default: a 1500-byte MTU].
-        #[arg(long, value_name = "IFACE")]
+        #[arg(long, value_name = "IFACE", value_hint = ValueHint::Other)]
         iface: Option<String>,
     },
 }

@@ -7,6 +7,7 @@
 
 mod args;
 mod client;
+mod completions;
 mod logs;
 mod man;
 mod show;
@@ -14,7 +15,7 @@ mod show;
 use std::{io::Write as _, process::ExitCode};
 
 use args::{Cli, Command, ConfigCommand, ListCommand, PolicyCommand, SaltCommand};
-use clap::{CommandFactory as _, Parser as _};
+use clap::Parser as _;
 use client::ClientError;
 
 use crate::{
@@ -136,7 +137,7 @@ pub fn main() -> ExitCode {
             Err(e) => fail(&Error::ManPages(e)),
         },
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "limiter-ctl", &mut std::io::stdout());
+            let _ = std::io::stdout().write_all(&completions::script(shell));
             ExitCode::SUCCESS
         }
         Command::Policy(cmd) => client(&cli.socket, policy_request(&cmd), |data| match cmd {
