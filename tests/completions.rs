@@ -83,12 +83,15 @@ fn zsh_completes_iface_with_interfaces() {
     std::fs::create_dir(&functions).unwrap();
     std::fs::rename(&script, functions.join("_limiter-ctl")).unwrap();
     // zsh completes only in its line editor: drive an interactive zsh on a pseudo-terminal
-    // (zpty), press Tab twice to list the candidates, then print a marker the typed line
-    // cannot contain (`DO""NE` is typed, `DONE` printed) and read up to it.
+    // (zpty), wait until it has set up completion, press Tab twice to list the candidates,
+    // then print a marker the typed line cannot contain (`DO""NE` is typed, `DONE` printed)
+    // and read up to it.
     let driver = format!(
         r#"zmodload zsh/zpty
 zpty -b z 'zsh -f -i'
 zpty -w z "PS1=''; fpath=({} \$fpath); autoload -Uz compinit; compinit -u -D; zstyle ':completion:*' list-prompt ''"
+zpty -w z "echo RE''ADY"
+zpty -r -m z out '*READY*'
 zpty -w -n z $'limiter-ctl daemon --iface \t\t'
 zpty -w -n z $'\x15echo DO""NE\n'
 zpty -r -m z out '*DONE*'
