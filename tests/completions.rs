@@ -1,7 +1,7 @@
 //! The shell completion scripts `limiter-ctl completions SHELL` prints (what the package ships),
 //! run by the real shells: `--iface` offers the interfaces of the network namespace (`lo` is in
-//! every one) and no file names; other arguments still complete. Unprivileged. Needs bash,
-//! fish and zsh (`cargo xtask setup` installs them).
+//! every one) and no file names; other arguments still complete. Needs bash,
+//! fish and zsh (`cargo xtask setup` installs them); one test, as root, makes a namespace.
 
 use std::{
     path::Path,
@@ -63,6 +63,28 @@ fn bash_completes_iface_with_interfaces() {
     // A subcommand's own options complete (clap_complete's labels for them are fixed up).
     let out = complete("limiter-ctl daemon --pin");
     assert_eq!(out.lines().collect::<Vec<_>>(), ["--pin-dir"], "daemon --pin<TAB>");
+}
+
+/// In a test namespace the candidates are exactly its interfaces: its veth end, which was just
+/// created, and `lo`; none of the host's.
+#[test]
+fn bash_offers_the_namespace_s_own_interfaces() {
+    limiter_tests::require_root!();
+    let net = limiter_tests::netns::TestNet::new().expect("test namespaces");
+    let end = &net.receiver;
+    let (dir, script) = scratch("bash");
+    let body = format!(
+        "source {}; COMP_WORDS=(limiter-ctl daemon --iface ''); COMP_CWORD=3; \
+         _limiter__ctl limiter-ctl '' --iface; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display()
+    );
+    // `ip netns exec` mounts the namespace's own /sys, as a shell inside it would see it.
+    let out = run(end.command("bash").current_dir(dir.path()).args(["--norc", "-c", &body]), "bash in the namespace");
+    let mut got: Vec<&str> = out.lines().collect();
+    got.sort();
+    let mut want = vec![end.iface.as_str(), "lo"];
+    want.sort();
+    assert_eq!(got, want, "the namespace's interfaces");
 }
 
 #[test]
