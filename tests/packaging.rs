@@ -537,6 +537,14 @@ fn man_page_renders() {
     for needle in ["limiter-ctl - ", "--socket", "/run/limiter/ctl.sock", "daemon", "policy", "detach"] {
         assert!(rendered.contains(needle), "no {needle:?} in:\n{rendered}");
     }
+    for heading in ["EXIT STATUS", "ENVIRONMENT", "FILES", "SIGNALS"] {
+        assert!(rendered.lines().any(|l| l == heading), "no {heading} section:\n{rendered}");
+    }
+    // The config file's page, where `man 5 limiter.toml` finds it.
+    let path = pkg.path("usr/share/man/man5/limiter.toml.5.gz");
+    let out = run(Command::new("man").arg("--warnings").arg("-l").arg(&path).env("MANPAGER", "cat"));
+    assert!(out.status.success() && out.stderr.is_empty(), "limiter.toml.5: {}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("scope"), "limiter.toml(5) does not describe scope");
     // The SUBCOMMANDS section refers to limiter-ctl-daemon(1) and the like: they are there too.
     for (page, needle) in [("limiter-ctl-daemon", "--pin-dir"), ("limiter-ctl-policy-set", "--rate")] {
         let path = pkg.path(&format!("usr/share/man/man1/{page}.1.gz"));

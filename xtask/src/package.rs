@@ -30,14 +30,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let completions = dist.join("completions");
     fs::create_dir_all(&completions).with_context(|| format!("creating {}", completions.display()))?;
 
-    // One page per command, as the top page's SUBCOMMANDS section refers to them.
+    // One page per command, as the top page's SUBCOMMANDS section refers to them, and
+    // limiter.toml.5; each gzipped beside itself (limiter-ctl.1.gz).
     let man = dist.join("man");
     let _ = fs::remove_dir_all(&man);
     exec(Command::new(&binary).arg("man").arg("--dir").arg(&man))?;
     for entry in fs::read_dir(&man).with_context(|| format!("reading {}", man.display()))? {
         let page = entry?.path();
         let roff = fs::read(&page).with_context(|| format!("reading {}", page.display()))?;
-        write(&page.with_extension("1.gz"), &gzip(&roff)?)?;
+        let mut gz = page.clone().into_os_string();
+        gz.push(".gz");
+        write(Path::new(&gz), &gzip(&roff)?)?;
         fs::remove_file(&page).with_context(|| format!("removing {}", page.display()))?;
     }
     for (shell, file) in [("bash", "limiter-ctl.bash"), ("zsh", "_limiter-ctl"), ("fish", "limiter-ctl.fish")] {

@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueHint};
 use ipnet::IpNet;
 
 use crate::{
@@ -27,9 +27,11 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Load the XDP limiter on an interface (or adopt the one pinned there) and serve it.
     ///
-    /// SIGTERM, SIGINT and SIGUSR2 stop the daemon and leave the program attached and pinned,
-    /// enforcing, for the next daemon to adopt (buckets, counters and salt kept): a restart
-    /// leaves no gap. `limiter-ctl detach` takes the limiter off.
+    /// SIGHUP makes it re-read its config file, as `limiter-ctl reload` does (applied whole or
+    /// refused, logged; the running config stays). SIGTERM, SIGINT and SIGUSR2 stop the daemon
+    /// and leave the program attached and pinned, enforcing, for the next daemon to adopt
+    /// (buckets, counters and salt kept): a restart leaves no gap. `limiter-ctl detach` takes
+    /// the limiter off.
     Daemon(DaemonArgs),
     /// Create, replace, remove and inspect rate policies.
     #[command(subcommand)]
@@ -75,7 +77,7 @@ pub(crate) enum Command {
     /// The one step that removes the limiter: stopping or restarting the daemon leaves the
     /// program enforcing. Refused (exit 1) while a daemon owns the interface, unless --force.
     Detach {
-        #[arg(long, value_name = "IFACE", required_unless_present = "all", conflicts_with = "all")]
+        #[arg(long, value_name = "IFACE", value_hint = ValueHint::Other, required_unless_present = "all", conflicts_with = "all")]
         iface: Option<String>,
         /// Every interface pinned under --pin-dir (what removing the package does).
         #[arg(long)]
@@ -107,7 +109,7 @@ pub(crate) enum Command {
 #[command(args_override_self = true)]
 pub(crate) struct DaemonArgs {
     /// Interface to protect.
-    #[arg(long, value_name = "IFACE")]
+    #[arg(long, value_name = "IFACE", value_hint = ValueHint::Other)]
     pub iface: String,
     /// Wait this long for a missing interface to appear (e.g. 5min; 0: fail at once, exit 2).
     /// Still missing then: exit 1, so a supervisor retries.
@@ -155,6 +157,10 @@ pub(crate) struct DaemonArgs {
     /// Send 1 in N refusals to `limiter-ctl top` (a power of two; 0: none).
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = parse_sample)]
     pub sample_refusals: u32,
+    /// Log lines on stdout as text, or one JSON object per line (for collectors). RUST_LOG
+    /// filters them (default info). Under systemd each line carries its syslog priority.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = super::logs::LogFormat::Text)]
+    pub log_format: super::logs::LogFormat,
 }
 
 /// Where the metrics endpoint listens, if anywhere.
@@ -195,7 +201,7 @@ pub(crate) enum ConfigCommand {
         #[arg(value_name = "FILE")]
         file: PathBuf,
         /// Check byte policies' bursts against this interface's MTU [default: a 1500-byte MTU].
-        #[arg(long, value_name = "IFACE")]
+        #[arg(long, value_name = "IFACE", value_hint = ValueHint::Other)]
         iface: Option<String>,
     },
 }

@@ -7,12 +7,15 @@
 
 mod args;
 mod client;
+mod completions;
+mod logs;
+mod man;
 mod show;
 
 use std::{io::Write as _, process::ExitCode};
 
 use args::{Cli, Command, ConfigCommand, ListCommand, PolicyCommand, SaltCommand};
-use clap::{CommandFactory as _, Parser as _};
+use clap::Parser as _;
 use client::ClientError;
 
 use crate::{
@@ -91,6 +94,10 @@ fn exit_code(e: &Error) -> u8 {
 /// what failed and every cause, each after a colon.
 fn fail(e: &Error) -> ExitCode {
     let code = exit_code(e);
+    // Under systemd (the daemon, ExecReload=): filed in the journal as an error (see `logs`).
+    if logs::is_journal(&std::io::stderr()) {
+        eprint!("<3>");
+    }
     match e {
         Error::Daemon(d) if code == FAILED => {
             let mut line = d.to_string();
@@ -118,19 +125,19 @@ pub fn main() -> ExitCode {
             return ExitCode::from(BAD_INPUT);
         }
         Err(e) => {
-            // --help, --version
-            print!("{e}");
+            // --help, --version (a closed pipe, `| head`, is no error)
+            let _ = write!(std::io::stdout(), "{e}");
             return ExitCode::SUCCESS;
         }
     };
     match cli.command {
         Command::Daemon(args) => run_daemon(args, &cli.socket),
-        Command::Man { dir } => match man_pages(dir.as_deref()) {
+        Command::Man { dir } => match man::write(dir.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&Error::ManPages(e)),
         },
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "limiter-ctl", &mut std::io::stdout());
+            let _ = std::io::stdout().write_all(&completions::script(shell));
             ExitCode::SUCCESS
         }
         Command::Policy(cmd) => client(&cli.socket, policy_request(&cmd), |data| match cmd {
@@ -184,27 +191,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The top page to stdout, or (with `dir`) it and a page per subcommand, as the top page's
-/// SUBCOMMANDS section names them: limiter-ctl-policy.1, limiter-ctl-policy-set.1, ...
-fn man_pages(dir: Option<&std::path::Path>) -> std::io::Result<()> {
-    let top = Cli::command();
-    let Some(dir) = dir else {
-        return clap_mangen::Man::new(top).render(&mut std::io::stdout());
-    };
-    std::fs::create_dir_all(dir)?;
-    fn write(dir: &std::path::Path, cmd: clap::Command, name: String) -> std::io::Result<()> {
-        let cmd = cmd.name(name.clone());
-        let mut out = Vec::new();
-        clap_mangen::Man::new(cmd.clone()).render(&mut out)?;
-        std::fs::write(dir.join(format!("{name}.1")), out)?;
-        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-            write(dir, sub.clone(), format!("{name}-{}", sub.get_name()))?;
-        }
-        Ok(())
-    }
-    write(dir, top, "limiter-ctl".into())
-}
-
 /// Clap's error up to its first blank line, as one line: the message, and for a missing
 /// argument the argument's name, which clap puts on the next line.
 fn one_line(rendered: &str) -> String {
@@ -213,12 +199,7 @@ fn one_line(rendered: &str) -> String {
 }
 
 fn run_daemon(args: args::DaemonArgs, socket: &std::path::Path) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stdout)
-        .with_target(false)
-        .with_ansi(false)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
+    logs::init(args.log_format);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return fail(&Error::Runtime(e)),
