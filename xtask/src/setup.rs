@@ -21,8 +21,7 @@ const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
 /// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils;
 /// tests/prometheus.rs: `prometheus` and `promtool` (the rules, the exposition, a real scrape);
 /// tests/completions.rs runs the completion scripts in the shells they are for.
-const PACKAGING_PACKAGES: &[&str] =
-    &["systemd", "man-db", "binutils", "dpkg-dev", "prometheus", "bash", "fish", "zsh"];
+const PACKAGING_PACKAGES: &[&str] = &["systemd", "man-db", "binutils", "dpkg-dev", "prometheus", "bash", "fish", "zsh"];
 
 /// Everything: `cargo xtask setup` and `cargo xtask test`.
 pub fn run() -> anyhow::Result<()> {

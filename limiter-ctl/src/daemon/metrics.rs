@@ -301,22 +301,23 @@ pub(super) async fn serve(
     probes: Router,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| Error::Metrics { addr, source })?;
-    let app = Router::new().route(
-        "/metrics",
-        get(move |headers: axum::http::HeaderMap| {
-            let shared = shared.clone();
-            async move {
-                match render(&shared) {
-                    Ok(body) if wants_text_004(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok())) => {
-                        ([(header::CONTENT_TYPE, TEXT_004)], to_text_004(&body)).into_response()
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move |headers: axum::http::HeaderMap| {
+                let shared = shared.clone();
+                async move {
+                    match render(&shared) {
+                        Ok(body) if wants_text_004(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok())) => {
+                            ([(header::CONTENT_TYPE, TEXT_004)], to_text_004(&body)).into_response()
+                        }
+                        Ok(body) => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
+                        Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "encoding failed").into_response(),
                     }
-                    Ok(body) => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
-                    Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "encoding failed").into_response(),
                 }
-            }
-        }),
-    )
-    .merge(probes);
+            }),
+        )
+        .merge(probes);
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!(error = %e, "the metrics endpoint stopped");
