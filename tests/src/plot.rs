@@ -4,12 +4,15 @@ use anyhow::anyhow;
 use plotters::prelude::*;
 
 const SIZE: (u32, u32) = (900, 480);
-const COLORS: [RGBColor; 5] = [
+const COLORS: [RGBColor; 8] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xff, 0x7f, 0x0e),
     RGBColor(0x2c, 0xa0, 0x2c),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
 ];
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
