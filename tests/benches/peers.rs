@@ -16,7 +16,9 @@
 //! - `--only SYSTEMS`: comma-separated systems (default all): limiter, hashlimit-raw, nft-raw,
 //!   nft-ingress, hashlimit-input, nft-input, nothing, xdp-drop. Net costs need xdp-drop in the
 //!   run; per-dropped costs also need nothing.
-//! - `--workloads LIST`: one-source, spoofed, churn (default all).
+//! - `--workloads LIST`: one-source, one-source-1k, spoofed, churn (default all). Every system
+//!   enforces 5/s burst 5 per source except on one-source-1k: the one-source flood at 1000/s
+//!   burst 100 (issue 16's harness). The boundary burst and the memory sweep use 5/s burst 5.
 //! - `--runs N` (default 3), `--seconds S` (flood length, default 2).
 //! - `--parts LIST`: floods, burst (the boundary burst), memory (the sweep); default all.
 //! - `--quick`: a smoke run (1 run of 1 s, a short memory sweep).
@@ -51,6 +53,8 @@ use limiter_tests::{
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, setsockopt, sockopt};
 
 const POLICY: PerSource = PerSource { rate_per_s: 5, burst: 5 };
+/// The policy issue 16 measured the refusal cost with: one source at 1000/s, burst 100.
+const POLICY_1K: PerSource = PerSource { rate_per_s: 1000, burst: 100 };
 const SENDER_CPU: usize = 1;
 /// The systems of the boundary burst and the memory sweep: the algorithm, not where its rules
 /// sit, decides both, so each peer appears once, at its best placement.
@@ -134,16 +138,19 @@ fn list<T>(names: &str, find: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Workload {
     OneSource,
+    /// The one-source flood at the issue's policy ([`POLICY_1K`]).
+    OneSource1k,
     Spoofed,
     Churn,
 }
 
 impl Workload {
-    const ALL: [Workload; 3] = [Self::OneSource, Self::Spoofed, Self::Churn];
+    const ALL: [Workload; 4] = [Self::OneSource, Self::OneSource1k, Self::Spoofed, Self::Churn];
 
     fn short(self) -> &'static str {
         match self {
             Self::OneSource => "one-source",
+            Self::OneSource1k => "one-source-1k",
             Self::Spoofed => "spoofed",
             Self::Churn => "churn",
         }
@@ -152,20 +159,47 @@ impl Workload {
     fn name(self) -> &'static str {
         match self {
             Self::OneSource => "one source",
+            Self::OneSource1k => "one source, 1000/s burst 100",
             Self::Spoofed => "65,536 spoofed sources",
             Self::Churn => "1,000,000 sources (key churn)",
         }
     }
 
+    /// The policy every system enforces on this workload's floods.
+    fn policy(self) -> PerSource {
+        match self {
+            Self::OneSource1k => POLICY_1K,
+            Self::OneSource | Self::Spoofed | Self::Churn => POLICY,
+        }
+    }
+
+    /// One source flooding: nearly every packet dropped.
+    fn one_source(self) -> bool {
+        matches!(self, Self::OneSource | Self::OneSource1k)
+    }
+
+    /// The one-source flood as the claims name it, with its policy.
+    fn claim(self) -> String {
+        let p = self.policy();
+        let issue = if self == Self::OneSource1k { ", the issue's harness" } else { "" };
+        format!("one source at {}/s burst {}{issue}", p.rate_per_s, p.burst)
+    }
+
     fn sources(self) -> LiveSources {
         match self {
-            Self::OneSource => LiveSources { first: v4(198, 19, 0, 1), count: 1 },
+            Self::OneSource | Self::OneSource1k => LiveSources { first: v4(198, 19, 0, 1), count: 1 },
             Self::Spoofed => LiveSources { first: v4(198, 19, 0, 0), count: 1 << 16 },
             Self::Churn => {
                 LiveSources { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: 1_000_000 }
             }
         }
     }
+}
+
+/// The GCRA of a policy, as the limiter computes its bound.
+fn gcra(policy: PerSource) -> anyhow::Result<Gcra> {
+    Gcra::new(u64::from(policy.rate_per_s), 1_000_000_000, u64::from(policy.burst), 1)
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
@@ -207,12 +241,15 @@ fn bound(gcra: &Gcra, sources: LiveSources, sent: u64, seconds: f64) -> u64 {
     per_key(each + 1) * extra + per_key(each) * (count - extra)
 }
 
-fn flood(system: System, workload: Workload, gcra: &Gcra, length: Duration) -> anyhow::Result<Run> {
+/// One flood of `workload`, every system enforcing the workload's policy.
+fn flood(system: System, workload: Workload, length: Duration) -> anyhow::Result<Run> {
+    let policy = workload.policy();
+    let gcra = gcra(policy)?;
     let net = TestNet::new()?;
     let sources = workload.sources();
     let generator = LiveGen::new(&spec(&net, sources.first.is_ipv6()), L4::Udp, sources)?;
     let memory_before = peers::kernel_memory()?;
-    let receiver = peers::setup(system, &net, POLICY)?;
+    let receiver = peers::setup(system, &net, policy)?;
     let sender = net.sender.iface.clone();
     let cpu_before = peers::busy_cpu()?;
     let report = net.sender.run(move || -> anyhow::Result<_> {
@@ -233,7 +270,7 @@ fn flood(system: System, workload: Workload, gcra: &Gcra, length: Duration) -> a
         sent: report.sent,
         offered: counts.offered,
         admitted: counts.admitted,
-        bound: if system.limits() { bound(gcra, sources, report.sent, seconds) } else { counts.offered },
+        bound: if system.limits() { bound(&gcra, sources, report.sent, seconds) } else { counts.offered },
         cpu,
         seconds,
         grew,
@@ -366,15 +403,15 @@ fn main() -> anyhow::Result<()> {
             "the peers benchmark creates namespaces and loads XDP: run it as root (sudo -E cargo xtask bench --peers)"
         );
     }
-    let gcra = Gcra::new(u64::from(POLICY.rate_per_s), 1_000_000_000, u64::from(POLICY.burst), 1)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The boundary burst's bound (its policy is POLICY; each flood uses its workload's).
+    let gcra = gcra(POLICY)?;
     let started = Instant::now();
     let mut runs: BTreeMap<(Workload, System), Vec<Run>> = BTreeMap::new();
     let rounds = if opts.floods { opts.runs } else { 0 };
     for round in 0..rounds {
         for &workload in &opts.workloads {
             for &system in &opts.systems {
-                let run = flood(system, workload, &gcra, opts.flood)
+                let run = flood(system, workload, opts.flood)
                     .with_context(|| format!("{} / {}", system.name(), workload.name()))?;
                 eprintln!("round {round}: {:<20} {:<30} {run:?}", system.name(), workload.name());
                 runs.entry((workload, system)).or_default().push(run);
@@ -405,11 +442,37 @@ fn main() -> anyhow::Result<()> {
 
     // The table.
     let mut md = String::new();
+    // Which policy each part of the run enforced: a flood its workload's, the boundary burst and
+    // the memory sweep POLICY. Grouped by policy, in the order of the run.
+    let mut uses: Vec<((u32, u32), Vec<String>)> = Vec::new();
+    let parts = opts
+        .workloads
+        .iter()
+        .filter(|_| rounds > 0)
+        .map(|w| (w.policy(), format!("*{}*", w.name())))
+        .chain((!bursts.is_empty()).then(|| (POLICY, "the boundary burst".to_string())))
+        .chain((!sweep.is_empty()).then(|| (POLICY, "the memory sweep".to_string())));
+    for (p, what) in parts {
+        let key = (p.rate_per_s, p.burst);
+        match uses.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(what),
+            None => uses.push((key, vec![what])),
+        }
+    }
+    if uses.is_empty() {
+        uses.push(((POLICY.rate_per_s, POLICY.burst), Vec::new()));
+    }
+    let policies: Vec<String> = uses
+        .iter()
+        .map(|((rate, burst), what)| {
+            let what = if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
+            format!("{rate} packets/s per source, burst {burst}{what}")
+        })
+        .collect();
     writeln!(
         md,
-        "Policy for every system: {} packets/s per source, burst {}, on UDP port {PORT} (IPv4 per address, IPv6 per /64). {rounds} runs each, median (min-max). Floods of up to {} s from the live-frames generator on CPU {SENDER_CPU}.\n",
-        POLICY.rate_per_s,
-        POLICY.burst,
+        "Policy for every system: {}; on UDP port {PORT} (IPv4 per address, IPv6 per /64). {rounds} runs each, median (min-max). Floods of up to {} s from the live-frames generator on CPU {SENDER_CPU}.\n",
+        policies.join("; "),
         opts.flood.as_secs_f64()
     )?;
     writeln!(
@@ -560,50 +623,76 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The claims, in the order the docs make them, from the one-source flood (nearly every packet
-/// dropped): the limiter's net cost per million dropped against the cheapest netfilter
-/// placement, then against INPUT as commonly configured; and its end-to-end cost against a bare
-/// XDP_DROP on the same flood. Empty when the run lacks the systems a line needs.
+/// The claims, in the order the docs make them. From the one-source flood at [`POLICY`] (nearly
+/// every packet dropped): the limiter's net cost per million dropped against the cheapest
+/// netfilter placement, then against INPUT as commonly configured; the same against the cheapest
+/// placement on the one-source flood at the issue's policy ([`POLICY_1K`]); then, for each
+/// one-source flood, the limiter's end-to-end cost against a bare XDP_DROP on the same flood.
+/// Empty when the run lacks the systems a line needs.
 fn headline(
     runs: &BTreeMap<(Workload, System), Vec<Run>>,
     per_dropped: &BTreeMap<(Workload, System), (f64, f64, f64)>,
 ) -> anyhow::Result<String> {
-    let w = Workload::OneSource;
     let mut md = String::new();
-    let cost = |s: System| per_dropped.get(&(w, s)).map(|c| c.0);
-    let mut netfilter: Vec<(System, f64)> =
-        System::ALL.into_iter().filter(|s| s.netfilter()).filter_map(|s| Some((s, cost(s)?))).collect();
-    netfilter.sort_by(|a, b| a.1.total_cmp(&b.1));
-    if let (Some(limiter), false) = (cost(System::Limiter), netfilter.is_empty()) {
-        writeln!(md, "One source flooding (nearly every packet dropped), net CPU s per million dropped (median):\n")?;
+    let cost = |w: Workload, s: System| per_dropped.get(&(w, s)).map(|c| c.0);
+    // The netfilter placements with a cost on the workload, cheapest first.
+    let netfilter = |w: Workload| {
+        let mut v: Vec<(System, f64)> =
+            System::ALL.into_iter().filter(|s| s.netfilter()).filter_map(|s| Some((s, cost(w, s)?))).collect();
+        v.sort_by(|a, b| a.1.total_cmp(&b.1));
+        v
+    };
+    let w = Workload::OneSource;
+    let others = netfilter(w);
+    if let (Some(limiter), false) = (cost(w, System::Limiter), others.is_empty()) {
+        writeln!(
+            md,
+            "One source flooding at {}/s burst {} (nearly every packet dropped), net CPU s per million dropped (median):\n",
+            POLICY.rate_per_s, POLICY.burst
+        )?;
         writeln!(md, "| system | net CPU s per M dropped | limiter cheaper by |")?;
         writeln!(md, "|---|---:|---:|")?;
         writeln!(md, "| {} | {limiter:.3} | - |", System::Limiter.name())?;
-        for (s, c) in &netfilter {
+        for (s, c) in &others {
             writeln!(md, "| {} | {c:.3} | {:.1}x |", s.name(), c / limiter)?;
         }
-        let (best, best_cost) = netfilter[0];
+        let (best, best_cost) = others[0];
         write!(md, "\nAgainst netfilter at its best placement ({}): **{:.1}x**", best.name(), best_cost / limiter)?;
         for s in [System::Hashlimit(Place::Input), System::Nftables(Place::Input)] {
-            if let Some(c) = cost(s) {
+            if let Some(c) = cost(w, s) {
                 write!(md, "; against {}: {:.1}x", s.name(), c / limiter)?;
             }
         }
         writeln!(md, ".\n")?;
     }
-    let gross = |s: System| runs.get(&(w, s)).map(|r| stats(&r.iter().map(Run::cpu_per_million).collect::<Vec<_>>()));
-    if let (Some(l), Some(d)) = (gross(System::Limiter), gross(System::XdpDrop)) {
+    let w = Workload::OneSource1k;
+    if let (Some(limiter), Some(&(best, best_cost))) = (cost(w, System::Limiter), netfilter(w).first()) {
         writeln!(
             md,
-            "End to end, a refused packet costs the limiter **{:.2}x** a bare XDP_DROP (CPU s per million offered, one source: {:.3} ({:.3}-{:.3}) against {:.3} ({:.3}-{:.3})).\n",
-            l.1 / d.1,
-            l.1,
-            l.0,
-            l.2,
-            d.1,
-            d.0,
-            d.2
+            "One source flooding at {}/s burst {} (the issue's harness), net CPU s per million dropped (median): the limiter {limiter:.3}, {} {best_cost:.3}; against netfilter at its best placement: **{:.1}x**.\n",
+            POLICY_1K.rate_per_s,
+            POLICY_1K.burst,
+            best.name(),
+            best_cost / limiter
         )?;
+    }
+    for w in Workload::ALL.into_iter().filter(|w| w.one_source()) {
+        let gross =
+            |s: System| runs.get(&(w, s)).map(|r| stats(&r.iter().map(Run::cpu_per_million).collect::<Vec<_>>()));
+        if let (Some(l), Some(d)) = (gross(System::Limiter), gross(System::XdpDrop)) {
+            writeln!(
+                md,
+                "End to end, a refused packet costs the limiter **{:.2}x** a bare XDP_DROP (CPU s per million offered, {}: {:.3} ({:.3}-{:.3}) against {:.3} ({:.3}-{:.3})).\n",
+                l.1 / d.1,
+                w.claim(),
+                l.1,
+                l.0,
+                l.2,
+                d.1,
+                d.0,
+                d.2
+            )?;
+        }
     }
     Ok(md)
 }
