@@ -277,7 +277,8 @@ fn a_source_gets_its_burst_then_is_dropped_and_others_still_pass() {
 }
 
 /// The per-CPU key memo refuses a flooding source without reading its buckets until its
-/// refusal ends (limiter-ebpf `KeyMemo`): it must end exactly when the exact GCRA would admit
+/// refusal ends (limiter-ebpf `KeyMemo`): on the precise clock (the tick refusal off, below for
+/// it on) it must end exactly when the exact GCRA would admit
 /// again, never later, never earlier. One source floods (back-to-back test runs on one CPU)
 /// under 10/s, burst 1: after each admission at kernel time `t` (inside the user-measured call
 /// `[u0, u1]`), the next is due at `t + T`. A refusal whose call began at or after `u1 + T` was
@@ -291,7 +292,7 @@ fn a_memo_refusal_ends_when_the_allowance_returns() {
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
     let spec = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1);
     for rows in [1, 4] {
-        let mut limiter = Limiter::load_rows(BUCKETS, rows).expect("loading the limiter");
+        let mut limiter = Limiter::load_rows_without_tick_refusal(BUCKETS, rows).expect("loading the limiter");
         limiter.set_salt(SALT).expect("salt");
         limiter.set_policy(&spec.compile(1).expect("10/s burst 1")).expect("policy");
         limiter.set_default_policy(1).expect("default policy");
@@ -323,6 +324,118 @@ fn a_memo_refusal_ends_when_the_allowance_returns() {
             }
         }
     }
+}
+
+/// The tick refusal (`limiter_common::tick`): once a key has been refused, within one tick,
+/// more often than any source keeping to its rate could send, the rest of that tick's packets of
+/// it are refused without reading the clock. So a refusal may outlast its exact end by the rest
+/// of the tick, never by more than `tick::SLACK_NS`, and the admission never comes early. The
+/// same flood as above (10/s burst 1: two refusals within one tick earn the skip); some
+/// admissions must come measurably late, or the tick path was never taken (on the precise
+/// clock they come within microseconds: the test above).
+#[test]
+fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
+    require_root!();
+    pin_current_thread(CPU).expect("pinning the test thread");
+    const T: Duration = Duration::from_millis(100);
+    const CYCLES: usize = 8;
+    let slack = Duration::from_nanos(limiter_common::tick::SLACK_NS);
+    let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
+    let spec = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1);
+    for rows in [1, 4] {
+        let mut limiter = Limiter::load_rows(BUCKETS, rows).expect("loading the limiter");
+        limiter.set_salt(SALT).expect("salt");
+        limiter.set_policy(&spec.compile(1).expect("10/s burst 1")).expect("policy");
+        limiter.set_default_policy(1).expect("default policy");
+        let timed = || {
+            let start = Instant::now();
+            let verdict = limiter.test_run(&frame).expect("test run");
+            (start, Instant::now(), verdict)
+        };
+        let (mut u0, mut u1, first) = timed();
+        assert_eq!(first, XDP_PASS, "rows {rows}: the first packet has its burst");
+        let mut latest = Duration::ZERO;
+        for cycle in 0..CYCLES {
+            loop {
+                let (s, e, verdict) = timed();
+                if verdict == XDP_PASS {
+                    assert!(e >= u0 + T, "rows {rows}, cycle {cycle}: admitted {:?} after the last admission", e - u0);
+                    // Late by at least this much, even if the last admission came at the end of
+                    // its call.
+                    latest = latest.max(s.saturating_duration_since(u1 + T));
+                    (u0, u1) = (s, e);
+                    break;
+                }
+                assert_eq!(verdict, XDP_DROP, "rows {rows}, cycle {cycle}: refused");
+                assert!(
+                    s < u1 + T + slack,
+                    "rows {rows}, cycle {cycle}: still refused {:?} after the last admission (due after {T:?}, slack {slack:?})",
+                    s - u1
+                );
+            }
+        }
+        eprintln!("rows {rows}: latest admission {latest:?} past its exact due time");
+        assert!(
+            latest > Duration::from_micros(200),
+            "rows {rows}: every admission within {latest:?} of its due time: the tick refusal never applied"
+        );
+    }
+}
+
+/// A flood at the 1000/s burst 100 with the tick refusal: the key gets what the exact
+/// GCRA gives the very same arrivals up to `tick::SLACK_NS` before the flood's end (owed
+/// admissions are made up when the next tick's first packet is judged), and never more than its
+/// bound over the flood.
+#[test]
+fn a_tick_refused_flood_keeps_its_allowance() {
+    require_root!();
+    pin_current_thread(CPU).expect("pinning the test thread");
+    const RUN: Duration = Duration::from_millis(1200);
+    let slack_ns = limiter_common::tick::SLACK_NS;
+    let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
+    let spec = PolicySpec::any(Rate { count: 1000, period_ns: 1_000_000_000 }, 100);
+    let policy = spec.compile(1).expect("1000/s burst 100");
+    let mut limiter = Limiter::load_rows(BUCKETS, 4).expect("loading the limiter");
+    limiter.set_salt(SALT).expect("salt");
+    limiter.set_policy(&policy).expect("policy");
+    limiter.set_default_policy(1).expect("default policy");
+    let start = Instant::now();
+    // (call start in ns since `start`, admitted)
+    let mut log: Vec<(u64, bool)> = Vec::with_capacity(1 << 20);
+    let mut end = start;
+    while end - start < RUN {
+        let s = Instant::now();
+        let verdict = limiter.test_run(&frame).expect("test run");
+        end = Instant::now();
+        log.push(((s - start).as_nanos() as u64, verdict == XDP_PASS));
+    }
+    let admitted = log.iter().filter(|(_, a)| *a).count() as u64;
+    // The exact GCRA on the same arrivals (its clock offset so that 0 is not "never").
+    let mut bucket = 0u64;
+    let last = log.last().map_or(0, |l| l.0);
+    let mut exact_total = 0u64;
+    let mut exact_before_slack = 0u64;
+    for &(t, _) in &log {
+        if policy.gcra.admit(&mut bucket, t + 1_000_000_000, 1) {
+            exact_total += 1;
+            if t + slack_ns <= last {
+                exact_before_slack += 1;
+            }
+        }
+    }
+    let bound = policy.gcra.bound((end - start).as_nanos() as u64);
+    eprintln!(
+        "{} packets in {:?}: admitted {admitted}, exact {exact_total} ({exact_before_slack} up to the slack before the end), bound {bound}",
+        log.len(),
+        end - start
+    );
+    assert!(admitted <= bound, "admitted {admitted} > bound {bound}");
+    // One more for the microseconds between a call's start and the kernel's clock read.
+    assert!(
+        admitted + 1 >= exact_before_slack,
+        "admitted {admitted}, but the exact GCRA admits {exact_before_slack} of the same arrivals before the last {slack_ns} ns"
+    );
+    assert!(log.len() > 10 * exact_total as usize, "not a flood: {} packets for {exact_total} admissions", log.len());
 }
 
 /// A source that keeps to its rate is never refused while another floods on the same CPU: the

@@ -8,7 +8,9 @@ pub mod gcra;
 pub mod key;
 pub mod maps;
 pub mod rows;
+pub mod sample;
 pub mod siphash;
+pub mod tick;
 
 pub use gcra::Gcra;
 pub use key::FlowKey;

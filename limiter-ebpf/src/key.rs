@@ -4,6 +4,7 @@ use limiter_common::{
     key::{FAMILY_V4, v4_word, v6_meta_word},
     maps::Policy,
     siphash::SipInit,
+    tick::Streak,
 };
 
 use crate::parse::Packet;
@@ -27,7 +28,9 @@ pub fn key_words(pkt: &Packet, policy: &Policy) -> [u64; 3] {
 /// It also holds how long the key's last refusal stands (`refused_until_ns`, 0: none; see
 /// docs/DESIGN.md, Decide): set only when that refusal wrote nothing, so while every packet
 /// this CPU judges is the same key refused from the memo, its buckets cannot change, and the
-/// exact GCRA would refuse each of them until then. Any other key replaces the memo.
+/// exact GCRA would refuse each of them until then. Any other key replaces the memo. A key
+/// that floods beyond what any source keeping to its rate could send within one tick is
+/// refused for the rest of that tick without reading the clock (`streak`).
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct KeyMemo {
@@ -43,6 +46,10 @@ pub struct KeyMemo {
     pub capacity: u64,
     pub shape: u64,
     pub rows: u64,
+    /// The key's refusals in the current tick, and whether the rest of the tick's packets of
+    /// it may be refused without the clock (`limiter_common::tick`; reset with each standing
+    /// refusal the full judgement sets).
+    pub streak: Streak,
 }
 
 impl KeyMemo {

@@ -5,7 +5,7 @@
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::{bpf_get_prandom_u32, bpf_jiffies64, bpf_ktime_get_ns},
     macros::{map, xdp},
     maps::{Array, LpmTrie, PerCpuArray, RingBuf, lpm_trie::Key},
     programs::XdpContext,
@@ -19,6 +19,8 @@ use limiter_common::{
         MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES, RefusalSample,
     },
     rows::{self, MAX_ROWS, row_indexes},
+    sample,
+    tick::Streak,
 };
 use limiter_ebpf::{
     decide::{Verdict, count, decide},
@@ -56,11 +58,20 @@ static REFUSALS: RingBuf = RingBuf::with_byte_size(REFUSALS_BYTES, 0);
 /// Each CPU's last key and its hash (`KeyMemo`). Not pinned: a cache, empty after a reload.
 #[map]
 static KEY_MEMO: PerCpuArray<KeyMemo> = PerCpuArray::with_max_entries(1, 0);
+/// Each CPU's refusal sampler state (`limiter_common::sample`). Not pinned: reseeded after a
+/// reload.
+#[map]
+static SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// 0 turns the key memo off (the benchmark sets it, to measure the memo against no memo in the
 /// same run); read-only data, so the verifier drops the untaken branch.
 #[unsafe(no_mangle)]
 static USE_KEY_MEMO: u8 = 1;
+
+/// 0 turns the tick refusal off (`limiter_common::tick`: a flooding key refused for the rest of
+/// the tick without reading the clock); for the benchmark and the exact-timing tests.
+#[unsafe(no_mangle)]
+static USE_TICK_REFUSAL: u8 = 1;
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
@@ -123,7 +134,7 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
     let hash = current_hash(cfg, generation, pkt.family, &words, memo);
     if let Some(m) = memo {
         // SAFETY: a map value, valid for the program's run; only this CPU touches it.
-        let m = unsafe { &*m };
+        let m = unsafe { &mut *m };
         if m.refused_until_ns != 0
             && m.emission == policy.gcra.emission
             && m.capacity == policy.gcra.capacity
@@ -131,9 +142,17 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
             && m.rows == rows as u64
             && policy.flags & Policy::BYTES == 0
         {
+            // The tick counter before the clock: the refusal the clock confirms falls in it.
+            let tick = if tick_refusal() { unsafe { bpf_jiffies64() } } else { 0 };
+            if tick_refusal() && m.streak.skips(tick) {
+                return act(cfg, pkt, policy, &words, refusal(policy), frame_len);
+            }
             let now = unsafe { bpf_ktime_get_ns() };
             // Wrapping: `now` before the end of the standing refusal.
             if (m.refused_until_ns.wrapping_sub(now) as i64) > 0 {
+                if tick_refusal() {
+                    m.streak.confirm(tick, &policy.gcra);
+                }
                 return act(cfg, pkt, policy, &words, refusal(policy), frame_len);
             }
         }
@@ -168,6 +187,7 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
         };
         m.refused_until_ns = until;
         if until != 0 {
+            m.streak = Streak::default();
             m.emission = policy.gcra.emission;
             m.capacity = policy.gcra.capacity;
             m.shape = shape(cfg);
@@ -268,6 +288,13 @@ fn key_memo() -> Option<*mut KeyMemo> {
     KEY_MEMO.get_ptr_mut(0)
 }
 
+/// Whether the tick refusal is on (read-only data: the verifier drops the untaken branch).
+#[inline(always)]
+fn tick_refusal() -> bool {
+    let on = unsafe { core::ptr::read_volatile(&USE_TICK_REFUSAL) };
+    on != 0
+}
+
 /// The key's hash under the current generation's salt, from this CPU's memo when the last
 /// packet it judged had the same key (a flood from one source), else SipHash (then memoised).
 #[inline(always)]
@@ -289,7 +316,14 @@ fn current_hash(cfg: &Config, generation: usize, family: u8, words: &[u64; 3], m
 /// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.
 #[inline(always)]
 fn sample_refusal(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: Verdict) {
-    if unsafe { bpf_get_prandom_u32() } & cfg.sample_mask != 0 {
+    let Some(state) = SAMPLER.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: a map value, valid for the program's run; only this CPU touches it. The kernel's
+    // generator is asked only to seed a CPU's first draw.
+    let state = unsafe { &mut *state };
+    let seed = if *state == 0 { unsafe { bpf_get_prandom_u32() } } else { 0 };
+    if !sample::draw(state, seed, cfg.sample_mask) {
         return;
     }
     let mut sample = RefusalSample {

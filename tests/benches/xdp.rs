@@ -144,6 +144,18 @@ fn limiter_without_memo(buckets: u32, rows: u32, policies: &[(&str, &str, u64)])
     configure(Limiter::load_rows_without_key_memo(buckets, rows)?, policies, &[], Scope::Cpu)
 }
 
+/// [`limiter_rows`] with the tick refusal off: a standing refusal is checked on the precise
+/// clock every packet (the A of an A/B).
+fn limiter_without_tick(buckets: u32, rows: u32, policies: &[(&str, &str, u64)]) -> anyhow::Result<Limiter> {
+    configure(Limiter::load_rows_without_tick_refusal(buckets, rows)?, policies, &[], Scope::Cpu)
+}
+
+/// `limiter` sampling refusals as the daemon does by default (`--sample-refusals 256`).
+fn sampled(mut limiter: Limiter) -> anyhow::Result<Limiter> {
+    limiter.set_sampling(256)?;
+    Ok(limiter)
+}
+
 fn configure(
     mut limiter: Limiter,
     policies: &[(&str, &str, u64)],
@@ -197,6 +209,18 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             name: "limiter: refuse",
             what: "policy matched, GCRA refuses (XDP_DROP)",
             run: limiter_runner(limiter(BUCKETS, &[("any", "1/h", 1)], &[])?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: refuse, no tick refusal",
+            what: "as refuse, the standing refusal checked on the precise clock every packet (the tick refusal off)",
+            run: limiter_runner(limiter_without_tick(BUCKETS, 1, &[("any", "1/h", 1)])?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: refuse, sampling",
+            what: "as refuse, 1 in 256 refusals sampled for `top` (the daemon's default)",
+            run: limiter_runner(sampled(limiter(BUCKETS, &[("any", "1/h", 1)], &[])?)?),
             warm_all_sources: true,
         },
         Subject {

@@ -132,8 +132,11 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
     let r = &net.receiver;
     match system {
         System::Limiter => {
-            let mut limiter = Limiter::load(limiter_common::maps::DEFAULT_BUCKETS)?;
+            // As the daemon runs it by default: its buckets, rows and refusal sampling.
+            let mut limiter =
+                Limiter::load_rows(limiter_common::maps::DEFAULT_BUCKETS, limiter_common::rows::DEFAULT_ROWS)?;
             limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
+            limiter.set_sampling(limiter_ctl::kernel::DEFAULT_SAMPLE_REFUSALS)?;
             let def = PolicyDef {
                 name: "flood".parse()?,
                 matches: "udp:9".parse()?,

@@ -155,7 +155,7 @@ pub(crate) struct DaemonArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics)]
     pub metrics: Metrics,
     /// Send 1 in N refusals to `limiter-ctl top` (a power of two; 0: none).
-    #[arg(long, value_name = "N", default_value_t = 256, value_parser = parse_sample)]
+    #[arg(long, value_name = "N", default_value_t = crate::kernel::DEFAULT_SAMPLE_REFUSALS, value_parser = parse_sample)]
     pub sample_refusals: u32,
     /// Log lines on stdout as text, or one JSON object per line (for collectors). RUST_LOG
     /// filters them (default info). Under systemd each line carries its syslog priority.

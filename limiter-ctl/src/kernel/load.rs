@@ -41,22 +41,32 @@ impl Limiter {
     /// hashes its key), for the benchmark to measure the memo against no memo in one run.
     #[cfg(feature = "testing")]
     pub fn load_rows_without_key_memo(buckets: u32, rows: u32) -> Result<Self, Error> {
-        Self::open_with(buckets, rows, None, false)
+        Self::open_with(buckets, rows, None, Switches { key_memo: false, tick_refusal: false })
+    }
+
+    /// Test-only: [`Limiter::load_rows`] with the tick refusal off (a flooding key's standing
+    /// refusal is checked on the precise clock on every packet), for the benchmark's A/B and
+    /// for tests of exact refusal timing.
+    #[cfg(feature = "testing")]
+    pub fn load_rows_without_tick_refusal(buckets: u32, rows: u32) -> Result<Self, Error> {
+        Self::open_with(buckets, rows, None, Switches { key_memo: true, tick_refusal: false })
     }
 
     /// Loads the program with its maps pinned in `pins`. When a limiter was left there (its
     /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
     /// they are what this build expects; [`Limiter::adopted`] says so.
     pub(crate) fn open(buckets: u32, rows: u32, pins: Option<PinDir>) -> Result<Self, Error> {
-        Self::open_with(buckets, rows, pins, true)
+        Self::open_with(buckets, rows, pins, Switches::ALL)
     }
 
-    fn open_with(buckets: u32, rows: u32, pins: Option<PinDir>, key_memo: bool) -> Result<Self, Error> {
+    fn open_with(buckets: u32, rows: u32, pins: Option<PinDir>, switches: Switches) -> Result<Self, Error> {
         check_buckets(buckets)?;
         check_rows(rows)?;
-        let key_memo = u8::from(key_memo);
+        let key_memo = u8::from(switches.key_memo);
+        let tick_refusal = u8::from(switches.tick_refusal);
         let mut loader = EbpfLoader::new();
         loader.override_global("USE_KEY_MEMO", &key_memo, true);
+        loader.override_global("USE_TICK_REFUSAL", &tick_refusal, true);
         loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
         loader.map_max_entries(MAP_HOST_BUCKETS, GENERATIONS * buckets);
         let mut adopted = false;
@@ -186,4 +196,18 @@ impl Limiter {
             .set(0, config, 0)
             .map_err(|source| Error::Map { name: MAP_CONFIG, source })
     }
+}
+
+/// The program's shortcuts that tests and benchmarks turn off to measure or time them (both on
+/// in production).
+#[derive(Clone, Copy)]
+struct Switches {
+    /// The per-CPU key memo (`KeyMemo`): hash and standing refusal of the last key.
+    key_memo: bool,
+    /// A flooding key refused for the rest of the tick without the clock (`limiter_common::tick`).
+    tick_refusal: bool,
+}
+
+impl Switches {
+    const ALL: Self = Self { key_memo: true, tick_refusal: true };
 }

@@ -10,6 +10,9 @@ use limiter_common::maps::{
 
 use super::{Error, Limiter};
 
+/// The daemon's default sampling of refusals for `limiter-ctl top` (`--sample-refusals`).
+pub const DEFAULT_SAMPLE_REFUSALS: u32 = 256;
+
 impl Limiter {
     /// Samples 1 in `one_in` refusals (a power of two; 0: none) into the `REFUSALS` ring.
     pub fn set_sampling(&mut self, one_in: u32) -> Result<(), Error> {

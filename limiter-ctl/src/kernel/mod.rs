@@ -22,6 +22,7 @@ mod view;
 pub use attach::{AttachMode, Attached, ModeRequest};
 pub use error::{Error, Incompatible, MapShape};
 pub use load::Limiter;
+pub use maps::DEFAULT_SAMPLE_REFUSALS;
 pub use rotate::draw_salt;
 pub use view::MapView;
 
