@@ -276,6 +276,21 @@ fn a_source_gets_its_burst_then_is_dropped_and_others_still_pass() {
     }
 }
 
+/// `limiter` with the test salt and `policy` (id 1) as the policy of every packet.
+fn judging_all_by(mut limiter: Limiter, policy: &Policy) -> Limiter {
+    limiter.set_salt(SALT).expect("salt");
+    limiter.set_policy(policy).expect("policy");
+    limiter.set_default_policy(1).expect("default policy");
+    limiter
+}
+
+/// One test run of `frame`, with the user-side moments it began and ended.
+fn timed_run(limiter: &Limiter, frame: &[u8]) -> (Instant, Instant, u32) {
+    let start = Instant::now();
+    let verdict = limiter.test_run(frame).expect("test run");
+    (start, Instant::now(), verdict)
+}
+
 /// The per-CPU key memo refuses a flooding source without reading its buckets until its
 /// refusal ends (limiter-ebpf `KeyMemo`): on the precise clock (the tick refusal off, below for
 /// it on) it must end exactly when the exact GCRA would admit
@@ -290,17 +305,13 @@ fn a_memo_refusal_ends_when_the_allowance_returns() {
     const T: Duration = Duration::from_millis(100);
     const CYCLES: usize = 4;
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
-    let spec = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1);
+    let policy = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1).compile(1).expect("10/s burst 1");
     for rows in [1, 4] {
-        let mut limiter = Limiter::load_rows_without_tick_refusal(BUCKETS, rows).expect("loading the limiter");
-        limiter.set_salt(SALT).expect("salt");
-        limiter.set_policy(&spec.compile(1).expect("10/s burst 1")).expect("policy");
-        limiter.set_default_policy(1).expect("default policy");
-        let timed = || {
-            let start = Instant::now();
-            let verdict = limiter.test_run(&frame).expect("test run");
-            (start, Instant::now(), verdict)
-        };
+        let limiter = judging_all_by(
+            Limiter::load_rows_without_tick_refusal(BUCKETS, rows).expect("loading the limiter"),
+            &policy,
+        );
+        let timed = || timed_run(&limiter, &frame);
         let (mut u0, mut u1, first) = timed();
         assert_eq!(first, XDP_PASS, "rows {rows}: the first packet has its burst");
         for cycle in 0..CYCLES {
@@ -341,17 +352,10 @@ fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
     const CYCLES: usize = 8;
     let slack = Duration::from_nanos(limiter_common::tick::SLACK_NS);
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
-    let spec = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1);
+    let policy = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1).compile(1).expect("10/s burst 1");
     for rows in [1, 4] {
-        let mut limiter = Limiter::load_rows(BUCKETS, rows).expect("loading the limiter");
-        limiter.set_salt(SALT).expect("salt");
-        limiter.set_policy(&spec.compile(1).expect("10/s burst 1")).expect("policy");
-        limiter.set_default_policy(1).expect("default policy");
-        let timed = || {
-            let start = Instant::now();
-            let verdict = limiter.test_run(&frame).expect("test run");
-            (start, Instant::now(), verdict)
-        };
+        let limiter = judging_all_by(Limiter::load_rows(BUCKETS, rows).expect("loading the limiter"), &policy);
+        let timed = || timed_run(&limiter, &frame);
         let (mut u0, mut u1, first) = timed();
         assert_eq!(first, XDP_PASS, "rows {rows}: the first packet has its burst");
         let mut latest = Duration::ZERO;
@@ -395,10 +399,7 @@ fn a_tick_refused_flood_keeps_its_allowance() {
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
     let spec = PolicySpec::any(Rate { count: 1000, period_ns: 1_000_000_000 }, 100);
     let policy = spec.compile(1).expect("1000/s burst 100");
-    let mut limiter = Limiter::load_rows(BUCKETS, 4).expect("loading the limiter");
-    limiter.set_salt(SALT).expect("salt");
-    limiter.set_policy(&policy).expect("policy");
-    limiter.set_default_policy(1).expect("default policy");
+    let limiter = judging_all_by(Limiter::load_rows(BUCKETS, 4).expect("loading the limiter"), &policy);
     let start = Instant::now();
     // (call start in ns since `start`, admitted)
     let mut log: Vec<(u64, bool)> = Vec::with_capacity(1 << 20);
