@@ -44,7 +44,7 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 4;
+pub const LAYOUT_VERSION: u64 = 5;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// Entries per allow/deny trie (each family).
@@ -117,6 +117,10 @@ impl Config {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Policy {
     pub gcra: Gcra,
+    /// Until when (monotonic ns) this slot's claim stays at least its old window after the slot
+    /// was lowered, removed or reused (`gcra::hold_after`): TATs the old entry let sources earn
+    /// keep counting until they are reached. 0: no hold.
+    pub hold_until_ns: u64,
     /// Prefix masks as the little-endian words the program ANDs with the address words.
     pub v6_mask: [u64; 2],
     pub v4_mask: u64,
@@ -141,8 +145,7 @@ impl Policy {
 }
 
 /// Host scope: how many times a packet tries to compare-and-exchange its bucket before it is
-/// refused. Each failed try means another CPU wrote the bucket in between (an admission, or a
-/// stale TAT's one clamp), so the loop is bounded and refusing keeps every key within its bound.
+/// refused. Each failed try means another CPU admitted against the bucket in between, so the loop is bounded and refusing keeps every key within its bound.
 pub const HOST_CAS_TRIES: u32 = 4;
 
 /// Per-CPU counters, one set per policy id (0: traffic no policy judged).
@@ -281,7 +284,7 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 4);
-        assert_eq!(size_of::<Policy>(), 16 + 16 + 8 + 4 + 2 + 2);
+        assert_eq!(size_of::<Policy>(), 16 + 8 + 16 + 8 + 4 + 2 + 2);
         assert_eq!(size_of::<Counters>(), 13 * 8);
         assert_eq!(size_of::<ParseProbe>(), 4 + 4 + 4 + 4 + 16 + 24);
         assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4);

@@ -12,17 +12,18 @@
 //!   TAT, so: when any of its rows admits it);
 //! - then every row whose TAT is behind the new TAT is raised to it (conservative update); rows
 //!   further ahead are left alone;
-//! - refused, each row follows the single-bucket rules of [`Gcra::judge`] (a row beyond the
-//!   reader's window is clamped unless another active policy may own it).
+//! - each row counts as [`crate::gcra::credible_ahead`] says (a TAT beyond both the reader's
+//!   window and its writer's claim is a ghost of the clock's wrap, and counts as idle);
+//! - refused, nothing is written.
 //!
 //! Why a key never exceeds its own bound: every one of a key's rows holds a TAT at least the one
-//! exact per-key GCRA would hold for that key (writes only raise, and a clamp only lowers to
-//! `now + capacity`, which no compliant TAT of the same policy exceeds), so the earliest of them
+//! exact per-key GCRA would hold for that key (writes only raise, and a row counts as idle only
+//! when no source can be owed its TAT), so the earliest of them
 //! admits only what the exact GCRA would. Why an innocent survives: it is refused only when
 //! *every* one of its `D` rows is spent, i.e. shared with some flooder in each row. With `K`
 //! flooders kept spent and rows of `M = N / D`, that is `(1 - (1 - 1/M)^K)^D`.
 
-use crate::gcra::{CLOCK_SHIFT, Gcra, Judgement, ahead_units};
+use crate::gcra::{CLOCK_SHIFT, Gcra, ahead_units, credible_ahead};
 
 /// At most this many rows (the kernel's loop bound).
 pub const MAX_ROWS: usize = 4;
@@ -61,13 +62,13 @@ pub fn row_indexes(hash: u64, rows: usize, len: u32) -> [u32; MAX_ROWS] {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowsJudgement {
     pub admit: bool,
-    /// Each row's new value, when it changes.
+    /// Each row's new value, when it changes (only an admission changes any).
     pub store: [Option<u64>; MAX_ROWS],
 }
 
 /// Judges one arrival against the first `rows` of `values` (a key's buckets, one per row) by the
-/// rules in the module's documentation. Arguments as [`Gcra::judge`]; `owner_capacity` may be
-/// asked once per row.
+/// rules in the module's documentation. Arguments as [`Gcra::judge`]; `claim` may be asked once
+/// per row.
 #[inline(always)]
 pub fn judge_rows(
     gcra: &Gcra,
@@ -76,72 +77,52 @@ pub fn judge_rows(
     rows: usize,
     now_ns: u64,
     weight: u64,
-    owner_capacity: impl Fn(u8) -> u64,
+    claim: impl Fn(u8) -> u64,
 ) -> RowsJudgement {
+    let now = now_ns.wrapping_shl(CLOCK_SHIFT);
     let mut store = [None; MAX_ROWS];
-    let mut admit = false;
-    // The earliest admitting row gives the new TAT (ahead of now, in clock units).
-    let mut new_ahead = u64::MAX;
+    // How far ahead each row counts, and the least of them (the row that admits first).
+    let mut ahead = [0u64; MAX_ROWS];
+    let mut least = u64::MAX;
     let mut i = 0;
     while i < MAX_ROWS && i < rows {
-        let j: Judgement = gcra.judge(me, values[i], now_ns, weight, &owner_capacity);
-        store[i] = j.store;
-        if j.admit {
-            admit = true;
-            let now = now_ns.wrapping_shl(CLOCK_SHIFT);
-            let ahead = ahead_units(values[i], now) + gcra.cost(weight);
-            if ahead < new_ahead {
-                new_ahead = ahead;
-            }
+        ahead[i] = credible_ahead(values[i], now, gcra.capacity, &claim);
+        if ahead[i] < least {
+            least = ahead[i];
         }
         i += 1;
     }
-    if admit {
-        raise_rows(values, rows, now_ns, new_ahead, me, &mut store);
+    let next = least.saturating_add(gcra.cost(weight));
+    if next > gcra.capacity {
+        return RowsJudgement { admit: false, store };
     }
-    RowsJudgement { admit, store }
-}
-
-/// Conservative update: every row whose TAT is behind `now + new_ahead` is raised to it (and
-/// owned by `me`); rows further ahead keep what they hold.
-#[inline(always)]
-fn raise_rows(
-    values: &[u64; MAX_ROWS],
-    rows: usize,
-    now_ns: u64,
-    new_ahead: u64,
-    me: u8,
-    store: &mut [Option<u64>; MAX_ROWS],
-) {
-    let now = now_ns.wrapping_shl(CLOCK_SHIFT);
-    let value = now.wrapping_add(new_ahead) | u64::from(me);
+    // Conservative update: every row behind the new TAT is raised to it (and owned by `me`);
+    // rows further ahead keep what they hold.
+    let value = now.wrapping_add(next) | u64::from(me);
     let mut i = 0;
     while i < MAX_ROWS && i < rows {
-        store[i] = if ahead_units(values[i], now) < new_ahead { Some(value) } else { None };
+        if ahead[i] < next {
+            store[i] = Some(value);
+        }
         i += 1;
     }
+    RowsJudgement { admit: true, store }
 }
 
 /// Until when (ns, exclusive) the exact GCRA keeps refusing packets of weight 1 from a key
 /// whose rows hold `values`, if they stay as they are, after [`judge_rows`] refused one at
-/// `now_ns` and wanted to `store` nothing; 0 when it cannot say (the refusal wrote, or a row is
-/// beyond the policy's window, where the answer depends on its owner). A refusal stands while
-/// every row's TAT is more than `capacity - cost` ahead of now (docs/DESIGN.md, Decide).
+/// `now_ns`; 0 when it cannot say (a row is beyond the policy's window, where the answer depends
+/// on its writer's claim). A refusal stands while every row's TAT is more than
+/// `capacity - cost` ahead of now (docs/DESIGN.md, Decide).
 #[inline(always)]
-pub fn refused_until(
-    gcra: &Gcra,
-    values: &[u64; MAX_ROWS],
-    rows: usize,
-    now_ns: u64,
-    store: &[Option<u64>; MAX_ROWS],
-) -> u64 {
+pub fn refused_until(gcra: &Gcra, values: &[u64; MAX_ROWS], rows: usize, now_ns: u64) -> u64 {
     let now = now_ns.wrapping_shl(CLOCK_SHIFT);
     let threshold = gcra.capacity.saturating_sub(gcra.cost(1));
     let mut least = u64::MAX;
     let mut i = 0;
     while i < MAX_ROWS && i < rows {
         let ahead = ahead_units(values[i], now);
-        if store[i].is_some() || ahead > gcra.capacity || ahead <= threshold {
+        if ahead > gcra.capacity || ahead <= threshold {
             return 0;
         }
         if ahead < least {
@@ -387,8 +368,13 @@ mod tests {
             // During grace the kernel judges the later of each row's two buckets.
             let mut values = [0u64; MAX_ROWS];
             for r in 0..rows {
-                values[r] =
-                    crate::gcra::later(new.buckets[inew[r] as usize], old.buckets[io[r] as usize], now + SEC / 100);
+                values[r] = crate::gcra::later(
+                    new.buckets[inew[r] as usize],
+                    old.buckets[io[r] as usize],
+                    now + SEC / 100,
+                    gcra.capacity,
+                    |_| gcra.capacity,
+                );
             }
             let j = judge_rows(&gcra, 1, &values, rows, now + SEC / 100, 1, |_| 0);
             assert!(!j.admit, "{rows} rows: a rotation handed out a fresh allowance");
@@ -464,7 +450,7 @@ mod tests {
             }
             let owner_cap = |id: u8| if id == 2 { gcra.capacity * 2 } else { 0 };
             let j = judge_rows(&gcra, 1, &values, rows, now, 1, owner_cap);
-            let until = if j.admit { 0 } else { refused_until(&gcra, &values, rows, now, &j.store) };
+            let until = if j.admit { 0 } else { refused_until(&gcra, &values, rows, now) };
             if until == 0 {
                 continue;
             }

@@ -15,8 +15,8 @@ pub enum Verdict {
 
 /// Judges a packet of `frame_len` bytes against the source's buckets, one in each of `rows`
 /// rows (see `limiter_common::rows`; one row is `limiter_common::gcra`'s single bucket).
-/// Returns the verdict and each row's new value, if it changes. `owner_capacity(id)` is the
-/// capacity of active policy `id` (0 if none).
+/// Returns the verdict and each row's new value, if it changes. `claim(id)` is policy `id`'s
+/// claim now (`limiter_common::gcra::claim`).
 #[inline(always)]
 pub fn decide(
     policy: &Policy,
@@ -24,7 +24,7 @@ pub fn decide(
     rows: usize,
     now_ns: u64,
     frame_len: u64,
-    owner_capacity: impl Fn(u8) -> u64,
+    claim: impl Fn(u8) -> u64,
 ) -> (Verdict, [Option<u64>; MAX_ROWS]) {
     let weight = if policy.flags & Policy::BYTES != 0 {
         if frame_len > MAX_FRAME_WEIGHT { MAX_FRAME_WEIGHT } else { frame_len }
@@ -32,7 +32,7 @@ pub fn decide(
         1
     };
     // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
-    let j = judge_rows(&policy.gcra, policy.id as u8, values, rows, now_ns, weight, owner_capacity);
+    let j = judge_rows(&policy.gcra, policy.id as u8, values, rows, now_ns, weight, claim);
     let verdict = if j.admit {
         Verdict::Admit
     } else if policy.flags & Policy::DRY_RUN != 0 {

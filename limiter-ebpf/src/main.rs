@@ -171,11 +171,11 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
         };
         let mut i = 0;
         while i < MAX_ROWS && i < rows {
-            values[i] = gcra::later(values[i], old[i], now);
+            values[i] = gcra::later(values[i], old[i], now, policy.gcra.capacity, |id| claim(id, now));
             i += 1;
         }
     }
-    let (verdict, store) = decide(policy, &values, rows, now, frame_len, owner_capacity);
+    let (verdict, store) = decide(policy, &values, rows, now, frame_len, |id| claim(id, now));
     write_rows(&current, rows, &store);
     if let Some(m) = memo {
         // SAFETY: as above.
@@ -183,7 +183,7 @@ fn judge(pkt: &Packet, frame_len: u64) -> u32 {
         let until = if verdict == Verdict::Admit || now < cfg.grace_until_ns {
             0
         } else {
-            refused_until(policy, &values, rows, now, &store)
+            refused_until(policy, &values, rows, now)
         };
         m.refused_until_ns = until;
         if until != 0 {
@@ -212,17 +212,11 @@ fn refusal(policy: &Policy) -> Verdict {
 /// Until when a refusal stands (`limiter_common::rows::refused_until`), 0 for a byte policy
 /// (the cost depends on the frame).
 #[inline(always)]
-fn refused_until(
-    policy: &Policy,
-    values: &[u64; MAX_ROWS],
-    rows: usize,
-    now_ns: u64,
-    store: &[Option<u64>; MAX_ROWS],
-) -> u64 {
+fn refused_until(policy: &Policy, values: &[u64; MAX_ROWS], rows: usize, now_ns: u64) -> u64 {
     if policy.flags & Policy::BYTES != 0 {
         return 0;
     }
-    rows::refused_until(&policy.gcra, values, rows, now_ns, store)
+    rows::refused_until(&policy.gcra, values, rows, now_ns)
 }
 
 /// Counts the verdict (and samples a refusal), and turns it into the XDP action.
@@ -251,7 +245,7 @@ fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], fra
         scope::judge_shared(bucket, exhausted, |current| {
             // The clock is read after the bucket, on every try: a TAT another CPU wrote was
             // written at an earlier time than this one, so no CPU judges a newer TAT with an
-            // older clock (which would read as a stale TAT beyond the window, and clamp it down).
+            // older clock (which would read it further ahead than its writer's claim: a ghost, idle).
             let now = bpf_ktime_get_ns();
             let mut value = current;
             if now < cfg.grace_until_ns {
@@ -259,13 +253,13 @@ fn judge_host(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], fra
                 // (never written: every write goes to the current generation).
                 let old_hash = key_hash(&cfg.salts[generation ^ 1], pkt.family, words);
                 if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, old_hash)) {
-                    value = gcra::later(current, scope::load(old), now);
+                    value = gcra::later(current, scope::load(old), now, policy.gcra.capacity, |id| claim(id, now));
                 }
             }
             // One row: the host array is not split (count-min rows are for per-CPU buckets).
             let mut values = [0u64; MAX_ROWS];
             values[0] = value;
-            let (verdict, store) = decide(policy, &values, 1, now, frame_len, owner_capacity);
+            let (verdict, store) = decide(policy, &values, 1, now, frame_len, |id| claim(id, now));
             (verdict, store[0])
         })
     })
@@ -437,13 +431,17 @@ fn acl(cfg: &Config, pkt: &Packet) -> Option<u8> {
     }
 }
 
-/// The capacity of active policy `id`, 0 if none: asked only when another policy's TAT is
-/// beyond the reader's own window (is it a live source of that policy, or stale?).
+/// Policy `id`'s claim at `now_ns` (`limiter_common::gcra::claim`): its window while active, or
+/// what is left of its hold. Asked only for a TAT beyond the reader's own window (is it owed to a
+/// live source of its writer, or a ghost of the clock's wrap?). A failed lookup claims all.
 #[inline(always)]
-fn owner_capacity(id: u8) -> u64 {
+fn claim(id: u8, now_ns: u64) -> u64 {
     match POLICIES.get(u32::from(id)) {
-        Some(p) if p.flags & Policy::ACTIVE != 0 => p.gcra.capacity,
-        _ => 0,
+        Some(p) => {
+            let capacity = if p.flags & Policy::ACTIVE != 0 { p.gcra.capacity } else { 0 };
+            gcra::claim(capacity, p.hold_until_ns, now_ns)
+        }
+        None => gcra::Gcra::LIMIT,
     }
 }
 

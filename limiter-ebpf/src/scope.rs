@@ -2,8 +2,8 @@
 //! allowance for the whole host however its packets are spread over CPUs.
 //!
 //! A packet reads its bucket with a plain load and judges it exactly as a per-CPU bucket
-//! (`limiter_common::gcra`). Only when the judgement changes the bucket (an admission, or the one
-//! clamp of a stale TAT) does it write, and then with an atomic compare-and-exchange
+//! (`limiter_common::gcra`). Only when the judgement changes the bucket (an admission) does it
+//! write, and then with an atomic compare-and-exchange
 //! (`BPF_ATOMIC | BPF_CMPXCHG`, which LLVM emits for the BPF target from CPU v3, or with the
 //! `alu32` feature; the kernel accepts it since 5.12). A refusal writes nothing, so a flood over
 //! its rate only reads the bucket's cache line and costs no bouncing between CPUs.
@@ -59,7 +59,7 @@ pub unsafe fn compare_exchange(slot: *mut u64, expected: u64, new: u64) -> Resul
 /// the bucket's new value, if it changes, for the bucket's current value. The new value is
 /// written only if the bucket still holds what was judged; otherwise the packet is judged again
 /// against the newer value. After [`HOST_CAS_TRIES`] lost races the packet gets `exhausted`
-/// (a refusal): each lost race means another CPU admitted against (or clamped) this very bucket
+/// (a refusal): each lost race means another CPU admitted against this very bucket
 /// within the same few hundred nanoseconds, so the key is busy far beyond any rate a client keeps
 /// to, and refusing never lets it over its bound, where admitting without a write would.
 ///

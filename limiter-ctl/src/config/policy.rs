@@ -494,6 +494,8 @@ impl PolicySpec {
         }
         Ok(Policy {
             gcra,
+            // The slot's, set when it is stored (`kernel::maps::store_policy`).
+            hold_until_ns: 0,
             v6_mask: prefix_mask_words(self.key.v6_prefix),
             v4_mask: prefix_mask_words(self.key.v4_prefix)[0],
             flags,

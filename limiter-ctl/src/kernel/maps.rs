@@ -4,11 +4,12 @@
 use std::os::fd::AsFd as _;
 
 use aya::maps::{Map, MapData, PerCpuArray, RingBuf};
-use limiter_common::maps::{
-    Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_POLICIES, MAP_REFUSALS, MAX_POLICIES, Policy,
+use limiter_common::{
+    gcra,
+    maps::{Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_POLICIES, MAP_REFUSALS, MAX_POLICIES, Policy},
 };
 
-use super::{Error, Limiter};
+use super::{Error, Limiter, host};
 
 /// The daemon's default sampling of refusals for `limiter-ctl top` (`--sample-refusals`).
 pub const DEFAULT_SAMPLE_REFUSALS: u32 = 256;
@@ -42,10 +43,26 @@ impl Limiter {
         PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|source| Error::Map { name: MAP_BUCKETS, source })
     }
 
+    /// Writes a policy slot (an inactive `policy` removes it), carrying the slot's claim over
+    /// (`limiter_common::gcra`, "Claims"): when the new entry's window is shorter than the old
+    /// one's (a lowered rate, a removal, the id handed to another policy), the slot holds the old
+    /// window from the change on, so every TAT the old entry let a source earn still counts
+    /// until it is reached. The new entry goes in first with an unbounded hold, and the hold is
+    /// then cut to its end measured after that write: a packet judged with the old entry in
+    /// between reads its clock before that end.
     pub(super) fn store_policy(&mut self, policy: &Policy) -> Result<(), Error> {
-        self.array_mut::<Policy>(MAP_POLICIES)?
-            .set(u32::from(policy.id), policy, 0)
-            .map_err(|source| Error::Map { name: MAP_POLICIES, source })
+        let id = u32::from(policy.id);
+        let mut map = self.array_mut::<Policy>(MAP_POLICIES)?;
+        let old = map.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICIES, source })?;
+        let old_capacity = if old.flags & Policy::ACTIVE != 0 { old.gcra.capacity } else { 0 };
+        let new_capacity = if policy.flags & Policy::ACTIVE != 0 { policy.gcra.capacity } else { 0 };
+        let mut entry = Policy { hold_until_ns: old.hold_until_ns, ..*policy };
+        if new_capacity < old_capacity {
+            entry.hold_until_ns = u64::MAX;
+            map.set(id, entry, 0).map_err(|source| Error::Map { name: MAP_POLICIES, source })?;
+            entry.hold_until_ns = gcra::hold_after(old_capacity, old.hold_until_ns, host::monotonic_ns());
+        }
+        map.set(id, entry, 0).map_err(|source| Error::Map { name: MAP_POLICIES, source })
     }
 
     /// Counters per policy id (index 0: traffic no policy judged), summed over CPUs.

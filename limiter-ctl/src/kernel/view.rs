@@ -73,7 +73,9 @@ impl MapView {
         let names = array::<NameBytes>(map(MAP_POLICY_NAMES)?, MAP_POLICY_NAMES)?;
         let mut policies = BTreeMap::new();
         for id in 1..MAX_POLICIES {
-            let p = policies_map.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICIES, source })?;
+            let mut p = policies_map.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICIES, source })?;
+            // The hold is the slot's, not the policy's: `store_policy` carries it over.
+            p.hold_until_ns = 0;
             if p.flags & Policy::ACTIVE != 0 {
                 let name = names.get(&id, 0).map_err(|source| Error::Map { name: MAP_POLICY_NAMES, source })?;
                 policies.insert(id as u16, (p, name));
