@@ -433,8 +433,7 @@ impl Daemon {
             (Err(e), _) => {
                 warn!(config = %path, "a change refused: the config cannot be read: {e}; nothing changed");
                 return Err(format!(
-                    "{e}: the change would overwrite it; nothing was changed: put the config back as a regular \
-                     file, then retry"
+                    "{e}: not written, nothing was changed; put a config file (a regular file) there, then retry"
                 ));
             }
         }
