@@ -332,19 +332,20 @@ fn the_watch_follows_a_symlink_swapped_in_another_directory() {
     assert_eq!(reloads(&rig, "refused"), 0);
 }
 
-/// A file written in two steps 1 s apart (open, first half, wait, the rest, close) is never
-/// applied half-written: throughout the gap the daemon runs the old policies and logs no reload;
-/// once closed, the whole is applied within 2 s, as one reload.
+/// A file written in two steps 1 s apart (open, first half, wait, the rest, close), starting
+/// while the daemon's own last write still settles, is never applied half-written: throughout
+/// the gap the daemon runs the old policies and logs no reload, and a CLI change is refused
+/// ("being written") without touching the file; once closed, the whole is applied within 2 s,
+/// as one reload, and the CLI change goes through.
 #[test]
 fn a_file_written_in_two_steps_is_applied_only_whole() {
     require_root!();
     let mut rig = Rig::start(&WATCHING).expect("starting the rig");
     let (a, b) = (Pol::new("a", "udp:7000", 100, 10), Pol::new("b", "udp:7001", 200, 20));
     rig.set_all(&[a.clone(), b.clone()]);
+    // The daemon's own writes above are still settling as the writer starts (0.2 s): they too
+    // must not make the daemon read the file while it is half-written.
     let old = expected(&[&a, &b]);
-    // Past the watch's longest settling (1 s): the daemon's own writes above are done with, so
-    // nothing already pending makes it read the file while it is half-written below.
-    thread::sleep(Duration::from_millis(1500));
     let rules = rig.snapshot().rules;
     let applied_before = reloads(&rig, "applied");
     rig.daemon.poll();
@@ -354,7 +355,13 @@ fn a_file_written_in_two_steps_is_applied_only_whole() {
     let (a2, b2) = (Pol::new("a", "udp:7000", 150, 15), Pol::new("b", "udp:7001", 250, 25));
     let mut file = std::fs::File::create(rig.scratch.config()).expect("opening the config for writing");
     file.write_all(toml(&a2).as_bytes()).expect("writing the first half");
+    file.flush().expect("flushing the first half");
     let gap = Instant::now();
+    // A CLI change meanwhile would reload the half: it is refused, the half left alone.
+    let out = rig.daemon.ctl(&["deny", "add", "198.19.66.0/24"]).expect("limiter-ctl deny add");
+    assert_eq!(out.code, Some(1), "a change while the file is half-written: {out:?}");
+    assert!(out.stderr.contains("is being written"), "{:?}", out.stderr);
+    assert_eq!(read(&rig.scratch.config()), toml(&a2), "the half-written file was overwritten");
     let mut polls = 0;
     while gap.elapsed() < Duration::from_secs(1) {
         assert_eq!(running(&rig), old, "the half-written file was applied after {:?}", gap.elapsed());
@@ -375,4 +382,6 @@ fn a_file_written_in_two_steps_is_applied_only_whole() {
     rig.check_installed(&a2, rig.policy_id("a"));
     rig.check_installed(&b2, rig.policy_id("b"));
     assert_eq!(reloads(&rig, "applied"), applied_before + 1, "one reload, of the whole");
+    rig.ctl_ok(&["deny", "add", "198.19.66.0/24"]);
+    assert_eq!(list_json(&rig, "deny"), vec!["198.19.66.0/24"]);
 }

@@ -127,6 +127,8 @@ pub(super) struct Daemon {
     /// The watch runs (`--watch-config`): the file is live, a hand edit is the operator's
     /// intent to apply.
     watching: bool,
+    /// From the watch: whether the file is being written (written to, not closed yet).
+    writing: Arc<watch::Flags>,
     /// `--rotate-every`, for `/metrics` (an alert compares the salt's age with it).
     rotate_every: Option<Duration>,
 }
@@ -180,6 +182,7 @@ impl Daemon {
             seen: Err(String::new()),
             synced: None,
             watching: false,
+            writing: Arc::default(),
             rotate_every: args.rotate_every,
         }
     }
@@ -222,6 +225,9 @@ impl Daemon {
             None
         };
         self.watching = config_watch.is_some();
+        if let Some(w) = &config_watch {
+            self.writing = w.writing();
+        }
         if self.watching {
             // An edit made while the daemon started (waiting for its interface, say) raised no
             // event the watch could see.
@@ -436,6 +442,13 @@ impl Daemon {
                     "{e}: not written, nothing was changed; put a config file (a regular file) there, then retry"
                 ));
             }
+        }
+        if self.watching && self.writing.writing() {
+            warn!(config = %path, "a change refused: the file is being written; nothing changed");
+            return Err(format!(
+                "{path} is being written (written to and not closed yet): not overwritten, nothing was changed; \
+                 retry once it is saved"
+            ));
         }
         if !self.watching {
             warn!(config = %path, "a change refused: the file holds a hand edit not yet applied; nothing changed");

@@ -51,9 +51,8 @@ pub(super) struct ConfigWatch {
     _watcher: RecommendedWatcher,
     /// Where the path led when the watcher was made.
     route: Route,
-    /// Set by the watcher when something on the way was made, removed or renamed: a directory
-    /// removed and made again may come back with the same inode number, yet its watch is gone.
-    moved: Arc<AtomicBool>,
+    /// What the watcher saw beyond waking the loop.
+    flags: Arc<Flags>,
     /// Handed to each new watcher's event handler.
     wake: mpsc::Sender<()>,
     events: mpsc::Receiver<()>,
@@ -68,9 +67,14 @@ impl ConfigWatch {
         // Events only wake the loop; one waiting is as good as many.
         let (wake, events) = mpsc::channel(1);
         let route = Route::of(&config);
-        let moved = Arc::new(AtomicBool::new(false));
-        let watcher = arm(&route, wake.clone(), moved.clone())?;
-        Ok(Self { config, _watcher: watcher, route, moved, wake, events, pending: None })
+        let flags = Arc::new(Flags::default());
+        let watcher = arm(&route, wake.clone(), flags.clone())?;
+        Ok(Self { config, _watcher: watcher, route, flags, wake, events, pending: None })
+    }
+
+    /// True while the file has been written to and not closed since: it may be half-written.
+    pub(super) fn writing(&self) -> Arc<Flags> {
+        self.flags.clone()
     }
 
     /// Returns once a change has settled, the watch re-armed on where the path leads now.
@@ -87,7 +91,11 @@ impl ConfigWatch {
                     _ = tokio::time::sleep_until(due) => {
                         self.pending = None;
                         self.rearm();
-                        return;
+                        // Half-written (an event before the writer opened it settled now): its
+                        // close comes next, and is read then.
+                        if !self.flags.writing() {
+                            return;
+                        }
                     }
                     got = self.events.recv() => match got {
                         Some(()) => self.note(),
@@ -108,11 +116,10 @@ impl ConfigWatch {
     /// changed before it was armed is not missed: the loop reads the file next.
     fn rearm(&mut self) {
         let route = Route::of(&self.config);
-        if !self.moved.swap(false, Ordering::AcqRel) && route == self.route {
+        if !self.flags.moved.swap(false, Ordering::AcqRel) && route == self.route {
             return;
         }
-        let moved = Arc::new(AtomicBool::new(false));
-        match arm(&route, self.wake.clone(), moved.clone()) {
+        match arm(&route, self.wake.clone(), self.flags.clone()) {
             Ok(watcher) => {
                 let dirs: Vec<String> = route.dirs.iter().map(|(d, _)| d.display().to_string()).collect();
                 match &route.file {
@@ -125,13 +132,16 @@ impl ConfigWatch {
                         "the config's path is broken (a directory on the way is gone): watching for it to come back"
                     ),
                 }
+                if route.file != self.route.file {
+                    // Another file: what was written to the old one says nothing of it.
+                    self.flags.writing.store(false, Ordering::Release);
+                }
                 self._watcher = watcher;
                 self.route = route;
-                self.moved = moved;
             }
             // The old watcher stays; the next event tries again.
             Err(e) => {
-                self.moved.store(true, Ordering::Release);
+                self.flags.moved.store(true, Ordering::Release);
                 warn!(error = %e, "the config's path leads elsewhere now, but it could not be watched there")
             }
         }
@@ -140,23 +150,25 @@ impl ConfigWatch {
 
 /// A watcher on each directory of `route`, waking `wake` on what [`relevant`] says. A directory
 /// gone since the route was traced is skipped: its parent, watched, sees it come back.
-fn arm(route: &Route, wake: mpsc::Sender<()>, moved: Arc<AtomicBool>) -> Result<RecommendedWatcher, String> {
+fn arm(route: &Route, wake: mpsc::Sender<()>, flags: Arc<Flags>) -> Result<RecommendedWatcher, String> {
     let interest = route.clone();
     let handler = move |event: notify::Result<Event>| match event {
         Ok(event) => match relevant(&event, &interest) {
             Relevant::No => {}
+            Relevant::Writing => flags.writing.store(true, Ordering::Release),
             Relevant::File => {
+                flags.writing.store(false, Ordering::Release);
                 let _ = wake.try_send(());
             }
             Relevant::Way => {
-                moved.store(true, Ordering::Release);
+                flags.moved.store(true, Ordering::Release);
                 let _ = wake.try_send(());
             }
         },
         Err(e) => {
             warn!(error = %e, "watching the config file");
             // Whatever was lost, the watch is made again and the file read again.
-            moved.store(true, Ordering::Release);
+            flags.moved.store(true, Ordering::Release);
             let _ = wake.try_send(());
         }
     };
@@ -277,9 +289,30 @@ fn relevant(event: &Event, route: &Route) -> Relevant {
         EventKind::Create(_) => std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_file() || m.nlink() > 1),
         _ => false,
     };
-    match &route.file {
-        Some(file) if event.paths.iter().any(|p| p == file && whole(p)) => Relevant::File,
-        _ => Relevant::No,
+    let Some(file) = &route.file else { return Relevant::No };
+    if event.paths.iter().any(|p| p == file && whole(p)) {
+        Relevant::File
+    } else if matches!(event.kind, EventKind::Modify(ModifyKind::Data(_))) && event.paths.contains(file) {
+        Relevant::Writing
+    } else {
+        Relevant::No
+    }
+}
+
+/// Shared by the watch and its watcher's handler.
+#[derive(Debug, Default)]
+pub(super) struct Flags {
+    /// Something on the way was made, removed or renamed: a directory removed and made again may
+    /// come back with the same inode number, yet its watch is gone: the watch is made again.
+    moved: AtomicBool,
+    /// The file was written to and not closed since.
+    writing: AtomicBool,
+}
+
+impl Flags {
+    /// The file has been written to and not closed since: it may be half-written.
+    pub(super) fn writing(&self) -> bool {
+        self.writing.load(Ordering::Acquire)
     }
 }
 
@@ -289,6 +322,8 @@ enum Relevant {
     No,
     /// The file may hold something new.
     File,
+    /// The file is being written: not whole until closed.
+    Writing,
     /// Where the path leads may have changed: the watch is made again.
     Way,
 }
@@ -392,11 +427,10 @@ mod tests {
         let config = base.join("limiter.toml");
         std::fs::write(&config, "").unwrap();
         let route = Route::of(&config);
-        let on = |kind: EventKind, path: &Path| {
-            relevant(&Event::new(kind).add_path(path.to_path_buf()), &route) != Relevant::No
-        };
+        let way = |kind: EventKind, path: &Path| relevant(&Event::new(kind).add_path(path.to_path_buf()), &route);
+        let on = |kind: EventKind, path: &Path| matches!(way(kind, path), Relevant::File | Relevant::Way);
         let file = config.as_path();
-        assert!(!on(EventKind::Modify(ModifyKind::Data(DataChange::Any)), file), "a write alone");
+        assert_eq!(way(EventKind::Modify(ModifyKind::Data(DataChange::Any)), file), Relevant::Writing, "a write alone");
         assert!(!on(EventKind::Modify(ModifyKind::Metadata(MetadataKind::Any)), file));
         assert!(!on(EventKind::Access(AccessKind::Open(AccessMode::Any)), file));
         assert!(!on(EventKind::Access(AccessKind::Close(AccessMode::Read)), file));
@@ -409,7 +443,6 @@ mod tests {
         assert!(!on(EventKind::Access(AccessKind::Close(AccessMode::Write)), &beside));
         assert!(!on(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &beside));
         // The directory on the way: made, removed, renamed.
-        let way = |kind: EventKind, path: &Path| relevant(&Event::new(kind).add_path(path.to_path_buf()), &route);
         assert_eq!(way(EventKind::Remove(RemoveKind::Folder), &base), Relevant::Way);
         assert_eq!(way(EventKind::Create(CreateKind::Folder), &base), Relevant::Way);
         assert_eq!(way(EventKind::Access(AccessKind::Close(AccessMode::Write)), file), Relevant::File);
