@@ -439,7 +439,8 @@ impl Daemon {
             (Err(e), _) => {
                 warn!(config = %path, "a change refused: the config cannot be read: {e}; nothing changed");
                 return Err(format!(
-                    "{e}: not written, nothing was changed; put a config file (a regular file) there, then retry"
+                    "{e}: not written, nothing was changed; fix the file (`limiter-ctl config check {path}`), then \
+                     retry"
                 ));
             }
         }
