@@ -119,9 +119,11 @@ pub(crate) struct DaemonArgs {
     /// place on every change (comments, order, owner, mode and a symlink kept).
     #[arg(long, value_name = "PATH", default_value = config::DEFAULT_PATH)]
     pub config: PathBuf,
-    /// Apply a changed config file within about 2 s, as SIGHUP would (its directory is
-    /// watched, so a ConfigMap's `..data` swap is seen too); `--watch-config=false`: only on
-    /// SIGHUP or `limiter-ctl reload`.
+    /// Apply a changed config file within about 2 s of its writer closing it, as SIGHUP would
+    /// (the path is followed as named: a ConfigMap's `..data` swap, a symlink swapped, its
+    /// directory made again are seen too); a CLI change then applies a hand edit first.
+    /// `--watch-config=false`: only on SIGHUP or `limiter-ctl reload`, and a CLI change refuses
+    /// to overwrite a hand edit not yet applied.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub watch_config: bool,
     /// Install (or replace) the policy "default", matching all traffic, at this rate per source.

@@ -349,8 +349,11 @@ fn config_page() -> String {
          with limiter-ctl config check FILE, then apply it with limiter-ctl reload (systemctl reload \
          limiter) or SIGHUP. A change is applied whole or not at all; a file that is refused (missing, \
          empty, not a regular file, not parsing or validating, or without any rule while rules run) leaves \
-         the running config in place, logged and counted. How the daemon follows the file on its own (a \
-         ConfigMap, for one) is in OPERATIONS.md, section Reload.",
+         the running config in place, logged and counted. A CLI change never overwrites a hand edit not \
+         yet applied: with --watch-config (the default) the edit is reloaded first and the change applied \
+         on top; with --watch-config=false the change is refused (exit 1) until limiter-ctl reload. How the \
+         daemon follows the file on its own (a ConfigMap, a symlink swapped, its directory made again) is \
+         in OPERATIONS.md, section Reload.",
     )]);
     roff.control("SH", ["EXAMPLE"]).control("nf", []).control("RS", ["4"]);
     for line in EXAMPLE.lines() {

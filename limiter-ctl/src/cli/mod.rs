@@ -22,7 +22,7 @@ use crate::{
     config::{self, List},
     daemon::{
         self,
-        ipc::{PolicyStatus, Reloaded, Request, Response},
+        ipc::{PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
         stats, top,
     },
     kernel::{self, pins},
@@ -143,7 +143,7 @@ pub fn main() -> ExitCode {
         Command::Policy(cmd) => client(&cli.socket, policy_request(&cmd), |data| match cmd {
             PolicyCommand::List { json } => render::<Vec<PolicyStatus>>(data, json, |all| show::policies(&all)),
             PolicyCommand::Show { json, .. } => render::<PolicyStatus>(data, json, |one| show::policy(&one)),
-            _ => Ok(String::new()),
+            _ => Ok(changed(data)),
         }),
         Command::Stats { watch, json } => stats_command(&cli.socket, watch, json),
         Command::Top { limit, json } => client(&cli.socket, Request::Top { limit }, |data| {
@@ -273,8 +273,24 @@ fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitC
     };
     client(socket, request, |data| match cmd {
         ListCommand::List { json } => render::<Vec<ipnet::IpNet>>(data, json, |nets| show::nets(&nets)),
-        _ => Ok(String::new()),
+        _ => Ok(changed(data)),
     })
+}
+
+/// A change applied prints nothing, unless the daemon reloaded a hand edit of its file first:
+/// then a note on stderr says so, for the operator to know what else now runs.
+fn changed(data: serde_json::Value) -> String {
+    if let Ok(ReloadedFirst { reloaded_first: r }) = serde_json::from_value(data) {
+        eprintln!(
+            "note: {} had changed since the daemon last read it: reloaded it first ({} policies, {} allow and {} \
+             deny entries), then applied this change on top",
+            r.config.display(),
+            r.policies,
+            r.allow,
+            r.deny
+        );
+    }
+    String::new()
 }
 
 /// Renders a response's data as JSON or through `human`.

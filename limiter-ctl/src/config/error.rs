@@ -18,6 +18,8 @@ pub enum Error {
     Write { path: PathBuf, source: io::Error },
     #[error("{path} does not exist")]
     Missing { path: PathBuf },
+    #[error("{path} was changed since the daemon last read or wrote it (a hand edit not yet applied): not overwritten")]
+    Changed { path: PathBuf },
     #[error("{path} is {kind}, not a regular file")]
     NotAFile { path: PathBuf, kind: &'static str },
     #[error("{path} is {size} bytes, more than a config may be ({max} bytes)")]

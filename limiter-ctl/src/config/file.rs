@@ -150,18 +150,17 @@ pub fn read(path: &Path) -> Result<String, Error> {
 /// Loads the config at start: [`read`] and [`parse`], except that a missing file is an empty
 /// config (a first start; the daemon writes the file). An empty or non-regular file is refused.
 pub fn load(path: &Path) -> Result<ConfigFile, Error> {
-    match read(path) {
-        Ok(text) => parse(path, &text),
-        Err(Error::Missing { .. }) => Ok(ConfigFile::default()),
-        Err(e) => Err(e),
-    }
+    load_with_text(path).map(|(file, _)| file)
 }
 
-/// Loads the config for a reload: [`read`] and [`parse`], a missing file refused like an empty
-/// one. Returns the text too, for [`says_no_rules`].
-pub fn load_existing(path: &Path) -> Result<(ConfigFile, String), Error> {
-    let text = read(path)?;
-    Ok((parse(path, &text)?, text))
+/// [`load`], with the text loaded (None: there was no file), for the daemon to tell a later
+/// hand edit from what it runs.
+pub fn load_with_text(path: &Path) -> Result<(ConfigFile, Option<String>), Error> {
+    match read(path) {
+        Ok(text) => Ok((parse(path, &text)?, Some(text))),
+        Err(Error::Missing { .. }) => Ok((ConfigFile::default(), None)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether the text says, explicitly, that it has no policies: `policy = []`. A reload onto a
@@ -251,7 +250,7 @@ scope = "host"
         assert_eq!(config.policies[1].mode, Mode::DryRun);
         assert_eq!(config.policies[1].burst, None);
         assert_eq!((config.policies[0].scope, config.policies[1].scope), (Scope::Cpu, Scope::Host));
-        super::super::save(&path, &config).unwrap();
+        super::super::save(&path, &config, None).unwrap();
         assert_eq!(load(&path).unwrap(), config);
         // Nothing but the file is left behind in the directory.
         let names: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();

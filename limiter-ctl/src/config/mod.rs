@@ -14,7 +14,7 @@ mod write;
 
 pub use error::Error;
 pub use file::{
-    ConfigFile, DEFAULT_PATH, MAX_FILE_BYTES, PolicyDef, load, load_existing, parse, position, read, says_no_rules,
+    ConfigFile, DEFAULT_PATH, MAX_FILE_BYTES, PolicyDef, load, load_with_text, parse, position, read, says_no_rules,
 };
 pub use policy::{
     BurstEdit, FieldError, KeySpec, Match, Mode, Name, PolicyEdit, PolicySpec, Ports, Proto, Scope, Unit, decimal,

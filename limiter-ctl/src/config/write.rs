@@ -35,16 +35,27 @@ const NEW_FILE_MODE: u32 = 0o644;
 /// Symlinks followed before giving up (as the kernel's MAXSYMLINKS).
 const MAX_LINKS: usize = 40;
 
-/// Writes `config` into the file at `path` (see the module's comment). A file that already says
-/// exactly this is left alone. A file that does not parse is not overwritten: the operator's
-/// unfinished edit would be lost; the error says where it is broken.
-pub fn save(path: &Path, config: &ConfigFile) -> Result<(), Error> {
+/// Writes `config` into the file at `path` (see the module's comment) and returns the text the
+/// file now holds. A file that already says exactly this is left alone.
+///
+/// `last` is the file's text as the caller last read or wrote it (None: there was no file). A
+/// file that says anything else holds a change the caller has not seen (a hand edit): it is not
+/// overwritten ([`Error::Changed`]), for merging the caller's rules into it would undo that edit.
+/// A missing file is written afresh. The file is read as a reload reads it ([`super::read`]:
+/// opened non-blocking, its type checked first), so a FIFO or a device is refused, never waited
+/// on.
+pub fn save(path: &Path, config: &ConfigFile, last: Option<&str>) -> Result<String, Error> {
     let target = resolve(path).map_err(|source| Error::Write { path: path.to_path_buf(), source })?;
     let werr = |source| Error::Write { path: target.clone(), source };
-    let (text, meta) = match fs::read_to_string(&target) {
-        Ok(text) => (text, Some(fs::metadata(&target).map_err(werr)?)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => (String::new(), None),
-        Err(source) => return Err(Error::Read { path: target.clone(), source }),
+    let current = match super::read(&target) {
+        Ok(text) => Some(text),
+        Err(Error::Missing { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    let (text, meta) = match current {
+        Some(text) if last != Some(text.as_str()) => return Err(Error::Changed { path: target }),
+        Some(text) => (text, Some(fs::metadata(&target).map_err(werr)?)),
+        None => (String::new(), None),
     };
     // The comment block that opens the file is the file's own, not the first key's: kept apart,
     // so that it stays on top whatever happens to what follows.
@@ -58,9 +69,10 @@ pub fn save(path: &Path, config: &ConfigFile) -> Result<(), Error> {
     edit(&mut doc, config);
     let body = format!("{opening}{doc}");
     if meta.is_some() && body == text {
-        return Ok(());
+        return Ok(text);
     }
-    replace(&target, body.as_bytes(), meta.as_ref()).map_err(werr)
+    replace(&target, body.as_bytes(), meta.as_ref()).map_err(werr)?;
+    Ok(body)
 }
 
 impl ConfigFile {
@@ -306,7 +318,7 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{FileTypeExt as _, symlink};
 
     use super::*;
     use crate::config::{PolicyEdit, load};
@@ -351,13 +363,14 @@ mode = "dry-run" # watching first
         let path = write(dir.path(), "limiter.toml", OPERATOR);
         let config = load(&path).unwrap();
         // The same rules: nothing is written.
-        save(&path, &config).unwrap();
+        assert_eq!(save(&path, &config, Some(OPERATOR)).unwrap(), OPERATOR);
         assert_eq!(fs::read_to_string(&path).unwrap(), OPERATOR);
 
         let rate = PolicyEdit { rate: Some("80/s".parse().unwrap()), ..PolicyEdit::default() };
         let next = edited(&config, "web", rate);
-        save(&path, &next).unwrap();
+        let written = save(&path, &next, Some(OPERATOR)).unwrap();
         let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(written, text);
         assert_eq!(text, OPERATOR.replace(r#"rate = "50/s"  #"#, r#"rate = "80/s"  #"#), "one value changed");
         assert_eq!(load(&path).unwrap(), next);
     }
@@ -378,7 +391,7 @@ mode = "dry-run" # watching first
         config.deny.push("203.0.113.0/24".parse().unwrap());
         config.allow.push("198.18.0.0/15".parse().unwrap());
         let dns = edited(&config, "dns", PolicyEdit { mode: Some(Mode::Enforce), ..PolicyEdit::default() });
-        save(&path, &dns).unwrap();
+        save(&path, &dns, Some(OPERATOR)).unwrap();
         let text = fs::read_to_string(&path).unwrap();
         assert!(load(&path).unwrap().same_rules(&dns), "{text}");
         assert!(text.contains("    \"203.0.113.0/24\",\n]\n"), "{text}");
@@ -409,7 +422,7 @@ mode = "dry-run" # watching first
             "a",
             PolicyEdit { burst: Some(crate::config::BurstEdit::Default), ..PolicyEdit::default() },
         );
-        save(&path, &next).unwrap();
+        save(&path, &next, Some(text)).unwrap();
         // `src` and the defaults written out stay as the operator wrote them.
         assert_eq!(fs::read_to_string(&path).unwrap(), text.replace("burst = 5\n", ""));
     }
@@ -427,8 +440,9 @@ mode = "dry-run" # watching first
             ],
             ..ConfigFile::default()
         };
-        save(&path, &config).unwrap();
+        let written = save(&path, &config, None).unwrap();
         let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(written, text);
         assert!(text.starts_with(HEADER), "{text}");
         assert_eq!(load(&path).unwrap(), config, "{text}");
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o7777, NEW_FILE_MODE);
@@ -436,12 +450,11 @@ mode = "dry-run" # watching first
         assert_eq!(names, vec![std::ffi::OsString::from("limiter.toml")], "nothing left beside it");
         // Lists added after the policies go above them, the header stays on top, once.
         let with_deny = ConfigFile { deny: vec!["203.0.113.0/24".parse().unwrap()], ..config.clone() };
-        save(&path, &with_deny).unwrap();
-        let text = fs::read_to_string(&path).unwrap();
+        let text = save(&path, &with_deny, Some(&text)).unwrap();
         assert!(text.starts_with(&format!("{HEADER}\ndeny = [")), "{text}");
         assert_eq!(text.matches(HEADER).count(), 1, "{text}");
         // Emptied: the policies and lists go, the header stays, and the file says it has no rules.
-        save(&path, &ConfigFile::default()).unwrap();
+        save(&path, &ConfigFile::default(), Some(&text)).unwrap();
         assert_eq!(fs::read_to_string(&path).unwrap(), format!("{HEADER}\npolicy = []\n"));
         assert_eq!(load(&path).unwrap(), ConfigFile::default());
     }
@@ -456,7 +469,7 @@ mode = "dry-run" # watching first
         symlink("real/site.toml", &link).unwrap();
         let config = load(&link).unwrap();
         let next = edited(&config, "dns", PolicyEdit { rate: Some("7/s".parse().unwrap()), ..PolicyEdit::default() });
-        save(&link, &next).unwrap();
+        save(&link, &next, Some(OPERATOR)).unwrap();
         assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "the link was replaced");
         assert_eq!(fs::read_link(&link).unwrap(), Path::new("real/site.toml"));
         assert!(fs::read_to_string(&target).unwrap().contains(r#"rate = "7/s""#));
@@ -470,10 +483,50 @@ mode = "dry-run" # watching first
         let dir = tempfile::tempdir().unwrap();
         let broken = "[[policy]\nname = \"half-edited\"\n";
         let path = write(dir.path(), "limiter.toml", broken);
-        let err = save(&path, &ConfigFile::default()).unwrap_err().to_string();
+        let err = save(&path, &ConfigFile::default(), Some(broken)).unwrap_err().to_string();
         assert!(err.contains("limiter.toml:1:") && err.contains("not overwritten"), "{err}");
         assert!(!err.contains('\n'), "{err}");
         assert_eq!(fs::read_to_string(&path).unwrap(), broken);
+    }
+
+    #[test]
+    fn a_hand_edit_the_caller_has_not_seen_is_not_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(dir.path(), "limiter.toml", OPERATOR);
+        let config = load(&path).unwrap();
+        let edit = OPERATOR.replace(r#"rate = "50/s""#, r#"rate = "70/s""#);
+        fs::write(&path, &edit).unwrap();
+        let next = edited(&config, "dns", PolicyEdit { rate: Some("7/s".parse().unwrap()), ..PolicyEdit::default() });
+        let err = save(&path, &next, Some(OPERATOR)).unwrap_err();
+        assert!(matches!(err, Error::Changed { .. }), "{err}");
+        assert!(err.to_string().contains("not overwritten"), "{err}");
+        assert_eq!(fs::read_to_string(&path).unwrap(), edit);
+        // A file the caller never saw, where it saw none, is no more its to overwrite.
+        assert!(matches!(save(&path, &next, None), Err(Error::Changed { .. })));
+        // Once seen (loaded, the change made on top), it is edited in place.
+        let next = edited(
+            &load(&path).unwrap(),
+            "dns",
+            PolicyEdit { rate: Some("7/s".parse().unwrap()), ..PolicyEdit::default() },
+        );
+        save(&path, &next, Some(&edit)).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#"rate = "70/s""#) && text.contains(r#"rate = "7/s""#), "{text}");
+        // A file removed is written afresh: nothing in it to lose.
+        fs::remove_file(&path).unwrap();
+        save(&path, &next, Some(&text)).unwrap();
+        assert_eq!(load(&path).unwrap(), next);
+    }
+
+    #[test]
+    fn a_fifo_in_its_place_is_refused_without_a_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limiter.toml");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Opened without a writer: a blocking read would never return.
+        let err = save(&path, &ConfigFile::default(), Some("")).unwrap_err();
+        assert!(matches!(err, Error::NotAFile { kind: "a FIFO", .. }), "{err}");
+        assert!(fs::symlink_metadata(&path).unwrap().file_type().is_fifo(), "the FIFO was replaced");
     }
 
     #[test]

@@ -73,6 +73,14 @@ pub(crate) struct Reloaded {
     pub deny: usize,
 }
 
+/// What a change (`policy set`, `deny add`, ...) answers when the file held a hand edit the
+/// daemon had not applied yet: that edit was reloaded first, and the change applied on top.
+/// (Otherwise the answer carries no data.)
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ReloadedFirst {
+    pub reloaded_first: Reloaded,
+}
+
 /// A policy as `policy list` and `policy show` report it: its definition with the burst
 /// resolved, its id and its counters since it was created.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

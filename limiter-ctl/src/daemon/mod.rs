@@ -120,7 +120,7 @@ struct Made {
 pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let mut signals = Signals::install()?;
     // Everything the operator gave is checked before anything is loaded, bound or waited for.
-    let file = config::load(&args.config).map_err(Error::File)?;
+    let (file, text) = config::load_with_text(&args.config).map_err(Error::File)?;
     // --rate and --burst edit the policy `default` as `policy set default --rate .. --burst ..`
     // would: its other fields (a dry-run mode, a key) stay as the file has them.
     let default_name = Name::from_static(DEFAULT_POLICY);
@@ -170,7 +170,8 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let mut made = Made::default();
     health.not_ready(format!("loading and attaching the program on {}", args.iface));
     let probes = Probes { shared, health, metrics_addr };
-    let started = start(&args, socket, &pins, &file, |ids| desired(ids, max_frame), probes, &mut made).await;
+    let started =
+        start(&args, socket, &pins, (&file, text.as_deref()), |ids| desired(ids, max_frame), probes, &mut made).await;
     let (mut daemon, listener, refusals) = match started {
         Ok(started) => started,
         Err(e) => {
@@ -277,7 +278,7 @@ async fn start(
     args: &Options,
     socket: &Path,
     pins: &PinDir,
-    file: &config::ConfigFile,
+    (file, text): (&config::ConfigFile, Option<&str>),
     desired: impl Fn(&BTreeMap<Name, u16>) -> Result<State, Error>,
     probes: Probes,
     made: &mut Made,
@@ -327,7 +328,7 @@ async fn start(
         "{event}"
     );
     let mut daemon = Daemon::new(limiter, state, args, shared, health.clone(), longest_window);
-    daemon.start_up(file)?;
+    daemon.start_up(file, text)?;
     health.ready();
     let status = format!(
         "enforcing on {} ({} mode){}",

@@ -31,7 +31,7 @@ use tracing::{error, info, warn};
 use super::{
     Error, Options, Rollback,
     health::Health,
-    ipc::{MAX_REQUEST, PolicyStatus, Reloaded, Request, Response},
+    ipc::{MAX_REQUEST, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
     stats,
     top::Top,
     watch::{self, ConfigWatch},
@@ -120,6 +120,15 @@ pub(super) struct Daemon {
     /// not be read): a watched change to the same (the daemon's own write, a ConfigMap resync)
     /// is no reload.
     seen: Result<String, String>,
+    /// The file's text the running rules were loaded from or last written as (None: there was
+    /// no file). A file that says anything else holds a hand edit not yet applied, which a CLI
+    /// change must not overwrite (see `catch_up`).
+    synced: Option<String>,
+    /// The watch runs (`--watch-config`): the file is live, a hand edit is the operator's
+    /// intent to apply.
+    watching: bool,
+    /// From the watch: whether the file is being written (written to, not closed yet).
+    writing: Arc<watch::Flags>,
     /// `--rotate-every`, for `/metrics` (an alert compares the salt's age with it).
     rotate_every: Option<Duration>,
 }
@@ -171,6 +180,9 @@ impl Daemon {
             reloads: stats::Reloads::default(),
             health,
             seen: Err(String::new()),
+            synced: None,
+            watching: false,
+            writing: Arc::default(),
             rotate_every: args.rotate_every,
         }
     }
@@ -212,6 +224,15 @@ impl Daemon {
         } else {
             None
         };
+        self.watching = config_watch.is_some();
+        if let Some(w) = &config_watch {
+            self.writing = w.writing();
+        }
+        if self.watching {
+            // An edit made while the daemon started (waiting for its interface, say) raised no
+            // event the watch could see.
+            self.file_changed();
+        }
         let (signal_name, exit) = loop {
             tokio::select! {
                 _ = sigint.recv() => break ("SIGINT", Exit::HandOver),
@@ -265,14 +286,21 @@ impl Daemon {
         Ok(exit)
     }
 
-    pub(super) fn start_up(&mut self, file: &ConfigFile) -> Result<(), Error> {
+    /// `text`: the file's text `file` was loaded from (None: there was no file).
+    pub(super) fn start_up(&mut self, file: &ConfigFile, text: Option<&str>) -> Result<(), Error> {
         self.snapshot()?;
+        self.synced = text.map(str::to_string);
         // Written only if the rules differ (`--rate` installed or changed "default"): a file that
         // says the same in its own order, spelling and comments is the operator's, left alone.
+        // A file edited since it was loaded is not overwritten: the start fails, saying so.
         if !self.state.to_config().same_rules(file) {
-            self.save().map_err(Error::SaveConfig)?;
+            let written = config::save(&self.config_path, &self.state.to_config(), text).map_err(Error::SaveConfig)?;
+            self.synced = Some(written);
         }
-        self.seen = self.read_file();
+        self.seen = match &self.synced {
+            Some(text) => Ok(text.clone()),
+            None => Err(config::Error::Missing { path: self.config_path.clone() }.to_string()),
+        };
         Ok(())
     }
 
@@ -368,6 +396,80 @@ impl Daemon {
     }
 
     fn handle(&mut self, request: Request) -> Response {
+        if !matches!(
+            request,
+            Request::PolicySet { .. } | Request::PolicyRm { .. } | Request::ListAdd { .. } | Request::ListRm { .. }
+        ) {
+            return self.answer(request);
+        }
+        // A change merges the running rules into the file: a hand edit not yet applied would be
+        // undone. It is applied first, or the change refused.
+        let reloaded = match self.catch_up() {
+            Ok(reloaded) => reloaded,
+            Err(error) => return Response::Failed { error },
+        };
+        match (self.answer(request), reloaded) {
+            (Response::Ok { .. }, Some(reloaded_first)) => {
+                Response::Ok { data: serde_json::to_value(ReloadedFirst { reloaded_first }).unwrap_or_default() }
+            }
+            // The reload stands (it was logged and counted as one): the answer says so.
+            (Response::Usage { error }, Some(r)) => {
+                Response::Usage { error: format!("{error}; {}", reloaded_note(&r)) }
+            }
+            (Response::Failed { error }, Some(r)) => {
+                Response::Failed { error: format!("{error}; {}", reloaded_note(&r)) }
+            }
+            (response, None) => response,
+        }
+    }
+
+    /// Before a change: whether the file still says what the running rules were loaded from or
+    /// written as. If it holds a hand edit, with the watch on (the file is live) the edit is
+    /// reloaded now, as the watch would a moment later (same checks, logged and counted), and
+    /// returned; with the watch off (edits apply on reload only) the change is refused, and so
+    /// it is when the reload is refused or the file cannot be read. A missing file holds nothing
+    /// to lose: the change writes it afresh. The error is the client's one line.
+    fn catch_up(&mut self) -> Result<Option<Reloaded>, String> {
+        let path = self.config_path.display().to_string();
+        let read = config::read(&self.config_path);
+        match (&read, &self.synced) {
+            (Err(config::Error::Missing { .. }), _) => return Ok(None),
+            (Ok(text), Some(synced)) if text == synced => return Ok(None),
+            (Ok(_), _) => {}
+            (Err(e), _) => {
+                warn!(config = %path, "a change refused: the config cannot be read: {e}; nothing changed");
+                return Err(format!(
+                    "{e}: not written, nothing was changed; fix the file (`limiter-ctl config check {path}`), then \
+                     retry"
+                ));
+            }
+        }
+        if self.watching && self.writing.writing() {
+            warn!(config = %path, "a change refused: the file is being written; nothing changed");
+            return Err(format!(
+                "{path} is being written (written to and not closed yet): not overwritten, nothing was changed; \
+                 retry once it is saved"
+            ));
+        }
+        if !self.watching {
+            warn!(config = %path, "a change refused: the file holds a hand edit not yet applied; nothing changed");
+            return Err(format!(
+                "{path} was changed since the daemon last read or wrote it (a hand edit not yet applied): not \
+                 overwritten, nothing was changed; apply the edit with `limiter-ctl reload` (`limiter-ctl config \
+                 check {path}` first), then retry"
+            ));
+        }
+        match self.reload_from(read, "a change found the file edited") {
+            Ok(reloaded) => Ok(Some(reloaded)),
+            Err(e) => Err(format!(
+                "{path} was changed since the daemon last read or wrote it, and that edit is refused ({e}): not \
+                 overwritten, nothing was changed; fix the file (`limiter-ctl config check {path}`), then retry"
+            )),
+        }
+    }
+
+    /// Answers a request on the running rules.
+    fn answer(&mut self, request: Request) -> Response {
         match request {
             Request::PolicySet { name, edit } => {
                 // Only the fields given change (see `PolicyEdit::apply`).
@@ -469,20 +571,21 @@ impl Daemon {
             return Err(Error::UpdateMaps { error: Box::new(error), rollback });
         }
         if save {
-            if let Err(error) = config::save(&self.config_path, &next.to_config()) {
-                let rollback = Rollback(self.limiter.sync(&next, &self.state).map_err(Box::new));
-                return Err(Error::SaveChange { error, rollback });
+            match config::save(&self.config_path, &next.to_config(), self.synced.as_deref()) {
+                Ok(written) => {
+                    // The daemon's own write: the watch sees it, and must not apply it again.
+                    self.seen = Ok(written.clone());
+                    self.synced = Some(written);
+                }
+                Err(error) => {
+                    let rollback = Rollback(self.limiter.sync(&next, &self.state).map_err(Box::new));
+                    return Err(Error::SaveChange { error, rollback });
+                }
             }
-            // The daemon's own write: the watch sees it, and must not apply it again.
-            self.seen = self.read_file();
         }
         self.state = next;
         self.longest_window = self.longest_window.max(self.state.max_window());
         Ok(())
-    }
-
-    fn save(&self) -> Result<(), config::Error> {
-        config::save(&self.config_path, &self.state.to_config())
     }
 
     /// SIGHUP and `limiter-ctl reload`: re-read the file and make it the running config. A
@@ -491,11 +594,16 @@ impl Daemon {
     /// `policy = []`: nothing changes. Either way it is logged (a refusal as an error, naming
     /// the file and why) and counted for `/metrics`.
     fn reload(&mut self, trigger: &'static str) -> Result<Reloaded, Error> {
+        self.reload_from(config::read(&self.config_path), trigger)
+    }
+
+    /// [`Daemon::reload`] of the file as `read` just now.
+    fn reload_from(&mut self, read: Result<String, config::Error>, trigger: &'static str) -> Result<Reloaded, Error> {
         let config = self.config_path.display().to_string();
         // Whatever the outcome, these bytes have been judged: the watch need not see them again.
-        self.seen = self.read_file();
+        self.seen = read.as_ref().map(Clone::clone).map_err(ToString::to_string);
         super::notify_reloading();
-        let result = self.try_reload();
+        let result = self.try_reload(read);
         super::notify_reloaded(&self.iface, result.is_ok());
         self.reloads.record(result.is_ok());
         if let Ok(mut shared) = self.shared.write() {
@@ -512,21 +620,18 @@ impl Daemon {
     /// seen are reloaded as SIGHUP reloads them (validated, applied or refused whole, logged
     /// once, counted); the same bytes (the daemon's own write, a resync, a touch) are nothing.
     fn file_changed(&mut self) {
-        if self.read_file() == self.seen {
+        // Read as a reload reads it (never blocking: a FIFO is refused, not waited on).
+        let read = config::read(&self.config_path);
+        if read.as_ref().map_err(ToString::to_string) == self.seen.as_ref().map_err(Clone::clone) {
             return;
         }
-        let _ = self.reload("config file changed");
+        let _ = self.reload_from(read, "config file changed");
     }
 
-    /// The config's text as a reload would read it (never blocking: a FIFO is refused, not
-    /// waited on), or why it cannot be read.
-    fn read_file(&self) -> Result<String, String> {
-        config::read(&self.config_path).map_err(|e| e.to_string())
-    }
-
-    fn try_reload(&mut self) -> Result<Reloaded, Error> {
+    fn try_reload(&mut self, read: Result<String, config::Error>) -> Result<Reloaded, Error> {
         let path = &self.config_path;
-        let (file, text) = config::load_existing(path).map_err(Error::File)?;
+        let text = read.map_err(Error::File)?;
+        let file = config::parse(path, &text).map_err(Error::File)?;
         let running = self.state.to_config();
         // An emptied file is far likelier an accident than a wish to drop all protection.
         if file.has_no_rules() && !running.has_no_rules() && !config::says_no_rules(&text) {
@@ -535,6 +640,7 @@ impl Daemon {
         let next = State::build_for(&file, &self.state.ids(), self.state.max_frame())
             .map_err(|error| Error::Config { path: path.clone(), error })?;
         self.commit(next, false)?;
+        self.synced = Some(text);
         Ok(Reloaded {
             config: self.config_path.clone(),
             policies: self.state.policies().count(),
@@ -548,6 +654,17 @@ impl Daemon {
         self.limiter.counters()?.iter().for_each(|c| sum.add(c));
         Ok(sum)
     }
+}
+
+/// What a change refused after its file's hand edit was reloaded adds: that reload stays.
+fn reloaded_note(r: &Reloaded) -> String {
+    format!(
+        "{} had changed and was reloaded first ({} policies, {} allow and {} deny entries): that stays applied",
+        r.config.display(),
+        r.policies,
+        r.allow,
+        r.deny
+    )
 }
 
 /// A policy as `policy list` and `policy show` report it: its burst resolved, its counters.
