@@ -20,11 +20,42 @@ pub(crate) fn check_rows(rows: u32) -> Result<u32, Error> {
     if (1..=MAX_ROWS as u32).contains(&rows) { Ok(rows) } else { Err(Error::Rows(rows)) }
 }
 
-/// The interface's index, or None when there is no such interface.
+/// The interface's index, or None when there is no such interface (or it could not be asked:
+/// see [`lookup_index`] where the difference matters).
 pub(crate) fn if_index(iface: &str) -> Option<u32> {
-    nix::net::if_::if_nametoindex(iface).ok().filter(|&index| index != 0)
+    match lookup_index(iface) {
+        Lookup::Index(index) => Some(index),
+        Lookup::Gone | Lookup::Unknown(_) => None,
+    }
 }
 
+/// What asking the kernel for an interface's index found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lookup {
+    Index(u32),
+    /// The kernel said there is no such device (ENODEV): definite.
+    Gone,
+    /// The question could not be asked (out of descriptors or buffers, interrupted...): says
+    /// nothing about the interface, so nothing may be done on it.
+    Unknown(nix::errno::Errno),
+}
+
+/// The interface's index, telling "no such device" from a failure to ask. glibc's
+/// if_nametoindex opens a socket for its ioctl, so a process out of descriptors gets EMFILE
+/// here, not an answer.
+pub(crate) fn lookup_index(iface: &str) -> Lookup {
+    classify(nix::net::if_::if_nametoindex(iface))
+}
+
+fn classify(result: nix::Result<u32>) -> Lookup {
+    match result {
+        Ok(0) | Err(nix::errno::Errno::ENODEV) => Lookup::Gone,
+        Ok(index) => Lookup::Index(index),
+        Err(errno) => Lookup::Unknown(errno),
+    }
+}
+
+/// Whether the interface exists (false also when the kernel could not be asked).
 pub(crate) fn interface_exists(iface: &str) -> bool {
     if_index(iface).is_some()
 }
@@ -39,4 +70,22 @@ pub(crate) fn monotonic_ns() -> u64 {
     // CLOCK_MONOTONIC cannot fail on Linux; a zero would read as "long ago", never as a panic.
     let ts = clock_gettime(ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use nix::errno::Errno;
+
+    use super::{Lookup, classify, lookup_index};
+
+    #[test]
+    fn only_no_such_device_means_gone() {
+        assert_eq!(classify(Ok(3)), Lookup::Index(3));
+        assert_eq!(classify(Err(Errno::ENODEV)), Lookup::Gone);
+        for transient in [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM, Errno::EINTR, Errno::EAGAIN] {
+            assert_eq!(classify(Err(transient)), Lookup::Unknown(transient), "{transient}");
+        }
+        assert_eq!(lookup_index("lo"), Lookup::Index(1));
+        assert_eq!(lookup_index("no-such-iface0"), Lookup::Gone);
+    }
 }
