@@ -1,7 +1,8 @@
 //! The daemon room: `limiter-ctl daemon`. Validate the config, wait for the interface, claim it
 //! (one daemon per interface), load or adopt the program, make its maps say what the config
 //! says, attach, tell systemd it is ready, then serve the control socket until SIGTERM, SIGINT
-//! or SIGUSR2, re-reading the config on SIGHUP and when its file changes (`serve`, `watch`);
+//! or SIGUSR2 (SIGUSR1 is logged and ignored), re-reading the config on SIGHUP and when its file
+//! changes (`serve`, `watch`);
 //! answering the probes (`health`); leave the program attached and pinned
 //! for the next daemon. A start that fails takes away what it made. Beside the loop: the wire types of the control
 //! socket, shared with the CLI (`ipc`), the counters sampled once a second (`stats`), the
