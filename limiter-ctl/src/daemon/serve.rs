@@ -181,8 +181,8 @@ pub(crate) const MAX_CONNECTIONS: usize = 256;
 const READ_DEADLINE: Duration = Duration::from_secs(2);
 /// And this long to take its answer.
 const WRITE_DEADLINE: Duration = Duration::from_secs(2);
-/// A request the loop could not take up within this long is refused, not applied: the CLI
-/// waits 30 s, so it never reports a failure for a change that was then made.
+/// A request the loop could not take up within this long of reading it is refused, not applied
+/// (the CLI gives a request 30 s in all, and says on a timeout that it may still be applied).
 const QUEUE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A request read whole from a client, for the loop, and where its answer goes.
@@ -679,7 +679,7 @@ async fn accept(listener: UnixListener, jobs: mpsc::Sender<Job>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) if !may_control(stream.peer_cred().ok().map(|c| c.uid())) => {
-                let peer = stream.peer_cred().ok();
+                let peer = stream.peer_cred().ok(); // for the log line only
                 refuse(&stream, "permission denied: the control socket serves root and the daemon's own user only");
                 if let Some(unlogged) = refused.hit() {
                     warn!(
