@@ -204,11 +204,13 @@ fn a_metrics_flood_from_nobody_costs_nothing_else() {
 /// Out of descriptors (its limit lowered to what it holds, and control connections queued
 /// behind it), the daemon cannot look its interface up: it says so once, and neither calls
 /// the interface gone nor touches the XDP link; when descriptors are back it says so, and the
-/// program and its pinned link are the same.
+/// program and its pinned link are the same. A hand edit the watch saw but could not read
+/// then is applied once descriptors are back.
 #[test]
 fn a_failed_interface_lookup_never_detaches() {
     require_root!();
-    let mut rig = Rig::start(&["--rotate-every", "off", "--metrics", "off"]).expect("starting the rig");
+    let args = ["--rotate-every", "off", "--metrics", "off", "--watch-config=true"];
+    let mut rig = Rig::start(&args).expect("starting the rig");
     let pid = rig.daemon.daemon_pid();
     let (program, link) = (rig.daemon.program().expect("program"), link_pin(&rig));
     let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
@@ -224,14 +226,24 @@ fn a_failed_interface_lookup_never_detaches() {
     let held: Vec<_> =
         (0..8).map(|_| std::os::unix::net::UnixStream::connect(rig.scratch.socket()).expect("connecting")).collect();
     let failing = rig.daemon.wait_for(|l| l.contains("could not look the interface up"), Duration::from_secs(10));
+    let edit = "[[policy]]\nname = \"by-hand\"\nmatch = \"udp:5353\"\nrate = \"10/s\"\n";
+    std::fs::write(rig.scratch.config(), edit).expect("a hand edit");
+    let unread =
+        rig.daemon.wait_for(|l| l.contains("reload refused") && l.contains("changed"), Duration::from_secs(10));
     drop(held);
     // SAFETY: as above; the old limit back.
     let reset = unsafe { libc::prlimit(pid.as_raw(), libc::RLIMIT_NOFILE, &old, std::ptr::null_mut()) };
     assert_eq!(reset, 0, "prlimit: {}", std::io::Error::last_os_error());
     let failing = failing.expect("the daemon out of descriptors says its lookup fails");
-    eprintln!("{failing}");
+    let unread = unread.expect("the edit could not be read while out of descriptors");
+    eprintln!("{failing}\n{unread}");
     rig.daemon.wait_for(|l| l.contains("interface lookup works again"), Duration::from_secs(10)).expect("recovery");
-    rig.ctl_ok(&["policy", "list"]);
+    // Read again within a second of the descriptors being back (maybe already).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !rig.ctl_ok(&["policy", "list"]).contains("by-hand") {
+        assert!(Instant::now() < deadline, "the hand edit is not applied:\n{}", rig.daemon.output());
+        thread::sleep(Duration::from_millis(50));
+    }
     rig.daemon.poll();
     let output = rig.daemon.output();
     assert!(!output.contains("interface gone") && !output.contains("reattached"), "{output}");

@@ -296,6 +296,11 @@ impl Daemon {
                 _ = second.tick() => {
                     self.health.beat();
                     if_index = self.watch_interface(if_index);
+                    // A watched change the daemon could not read (out of descriptors, say) is
+                    // not lost: it is read again each second until it reads as it did.
+                    if config_watch.is_some() && self.seen.is_err() {
+                        self.file_changed();
+                    }
                     // A failed read costs one second of stats, never the attachment.
                     if let Err(e) = self.snapshot() {
                         warn!(error = %e, "reading the counters failed; stats are stale");

@@ -40,11 +40,39 @@ pub(crate) enum Lookup {
     Unknown(nix::errno::Errno),
 }
 
-/// The interface's index, telling "no such device" from a failure to ask. glibc's
-/// if_nametoindex opens a socket for its ioctl, so a process out of descriptors gets EMFILE
-/// here, not an answer.
+/// The interface's index, telling "no such device" from a failure to ask. The question needs a
+/// socket for its ioctl, so a process out of descriptors gets EMFILE here, not an answer.
+/// (Asked directly: glibc's if_nametoindex, out of descriptors, reports whatever its fallbacks
+/// left in errno, often ENOENT.)
 pub(crate) fn lookup_index(iface: &str) -> Lookup {
-    classify(nix::net::if_::if_nametoindex(iface))
+    classify(name_to_index(iface))
+}
+
+/// SIOCGIFINDEX on a datagram socket of our own, as if_nametoindex(3) does.
+fn name_to_index(iface: &str) -> nix::Result<u32> {
+    use std::os::fd::AsRawFd as _;
+
+    use nix::{
+        errno::Errno,
+        libc,
+        sys::socket::{AddressFamily, SockFlag, SockType, socket},
+    };
+    // A name that cannot be an interface's (empty, too long, a NUL in it) names none.
+    if iface.is_empty() || iface.len() >= libc::IFNAMSIZ || iface.contains('\0') {
+        return Err(Errno::ENODEV);
+    }
+    let fd = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
+    // SAFETY: ifreq is plain old data, valid all zero.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (to, from) in request.ifr_name.iter_mut().zip(iface.bytes()) {
+        *to = from as libc::c_char;
+    }
+    // SAFETY: SIOCGIFINDEX reads the NUL-terminated name and writes the index into `request`,
+    // which lives across the call.
+    Errno::result(unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFINDEX, &mut request) })?;
+    // SAFETY: the kernel filled the union's index on success.
+    let index = unsafe { request.ifr_ifru.ifru_ifindex };
+    u32::try_from(index).map_err(|_| Errno::ENODEV)
 }
 
 fn classify(result: nix::Result<u32>) -> Lookup {
