@@ -295,6 +295,8 @@ fn unit_is_hardened_with_the_measured_capabilities() {
     assert_eq!(one(&service, "EnvironmentFile"), "-/etc/default/limiter");
     assert!(one(&service, "ExecStart").starts_with("/usr/sbin/limiter-ctl daemon --iface=${IFACE}"));
     assert_eq!(one(&service, "NoNewPrivileges"), "yes");
+    // The metrics listener and the control socket cap their connections far below it.
+    assert_eq!(one(&service, "LimitNOFILE"), "65536", "descriptors to spare beyond the connection caps");
     assert_eq!(one(&service, "ProtectSystem"), "strict");
     let writable: BTreeSet<&str> = one(&service, "ReadWritePaths").split_whitespace().collect();
     assert_eq!(

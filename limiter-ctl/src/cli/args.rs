@@ -31,7 +31,7 @@ pub(crate) enum Command {
     /// refused, logged; the running config stays). SIGTERM, SIGINT and SIGUSR2 stop the daemon
     /// and leave the program attached and pinned, enforcing, for the next daemon to adopt
     /// (buckets, counters and salt kept): a restart leaves no gap. `limiter-ctl detach` takes
-    /// the limiter off.
+    /// the limiter off. SIGUSR1 is logged and ignored.
     Daemon(DaemonArgs),
     /// Create, replace, remove and inspect rate policies.
     #[command(subcommand)]

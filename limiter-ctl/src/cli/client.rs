@@ -1,13 +1,19 @@
-//! The client side of the control socket: one request out, one response back.
+//! The client side of the control socket: one request out, one response back, all within
+//! [`DEADLINE`].
 
 use std::{
-    io::{self, BufRead as _, BufReader, Write as _},
+    io::{self, Read as _, Write as _},
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, setsockopt, socket, sockopt};
+
 use crate::daemon::ipc::{Request, Response};
+
+/// How long one request may take, from connecting to the end of its answer.
+pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ClientError {
@@ -19,28 +25,104 @@ pub(crate) enum ClientError {
     Io { path: PathBuf, source: io::Error },
     #[error("the daemon on {path} sent an unreadable response: {source}")]
     Protocol { path: PathBuf, source: serde_json::Error },
+    #[error(
+        "the daemon on {} did not take the connection within {} s; nothing was sent; try again",
+        .0.display(),
+        DEADLINE.as_secs()
+    )]
+    NotTaken(PathBuf),
+    // The request may sit in the daemon's queue: it is applied whole or not at all, but this
+    // client cannot know which.
+    #[error(
+        "timed out after {} s waiting for the daemon on {}; the daemon may still apply the request: check (`list`, `policy show`) before repeating it",
+        DEADLINE.as_secs(),
+        .0.display()
+    )]
+    TimedOut(PathBuf),
 }
 
-/// Sends one request and waits (up to 30 s) for its response.
+/// Sends one request and waits for its response, connecting, sending and reading all within
+/// [`DEADLINE`].
 pub(super) fn call(socket: &Path, request: &Request) -> Result<Response, ClientError> {
-    let io_err = |source| ClientError::Io { path: socket.to_path_buf(), source };
-    let stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NoDaemon(socket.to_path_buf()),
-        io::ErrorKind::PermissionDenied => ClientError::Permission(socket.to_path_buf()),
+    let deadline = Instant::now() + DEADLINE;
+    let path = || socket.to_path_buf();
+    let io_err = |source| ClientError::Io { path: path(), source };
+    let stream = connect_within(socket, DEADLINE).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ClientError::NoDaemon(path()),
+        io::ErrorKind::PermissionDenied => ClientError::Permission(path()),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::NotTaken(path()),
         _ => io_err(e),
     })?;
-    stream.set_read_timeout(Some(Duration::from_secs(30))).map_err(io_err)?;
+    // What is left of the deadline, or a timeout error once it has passed.
+    let left = || {
+        deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()).ok_or(ClientError::TimedOut(path()))
+    };
+    let timed_out = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::TimedOut(path()),
+        _ => io_err(e),
+    };
     let mut line = serde_json::to_string(request).map_err(|e| io_err(io::Error::other(e)))?;
     line.push('\n');
+    stream.set_write_timeout(Some(left()?)).map_err(io_err)?;
     let sent = (&stream).write_all(line.as_bytes());
     // A daemon that refuses the connection (too many open) answers and closes before reading:
     // its answer is still there to read after the write failed.
-    let mut reply = String::new();
-    let read = BufReader::new(&stream).read_line(&mut reply);
+    let mut reply = Vec::new();
+    let read = read_line(&stream, &mut reply, &left);
     match (sent, read) {
-        (Err(e), _) if reply.is_empty() => return Err(io_err(e)),
-        (_, Err(e)) => return Err(io_err(e)),
+        (Err(e), _) if reply.is_empty() => return Err(timed_out(e)),
+        (_, Err(e)) => return Err(e.either(timed_out)),
         _ => {}
     }
-    serde_json::from_str(&reply).map_err(|source| ClientError::Protocol { path: socket.to_path_buf(), source })
+    serde_json::from_slice(&reply).map_err(|source| ClientError::Protocol { path: path(), source })
+}
+
+/// A read that failed, or ran out of time.
+enum ReadError {
+    Io(io::Error),
+    Late(ClientError),
+}
+
+impl ReadError {
+    fn either(self, io: impl FnOnce(io::Error) -> ClientError) -> ClientError {
+        match self {
+            Self::Io(e) => io(e),
+            Self::Late(e) => e,
+        }
+    }
+}
+
+/// Reads up to the first newline (or the end), each read bounded by what is left.
+fn read_line(
+    mut stream: &UnixStream,
+    reply: &mut Vec<u8>,
+    left: &impl Fn() -> Result<Duration, ClientError>,
+) -> Result<(), ReadError> {
+    let mut chunk = [0; 4096];
+    while !reply.contains(&b'\n') {
+        stream.set_read_timeout(Some(left().map_err(ReadError::Late)?)).map_err(ReadError::Io)?;
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(ReadError::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Connects, waiting at most `limit` for a daemon whose backlog is full (SO_SNDTIMEO bounds a
+/// Unix connect(2); std's connect has no timeout).
+fn connect_within(path: &Path, limit: Duration) -> io::Result<UnixStream> {
+    let fd = socket(AddressFamily::Unix, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    let timeout = nix::sys::time::TimeVal::new(limit.as_secs() as _, limit.subsec_micros() as _);
+    setsockopt(&fd, sockopt::SendTimeout, &timeout)?;
+    let addr = UnixAddr::new(path)?;
+    loop {
+        match connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
+            Ok(()) => return Ok(UnixStream::from(fd)),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }

@@ -33,7 +33,10 @@ pub(crate) enum LogFormat {
 pub(crate) fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let journal = is_journal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stdout).with_env_filter(filter).with_ansi(false);
+    // Control characters escaped at the sink: a policy name or path in any field cannot write
+    // a raw CR or escape sequence into the log or a terminal.
+    let writer = || super::escape::Lines(std::io::stdout());
+    let builder = tracing_subscriber::fmt().with_writer(writer).with_env_filter(filter).with_ansi(false);
     // try_init: a second logger (a test's) is not an error worth failing the daemon for.
     let _ = match (format, journal) {
         (LogFormat::Json, _) => builder

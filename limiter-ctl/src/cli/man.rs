@@ -117,7 +117,8 @@ fn sections(page: Page) -> Roff {
 fn exit_status(page: Page) -> Vec<(&'static str, String)> {
     let bad_args = "a bad argument (one line on stderr); nothing was changed";
     let unreachable = "the daemon could not be reached (not running, another --socket, not root), or it could \
-                       not do what was asked (the kernel refused; what it had changed was put back)";
+                       not do what was asked (the kernel refused; what it had changed was put back), or it \
+                       did not answer within 30 s (the request may still be applied: check before repeating it)";
     let (ok, failed, bad) = match page {
         Page::Top => (
             "done".into(),
@@ -261,6 +262,7 @@ fn signals(page: Page) -> Vec<(&'static str, String)> {
              limiter-ctl detach takes the limiter off."
                 .into(),
         ),
+        ("SIGUSR1", "Ignored, with one log line: the daemon goes on.".into()),
     ]
 }
 

@@ -8,6 +8,7 @@
 mod args;
 mod client;
 mod completions;
+mod escape;
 mod logs;
 mod man;
 mod show;
@@ -107,11 +108,11 @@ fn fail(e: &Error) -> ExitCode {
                 line.push_str(&s.to_string());
                 source = s.source();
             }
-            eprintln!("error: {line}");
+            eprintln!("error: {}", escape::controls(&line, false));
         }
         // PATH:LINE:COL first, as compilers put it, for editors to jump to.
-        Error::BadFile(_) | Error::Invalid { .. } => eprintln!("{e}"),
-        _ => eprintln!("error: {e}"),
+        Error::BadFile(_) | Error::Invalid { .. } => eprintln!("{}", escape::controls(&e.to_string(), true)),
+        _ => eprintln!("error: {}", escape::controls(&e.to_string(), true)),
     }
     ExitCode::from(code)
 }
@@ -121,7 +122,7 @@ pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
-            eprintln!("{}", one_line(&e.render().to_string()));
+            eprintln!("{}", escape::controls(&one_line(&e.render().to_string()), false));
             return ExitCode::from(BAD_INPUT);
         }
         Err(e) => {
@@ -154,7 +155,7 @@ pub fn main() -> ExitCode {
             let r: Reloaded = serde_json::from_value(data).map_err(Error::Unexpected)?;
             Ok(format!(
                 "reloaded {}: {} policies, {} allow and {} deny entries\n",
-                r.config.display(),
+                escape::controls(&r.config.display().to_string(), false),
                 r.policies,
                 r.allow,
                 r.deny
@@ -162,7 +163,7 @@ pub fn main() -> ExitCode {
         }),
         Command::Config(ConfigCommand::Check { file, iface }) => match config_check(&file, iface.as_deref()) {
             Ok(summary) => {
-                println!("{summary}");
+                println!("{}", escape::controls(&summary, false));
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e),

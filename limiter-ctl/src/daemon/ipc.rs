@@ -1,4 +1,5 @@
-//! The daemon's control socket: a Unix socket (mode 0600), one JSON request line in, one JSON
+//! The daemon's control socket: a Unix socket (mode 0600, root and the daemon's user only,
+//! checked per connection), one JSON request line in, one JSON
 //! response line out, per connection. These are its wire types, which the CLI's client side
 //! (`cli::client`) uses too. A client has 2 s to send its line and 2 s to take the answer; at
 //! most 256 connections are served at once (`serve`).

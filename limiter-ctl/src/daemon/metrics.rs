@@ -3,17 +3,20 @@
 //! for that, such as `promtool check metrics`), with the build, each policy's settings and the
 //! process's own CPU, memory and descriptors. Labels are policies and decisions, never sources.
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{Router, http::header, response::IntoResponse, routing::get};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _, text::encode},
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
     registry::Registry,
 };
+use tokio::sync::Semaphore;
+use tokio_io_timeout::TimeoutStream;
 
-use super::{Error, stats::Shared};
+use super::{Error, serve::Throttled, stats::Shared};
 
 #[derive(Debug)]
 struct Exposition(Shared);
@@ -295,6 +298,15 @@ fn to_text_004(openmetrics: &str) -> String {
 
 /// Serves `/metrics` (and `probes`, see `health`) on `addr` until the process ends. Binding
 /// happens before this returns, so a taken port is reported at start.
+/// Metrics connections served at once; more are closed as soon as accepted. A scraper or two
+/// and the probes need a handful: the cap keeps whoever can reach the port from taking the
+/// daemon's descriptors, which the control socket, reloads and the interface lookup need.
+pub(super) const MAX_CONNECTIONS: usize = 64;
+/// A connection has this long to send a request's headers (also between requests).
+pub(super) const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection on which nothing is read or written for this long is closed.
+pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub(super) async fn serve(
     addr: SocketAddr,
     shared: Shared,
@@ -318,11 +330,48 @@ pub(super) async fn serve(
             }),
         )
         .merge(probes);
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(error = %e, "the metrics endpoint stopped");
-        }
-    }))
+    Ok(tokio::spawn(accept(listener, app)))
+}
+
+/// Accepts metrics connections, at most [`MAX_CONNECTIONS`] at once, each served by a task of
+/// its own with [`HEADER_TIMEOUT`] and [`IDLE_TIMEOUT`].
+async fn accept(listener: tokio::net::TcpListener, app: Router) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (mut over, mut failing) = (Throttled::default(), Throttled::default());
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                if let Some(unlogged) = failing.hit() {
+                    tracing::warn!(error = %e, unlogged, "accepting a metrics connection failed");
+                }
+                // Out of descriptors, most likely: give the open connections time to end.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            // Dropped: closed at once.
+            if let Some(unlogged) = over.hit() {
+                tracing::warn!(max = MAX_CONNECTIONS, unlogged, "metrics connection closed: too many open");
+            }
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let mut stream = TimeoutStream::new(stream);
+        stream.set_read_timeout(Some(IDLE_TIMEOUT));
+        stream.set_write_timeout(Some(IDLE_TIMEOUT));
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(Box::pin(stream)), service);
+            // A client that goes or times out is no news.
+            let _ = connection.await;
+            drop(slot);
+        });
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The daemon room: `limiter-ctl daemon`. Validate the config, wait for the interface, claim it
 //! (one daemon per interface), load or adopt the program, make its maps say what the config
 //! says, attach, tell systemd it is ready, then serve the control socket until SIGTERM, SIGINT
-//! or SIGUSR2, re-reading the config on SIGHUP and when its file changes (`serve`, `watch`);
+//! or SIGUSR2 (SIGUSR1 is logged and ignored), re-reading the config on SIGHUP and when its file
+//! changes (`serve`, `watch`);
 //! answering the probes (`health`); leave the program attached and pinned
 //! for the next daemon. A start that fails takes away what it made. Beside the loop: the wire types of the control
 //! socket, shared with the CLI (`ipc`), the counters sampled once a second (`stats`), the
@@ -109,6 +110,22 @@ fn notify_reloaded(iface: &str, applied: bool) {
     notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
 }
 
+/// Raises the soft limit on open files to the hard one (the unit sets both with LimitNOFILE=):
+/// the metrics listener and the control socket cap their connections well below it, so the
+/// descriptors the loop needs (reloads, the interface lookup, the config watch) are there.
+/// A failure is logged, not fatal: the daemon runs as before.
+fn reserve_descriptors() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(from = soft, to = hard, "raised the soft open-files limit to the hard limit"),
+            Err(e) => warn!(soft, hard, error = %e, "could not raise the soft open-files limit to the hard limit"),
+        },
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "could not read the open-files limit"),
+    }
+}
+
 /// What a start made, so a start that fails takes it away again.
 #[derive(Default)]
 struct Made {
@@ -119,6 +136,7 @@ struct Made {
 
 pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let mut signals = Signals::install()?;
+    reserve_descriptors();
     // Everything the operator gave is checked before anything is loaded, bound or waited for.
     let (file, text) = config::load_with_text(&args.config).map_err(Error::File)?;
     // --rate and --burst edit the policy `default` as `policy set default --rate .. --burst ..`
@@ -208,7 +226,7 @@ fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> 
         tracing::error!(pins = %dir.display(), "the pins were removed while the daemon ran: the program leaves {iface} as this daemon exits");
         return Err(Error::PinsGone { dir });
     }
-    if !kernel::interface_exists(iface) {
+    if kernel::lookup_index(iface) == kernel::Lookup::Gone {
         warn!(iface, pins = %pins.dir().display(), "interface gone: left pinned; the next daemon attaches when it is back");
         return Ok(());
     }

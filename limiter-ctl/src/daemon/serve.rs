@@ -9,7 +9,7 @@
 
 use std::{
     io,
-    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
+    os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
@@ -50,11 +50,12 @@ pub(super) enum Exit {
 
 /// The signals the daemon handles, installed first thing at start (see `daemon::run`): one that
 /// arrives while the daemon starts is then handled by the loop, not by the default action
-/// (SIGHUP's and SIGTERM's: death).
+/// (SIGHUP's, SIGTERM's and SIGUSR1's: death). SIGUSR1 has no use: it is logged and ignored.
 pub(super) struct Signals {
     pub sigint: tokio::signal::unix::Signal,
     pub sigterm: tokio::signal::unix::Signal,
     pub sighup: tokio::signal::unix::Signal,
+    pub sigusr1: tokio::signal::unix::Signal,
     pub sigusr2: tokio::signal::unix::Signal,
 }
 
@@ -67,16 +68,24 @@ impl Signals {
             sigint: install(SignalKind::interrupt(), "SIGINT")?,
             sigterm: install(SignalKind::terminate(), "SIGTERM")?,
             sighup: install(SignalKind::hangup(), "SIGHUP")?,
+            sigusr1: install(SignalKind::user_defined1(), "SIGUSR1")?,
             sigusr2: install(SignalKind::user_defined2(), "SIGUSR2")?,
         })
     }
 }
 
-/// Binds the control socket, refusing to take it from a running daemon.
+/// Binds the control socket, refusing to take it from a running daemon. It is never reachable
+/// by anyone else, whatever the umask: bound in a fresh 0700 directory of the daemon's own,
+/// made 0600 there, and only then linked into place. (Bound in place, it would be open to all
+/// between bind(2) and chmod(2) under a lax umask, and a connection made then stays open.)
 pub(super) fn bind(path: &Path) -> Result<UnixListener, Error> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| Error::CreateSocketDir { dir: dir.to_path_buf(), source })?;
-    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // Directories made here are 0755 even under umask 0: no one else may swap the socket.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|source| Error::CreateSocketDir { dir: dir.to_path_buf(), source })?;
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         return Err(Error::SocketTaken { path: path.to_path_buf() });
     }
@@ -88,11 +97,51 @@ pub(super) fn bind(path: &Path) -> Result<UnixListener, Error> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(source) => return Err(Error::CheckSocket { path: path.to_path_buf(), source }),
     }
-    // Created 0755 at worst (no one else may write to it, so no one else may connect), then 0600.
-    let listener = UnixListener::bind(path).map_err(|source| Error::Bind { path: path.to_path_buf(), source })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+    let bind_err = |source| Error::Bind { path: path.to_path_buf(), source };
+    // Removed on return, with the staged name in it: the socket lives on under `path`.
+    let private = tempfile::Builder::new().prefix(".lmt").tempdir_in(dir).map_err(bind_err)?;
+    let staged = private.path().join("s");
+    let listener = UnixListener::bind(&staged).map_err(bind_err)?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
         .map_err(|source| Error::RestrictSocket { path: path.to_path_buf(), source })?;
+    // A link, not a rename: a socket another daemon bound there meanwhile is not replaced.
+    std::fs::hard_link(&staged, path).map_err(|source| match source.kind() {
+        io::ErrorKind::AlreadyExists => Error::SocketTaken { path: path.to_path_buf() },
+        _ => bind_err(source),
+    })?;
     Ok(listener)
+}
+
+/// Whether a peer may use the control socket: root, or the daemon's own user. The socket's
+/// mode already keeps others out; this holds should the mode or its directory be loosened.
+fn may_control(peer: Option<u32>) -> bool {
+    peer.is_some_and(|uid| uid == 0 || uid == nix::unistd::geteuid().as_raw())
+}
+
+/// A warning a local user could cause thousands of times a second: logged at most once per
+/// [`Throttled::EVERY`], saying how many were not.
+#[derive(Default)]
+pub(super) struct Throttled {
+    last: Option<Instant>,
+    quiet: u64,
+}
+
+impl Throttled {
+    const EVERY: Duration = Duration::from_secs(10);
+
+    /// Some(how many went unlogged since the last one) when this one is to be logged.
+    pub(super) fn hit(&mut self) -> Option<u64> {
+        match self.last {
+            Some(last) if last.elapsed() < Self::EVERY => {
+                self.quiet += 1;
+                None
+            }
+            _ => {
+                self.last = Some(Instant::now());
+                Some(std::mem::take(&mut self.quiet))
+            }
+        }
+    }
 }
 
 pub(super) struct Daemon {
@@ -131,6 +180,8 @@ pub(super) struct Daemon {
     writing: Arc<watch::Flags>,
     /// `--rotate-every`, for `/metrics` (an alert compares the salt's age with it).
     rotate_every: Option<Duration>,
+    /// The interface lookup is failing (not "gone": it could not be asked); said once.
+    lookup_failing: bool,
 }
 
 /// Control connections served at once; one more is told so in one line and closed.
@@ -139,8 +190,8 @@ pub(crate) const MAX_CONNECTIONS: usize = 256;
 const READ_DEADLINE: Duration = Duration::from_secs(2);
 /// And this long to take its answer.
 const WRITE_DEADLINE: Duration = Duration::from_secs(2);
-/// A request the loop could not take up within this long is refused, not applied: the CLI
-/// waits 30 s, so it never reports a failure for a change that was then made.
+/// A request the loop could not take up within this long of reading it is refused, not applied
+/// (the CLI gives a request 30 s in all, and says on a timeout that it may still be applied).
 const QUEUE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A request read whole from a client, for the loop, and where its answer goes.
@@ -184,6 +235,7 @@ impl Daemon {
             watching: false,
             writing: Arc::default(),
             rotate_every: args.rotate_every,
+            lookup_failing: false,
         }
     }
 
@@ -202,7 +254,7 @@ impl Daemon {
         let (jobs_in, mut jobs) = mpsc::channel(MAX_CONNECTIONS);
         // Stops accepting when the loop ends (connections still open are dropped with the runtime).
         let _acceptor = AbortOnDrop(tokio::spawn(accept(listener, jobs_in)));
-        let Signals { mut sigint, mut sigterm, mut sighup, mut sigusr2 } = signals;
+        let Signals { mut sigint, mut sigterm, mut sighup, mut sigusr1, mut sigusr2 } = signals;
         let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
         let mut rotation =
@@ -242,6 +294,7 @@ impl Daemon {
                     // Logged and counted; nobody to answer.
                     let _ = self.reload("SIGHUP");
                 }
+                _ = sigusr1.recv() => ignored_usr1(),
                 Some(job) = jobs.recv() => self.run(job),
                 _ = watch::settled(&mut config_watch) => self.file_changed(),
                 ready = refusals.readable_mut() => match ready {
@@ -264,6 +317,11 @@ impl Daemon {
                 _ = second.tick() => {
                     self.health.beat();
                     if_index = self.watch_interface(if_index);
+                    // A watched change the daemon could not read (out of descriptors, say) is
+                    // not lost: it is read again each second until it reads as it did.
+                    if config_watch.is_some() && self.seen.is_err() {
+                        self.file_changed();
+                    }
                     // A failed read costs one second of stats, never the attachment.
                     if let Err(e) = self.snapshot() {
                         warn!(error = %e, "reading the counters failed; stats are stale");
@@ -355,9 +413,28 @@ impl Daemon {
     }
 
     /// An interface that goes takes its XDP link with it; when it comes back (a new index),
-    /// attach again.
+    /// attach again. Only the kernel's "no such device", asked twice, is "gone": a lookup that
+    /// fails otherwise (out of descriptors, say) changes nothing, so it can never cost the
+    /// attachment.
     fn watch_interface(&mut self, known: Option<u32>) -> Option<u32> {
-        let now = kernel::if_index(&self.iface);
+        let now = match kernel::lookup_index(&self.iface) {
+            kernel::Lookup::Gone => kernel::lookup_index(&self.iface),
+            found => found,
+        };
+        let now = match now {
+            kernel::Lookup::Index(index) => Some(index),
+            kernel::Lookup::Gone => None,
+            kernel::Lookup::Unknown(errno) => {
+                if !self.lookup_failing {
+                    self.lookup_failing = true;
+                    warn!(iface = %self.iface, error = %errno, "could not look the interface up; taking it as unchanged until the lookup works again");
+                }
+                return known;
+            }
+        };
+        if std::mem::take(&mut self.lookup_failing) {
+            info!(iface = %self.iface, "the interface lookup works again");
+        }
         match (known, now) {
             (Some(_), None) => {
                 self.health.not_ready(format!("interface {} is gone; waiting for it to come back", self.iface));
@@ -716,12 +793,25 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Accepts control connections, each served by a task of its own, at most [`MAX_CONNECTIONS`]
-/// at once.
+/// Accepts control connections from root or the daemon's own user, each served by a task of
+/// its own, at most [`MAX_CONNECTIONS`] at once.
 async fn accept(listener: UnixListener, jobs: mpsc::Sender<Job>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let (mut refused, mut failing) = (Throttled::default(), Throttled::default());
     loop {
         match listener.accept().await {
+            Ok((stream, _)) if !may_control(stream.peer_cred().ok().map(|c| c.uid())) => {
+                let peer = stream.peer_cred().ok(); // for the log line only
+                refuse(&stream, "permission denied: the control socket serves root and the daemon's own user only");
+                if let Some(unlogged) = refused.hit() {
+                    warn!(
+                        uid = peer.map(|c| c.uid()),
+                        pid = peer.and_then(|c| c.pid()),
+                        unlogged,
+                        "control connection refused: the peer is neither root nor the daemon's user"
+                    );
+                }
+            }
             Ok((stream, _)) => match slots.clone().try_acquire_owned() {
                 Ok(slot) => {
                     let jobs = jobs.clone();
@@ -735,7 +825,9 @@ async fn accept(listener: UnixListener, jobs: mpsc::Sender<Job>) {
                 Err(_) => refuse_busy(&stream),
             },
             Err(e) => {
-                warn!(error = %e, "accepting a control connection failed");
+                if let Some(unlogged) = failing.hit() {
+                    warn!(error = %e, unlogged, "accepting a control connection failed");
+                }
                 // Out of descriptors, most likely: give the open connections time to end.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -746,14 +838,25 @@ async fn accept(listener: UnixListener, jobs: mpsc::Sender<Job>) {
 /// One line to a client beyond [`MAX_CONNECTIONS`], without waiting: a fresh socket's buffer
 /// holds it.
 fn refuse_busy(stream: &UnixStream) {
-    let response = Response::Failed {
-        error: format!("the daemon is serving {MAX_CONNECTIONS} control connections already; try again"),
-    };
-    if let Ok(mut line) = serde_json::to_string(&response) {
+    refuse(stream, &format!("the daemon is serving {MAX_CONNECTIONS} control connections already; try again"));
+    warn!(max = MAX_CONNECTIONS, "control connection refused: too many open");
+}
+
+/// Tells a client in one line why it is refused, without waiting, and leaves it (the stream
+/// closes when dropped).
+fn refuse(stream: &UnixStream, why: &str) {
+    if let Ok(mut line) = serde_json::to_string(&Response::Failed { error: why.to_string() }) {
         line.push('\n');
         let _ = stream.try_write(line.as_bytes());
     }
-    warn!(max = MAX_CONNECTIONS, "control connection refused: too many open");
+}
+
+/// SIGUSR1 has no use: said once per signal, and the daemon goes on.
+fn ignored_usr1() {
+    info!(
+        signal = "SIGUSR1",
+        "ignored: SIGUSR1 has no use in the daemon (SIGHUP reloads; SIGTERM, SIGINT and SIGUSR2 stop it)"
+    );
 }
 
 /// One connection: its request line within [`READ_DEADLINE`], to the loop, and the loop's

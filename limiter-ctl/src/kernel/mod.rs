@@ -26,7 +26,9 @@ pub use maps::DEFAULT_SAMPLE_REFUSALS;
 pub use rotate::draw_salt;
 pub use view::MapView;
 
-pub(crate) use host::{check_buckets, check_rows, if_index, interface_exists, interface_mtu, monotonic_ns};
+pub(crate) use host::{
+    Lookup, check_buckets, check_rows, if_index, interface_exists, interface_mtu, lookup_index, monotonic_ns,
+};
 
 /// Test-only: the BPF objects only the tests and benchmarks load.
 #[cfg(feature = "testing")]
