@@ -232,16 +232,25 @@ fn a_rate_edit_keeps_the_edited_policys_spent_buckets() {
     eprintln!("after the edit: {}; {judged}; delivered {got}", run.report);
     assert!(judged.total.refused_packets > 0, "nothing refused after the edit: {judged}");
     judged.check_pinned("after the edit");
-    let window = run.window();
-    // A spent bucket admits the rate and one more, never the burst on top.
-    let most = new.gcra().bound(nanos(window)) - (new.burst - 1);
-    eprintln!(
-        "  after the edit: {got} <= {most} (window {window:?}; fresh buckets would allow {})",
-        most + new.burst - 1
+    // Spent when the first flood ended (it was refusing at full speed up to then, give or take the
+    // sender being descheduled): from then on the kept TAT, ahead by the old window (2 s, beyond
+    // the new 1.6 s), admits at most the new rate and one more; buckets reset by the edit would add
+    // the burst over the second flood.
+    const SLACK: Duration = Duration::from_millis(50);
+    let spent_at = spend.report.last.expect("a flood records its end") - SLACK;
+    let since = run.window() + (first(&run.report) - spent_at);
+    let most = new.gcra().bound(nanos(since)) - (new.burst - 1);
+    let fresh = new.gcra().bound(nanos(run.report.duration()));
+    eprintln!("  after the edit: {got} <= {most} (spent {since:?} before the last delivery; reset buckets: {fresh})");
+    assert!(
+        most < fresh,
+        "the second flood began {:?} after the first: too late to tell kept buckets ({most}) from reset ones \
+         ({fresh}): the machine was too slow",
+        first(&run.report) - spend.report.last.expect("end")
     );
     assert!(
         got <= most,
-        "after the edit: delivered {got} over {window:?}, more than a spent bucket allows ({most}): the edit gave \
-         the source a fresh burst"
+        "after the edit: delivered {got}, more than the spent bucket allows over the {since:?} since ({most}): the \
+         edit gave the source a fresh burst"
     );
 }
