@@ -380,7 +380,7 @@ fn an_incompatible_pinned_limiter_is_replaced_without_a_gap() {
     assert_eq!(admitted, delivered, "admitted vs delivered");
     assert!(by_new.total.refused_packets > 0, "the new program refused nothing");
     for (what, judged) in [("old program", &by_old), ("new program", &by_new)] {
-        limiter_tests::bounds::check_upper(what, judged.total.admitted_packets, &limit, &judged, run.window());
+        limiter_tests::bounds::check_upper(what, judged.total.admitted_packets, &limit, judged, run.window());
     }
     assert_eq!(total(&Snapshot::read(&dir).expect("maps").counters[usize::from(new_id)]), total(&new_now));
 }

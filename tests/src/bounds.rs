@@ -316,4 +316,31 @@ mod tests {
         let late = offered_allowance(&gcra, &flood(1000, &[(500, 150)]), 1);
         assert!(late < whole && late + 27 >= whole, "{late} of {whole}");
     }
+
+    /// 100 admitted over 1 s at 100/s burst 1: over one CPU's bound (101 with the first), within
+    /// two CPUs' (202), which is what an upper bound multiplied by the CPUs seen allowed.
+    fn split_over_cpus(on_pinned: u64, elsewhere: u64) -> (Gcra, Judged) {
+        let gcra = Gcra::new(100, 1_000_000_000, 1, 1).unwrap();
+        let cpu = crate::cpu::flood_cpu();
+        let other = if cpu == 0 { 1 } else { 0 };
+        let mut per_cpu = vec![Counters::default(); cpu.max(other) + 1];
+        per_cpu[cpu].admitted_packets = on_pinned;
+        per_cpu[other].admitted_packets = elsewhere;
+        (gcra, Judged::new(&per_cpu))
+    }
+
+    #[test]
+    #[should_panic(expected = "but the sender is pinned to CPU")]
+    fn an_upper_bound_fails_when_frames_were_judged_on_another_cpu() {
+        let (gcra, judged) = split_over_cpus(50, 50);
+        check_upper("leaked", 100, &gcra, &judged, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn an_upper_bound_is_one_cpus_bound() {
+        let (gcra, judged) = split_over_cpus(100, 0);
+        check_upper("pinned", 100, &gcra, &judged, Duration::from_secs(1));
+        let result = std::panic::catch_unwind(|| check_upper("pinned", 102, &gcra, &judged, Duration::from_secs(1)));
+        assert!(result.is_err(), "102 over 1 s at 100/s burst 1 passed one CPU's bound");
+    }
 }
