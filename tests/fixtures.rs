@@ -406,7 +406,7 @@ fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
 /// A flood at the 1000/s burst 100 with the tick refusal: the key gets what the exact
 /// GCRA gives the very same arrivals up to `tick::SLACK_NS` before the flood's end (owed
 /// admissions are made up when the next tick's first packet is judged), and never more than its
-/// bound over the flood.
+/// bound over the flood. In the daemon's default shape: 4 rows, 1 in 256 refusals sampled.
 #[test]
 fn a_tick_refused_flood_keeps_its_allowance() {
     require_root!();
@@ -416,7 +416,10 @@ fn a_tick_refused_flood_keeps_its_allowance() {
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
     let spec = PolicySpec::any(Rate { count: 1000, period_ns: 1_000_000_000 }, 100);
     let policy = spec.compile(1).expect("1000/s burst 100");
-    let limiter = judging_all_by(Limiter::load_rows(BUCKETS, 4).expect("loading the limiter"), &policy);
+    let shape = limiter_tests::kernel_programs::Shape::DAEMON;
+    let mut limiter = Limiter::load_rows(BUCKETS, shape.rows).expect("loading the limiter");
+    limiter.set_sampling(shape.sample_refusals).expect("refusal sampling");
+    let limiter = judging_all_by(limiter, &policy);
     let start = Instant::now();
     // (call start in ns since `start`, admitted)
     let mut log: Vec<(u64, bool)> = Vec::with_capacity(1 << 20);
