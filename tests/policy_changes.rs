@@ -188,15 +188,17 @@ fn the_daemons_rate_flag_changes_the_rate_alone() {
 }
 
 /// `policy set NAME --rate X` keeps the edited policy's own buckets, not only the other
-/// policies': a source over its rate stays spent. 200/s burst 400 (a 2 s window) is flooded until
+/// policies': a source over its rate stays spent. 200/s burst 800 (a 4 s window) is flooded until
 /// spent, then edited to 250/s: every bucket the source spent holds the same TAT after the edit
-/// as before, and a flood resumed under the new rate gets at most the rate over its window (a
-/// spent bucket), where buckets reset by the edit would give it a burst of 400 on top.
+/// as before, and a flood resumed under the new rate gets at most the rate since it was spent (a
+/// spent bucket), where buckets reset by the edit would give it a burst of 800 on top. (The
+/// burst is large so that the two stay apart however long the machine takes between the floods,
+/// up to 3 s.)
 #[test]
 fn a_rate_edit_keeps_the_edited_policys_spent_buckets() {
     require_root!();
-    let rig = Rig::start(&["--buckets", "1024", "--rotate-every", "off"]).expect("starting the rig");
-    let old = Pol::new("edited", "udp:7000", 200, 400);
+    let rig = Rig::start(&["--buckets", "64", "--rotate-every", "off"]).expect("starting the rig");
+    let old = Pol::new("edited", "udp:7000", 200, 800);
     let new = Pol { per_sec: 250, ..old.clone() };
     rig.set(&old);
     let id = rig.policy_id("edited");
@@ -233,8 +235,8 @@ fn a_rate_edit_keeps_the_edited_policys_spent_buckets() {
     assert!(judged.total.refused_packets > 0, "nothing refused after the edit: {judged}");
     judged.check_pinned("after the edit");
     // Spent when the first flood ended (it was refusing at full speed up to then, give or take the
-    // sender being descheduled): from then on the kept TAT, ahead by the old window (2 s, beyond
-    // the new 1.6 s), admits at most the new rate and one more; buckets reset by the edit would add
+    // sender being descheduled): from then on the kept TAT, ahead by the old window (4 s, beyond
+    // the new 3.2 s), admits at most the new rate and one more; buckets reset by the edit would add
     // the burst over the second flood.
     const SLACK: Duration = Duration::from_millis(50);
     let spent_at = spend.report.last.expect("a flood records its end") - SLACK;
