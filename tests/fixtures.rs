@@ -341,24 +341,37 @@ fn a_memo_refusal_ends_when_the_allowance_returns() {
 /// more often than any source keeping to its rate could send, the rest of that tick's packets of
 /// it are refused without reading the clock. So a refusal may outlast its exact end by the rest
 /// of the tick, never by more than `tick::SLACK_NS`, and the admission never comes early. The
-/// same flood as above (10/s burst 1: two refusals within one tick earn the skip); some
-/// admissions must come measurably late, or the tick path was never taken (on the precise
-/// clock they come within microseconds: the test above).
+/// same flood as above, but with T = 100.37 ms (burst 1: two refusals within one tick earn the
+/// skip): a whole number of ticks at every HZ Linux has (100, 250, 300, 1000) and 0.37 ms, so
+/// each admission, made at the start of a tick once the skip ended, falls due 0.37 ms into a
+/// later tick, after the skip has begun there: every cycle takes the tick path, whatever the
+/// phase the flood starts in (with T a whole number of ticks, it could fall due before the
+/// skip began, every time). The tick path must show where nothing else can explain it: a refusal of a call that began well after the
+/// exact due time (500 us, where the precise clock allows 1: the test above). A late admission
+/// proves nothing, as the thread may simply have been descheduled; a late refusal cannot come
+/// from that (a call delayed past the due time reads a later clock, and is admitted).
 #[test]
 fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
     require_root!();
     pin_current_thread(CPU).expect("pinning the test thread");
-    const T: Duration = Duration::from_millis(100);
+    const T: Duration = Duration::from_micros(100_370);
     const CYCLES: usize = 8;
+    /// A refusal this far past the exact due time shows the tick path: on the precise clock no
+    /// refusal begins even 1 us past it, while the skip lasts to the end of the tick the
+    /// admission fell due in, 0.37 ms into it: at least 0.63 ms at Linux's shortest tick (1 ms,
+    /// HZ = 1000; 3.6 ms at HZ = 250).
+    const TICK_PROOF: Duration = Duration::from_micros(500);
     let slack = Duration::from_nanos(limiter_common::tick::SLACK_NS);
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
-    let policy = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1).compile(1).expect("10/s burst 1");
+    let rate = Rate { count: 1000, period_ns: 1000 * T.as_nanos() as u64 };
+    let policy = PolicySpec::any(rate, 1).compile(1).expect("1000 per 100.37 s, burst 1");
     for rows in [1, 4] {
         let limiter = judging_all_by(Limiter::load_rows(BUCKETS, rows).expect("loading the limiter"), &policy);
         let timed = || timed_run(&limiter, &frame);
         let (mut u0, mut u1, first) = timed();
         assert_eq!(first, XDP_PASS, "rows {rows}: the first packet has its burst");
-        let mut latest = Duration::ZERO;
+        // How late the latest admission and the latest refusal came past the exact due time.
+        let (mut latest, mut latest_refusal) = (Duration::ZERO, Duration::ZERO);
         for cycle in 0..CYCLES {
             loop {
                 let (s, e, verdict) = timed();
@@ -376,12 +389,16 @@ fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
                     "rows {rows}, cycle {cycle}: still refused {:?} after the last admission (due after {T:?}, slack {slack:?})",
                     s - u1
                 );
+                latest_refusal = latest_refusal.max(s.saturating_duration_since(u1 + T));
             }
         }
-        eprintln!("rows {rows}: latest admission {latest:?} past its exact due time");
+        eprintln!(
+            "rows {rows}: latest admission {latest:?}, latest refusal {latest_refusal:?} past the exact due time"
+        );
         assert!(
-            latest > Duration::from_micros(200),
-            "rows {rows}: every admission within {latest:?} of its due time: the tick refusal never applied"
+            latest_refusal >= TICK_PROOF,
+            "rows {rows}: no call was refused {TICK_PROOF:?} or more past its exact due time (latest {latest_refusal:?}): \
+             the tick refusal never applied"
         );
     }
 }
@@ -389,7 +406,7 @@ fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
 /// A flood at the issue's 1000/s burst 100 with the tick refusal: the key gets what the exact
 /// GCRA gives the very same arrivals up to `tick::SLACK_NS` before the flood's end (owed
 /// admissions are made up when the next tick's first packet is judged), and never more than its
-/// bound over the flood.
+/// bound over the flood. In the daemon's default shape: 4 rows, 1 in 256 refusals sampled.
 #[test]
 fn a_tick_refused_flood_keeps_its_allowance() {
     require_root!();
@@ -399,7 +416,10 @@ fn a_tick_refused_flood_keeps_its_allowance() {
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
     let spec = PolicySpec::any(Rate { count: 1000, period_ns: 1_000_000_000 }, 100);
     let policy = spec.compile(1).expect("1000/s burst 100");
-    let limiter = judging_all_by(Limiter::load_rows(BUCKETS, 4).expect("loading the limiter"), &policy);
+    let shape = limiter_tests::kernel_programs::Shape::DAEMON;
+    let mut limiter = Limiter::load_rows(BUCKETS, shape.rows).expect("loading the limiter");
+    limiter.set_sampling(shape.sample_refusals).expect("refusal sampling");
+    let limiter = judging_all_by(limiter, &policy);
     let start = Instant::now();
     // (call start in ns since `start`, admitted)
     let mut log: Vec<(u64, bool)> = Vec::with_capacity(1 << 20);

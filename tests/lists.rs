@@ -78,7 +78,7 @@ fn allow_and_deny_lists_with_longest_prefix_winning() {
     let judged = rig.judged(&run, id);
     for group in &groups {
         let got = run.delivered(&group[0]);
-        check_bounds(&format!("{:?}", group[0]), got, &pol.gcra(), judged.cpus.len(), run.window(), &run.report);
+        check_bounds(&format!("{:?}", group[0]), got, &pol.gcra(), &judged, run.window(), &run.report);
     }
     let sum = |streams: &[Stream]| streams.iter().map(|s| run.sent(&f(s))).sum::<u64>();
     let t = judged.total;

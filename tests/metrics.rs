@@ -199,7 +199,7 @@ fn metrics_and_stats_agree_with_what_was_offered_and_delivered() {
     eprintln!("  offered {sent}, delivered {delivered}; /metrics admitted {admitted}, refused {refused}");
     assert_eq!(admitted, delivered, "/metrics admitted vs delivered");
     assert_eq!(admitted + refused, sent, "/metrics admitted + refused vs offered");
-    check_upper("/metrics admitted", admitted, &limit, judged.cpus.len(), run.window());
+    check_upper("/metrics admitted", admitted, &limit, &judged, run.window());
     assert_eq!(
         value(&samples, "limiter_bytes_total", &[("policy", "flood"), ("decision", "admitted")]),
         bytes,

@@ -22,7 +22,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Command, Output},
     sync::OnceLock,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use limiter_ctl::config::{self, State};
@@ -31,7 +31,7 @@ use limiter_tests::{
     netns::{End, TestNet},
     policies::{gcra, src},
     require_root,
-    rig::{Rig, check_every_frame_judged},
+    rig::{Rig, check_hand_over},
 };
 use nix::sys::signal::Signal;
 use serde::Deserialize as _;
@@ -669,7 +669,8 @@ fn replace_daemon(rig: &mut Rig, grace: Duration, launch: Launch) -> String {
 /// daemon runs; dpkg upgrades the package under it; the postinst asks for a try-restart, which
 /// is replayed as systemd does it (SIGTERM, wait for the exit, start the unit's command again,
 /// now the new binary). Every frame of the flood was judged by a limiter program, the counters
-/// went on, and what got through is within the GCRA bound over the whole run. Then removal (the
+/// went on, what got through is within the GCRA bound over the whole run, a source keeping to
+/// half the rate was never refused and the flood got its allowance ([`check_hand_over`]). Then removal (the
 /// prerm, its detach pointed at this test's pin directory) stops the daemon and detaches, and a
 /// purge leaves no program on the interface and no pins.
 #[test]
@@ -686,7 +687,7 @@ fn a_flood_through_an_upgrade_and_a_purge() {
     let iface = rig.net.receiver.iface.clone();
     let id = rig.policy_id("default");
     let p1 = rig.daemon.program().expect("program");
-    let (flow, flooding) = rig.flood_one_source(src("198.19.1.1"), 7000, Duration::from_millis(300)).expect("flood");
+    let hand_over = start_hand_over(&rig);
 
     // The upgrade: files replaced under the running daemon, then the postinst.
     pkg.dpkg(&["-i", &deb().to_string_lossy()]);
@@ -695,15 +696,15 @@ fn a_flood_through_an_upgrade_and_a_purge() {
     assert!(calls.contains("systemctl try-restart limiter.service"), "{calls}");
     // What systemd's try-restart does to a running unit: stop (SIGTERM, wait), then start.
     let line = replace_daemon(&mut rig, SIGNAL_TIMEOUT, launch());
+    let adopted = Instant::now();
     eprintln!("after the upgrade: {line}");
     let p2 = rig.daemon.program().expect("program");
     assert_ne!(p1, p2);
-    std::thread::sleep(Duration::from_millis(300));
-    flooding.stop();
-    let run = flooding.finish().expect("flood");
-    let before = run.counted.as_ref().expect("baseline")[usize::from(id)].clone();
+    std::thread::sleep(Duration::from_millis(700));
+    let done = hand_over.finish().expect("flood");
+    let before = done.run.counted.as_ref().expect("baseline")[usize::from(id)].clone();
     let after = program_counters(p2, id).expect("counters");
-    check_every_frame_judged("through the upgrade", &run, &flow, &before, &after, &gcra(1000, 400));
+    check_hand_over("through the upgrade", &done, adopted, &before, &after, &gcra(1000, 400));
 
     // Removal: the prerm's detach, on this test's pins, in this test's network namespace.
     let detach = (
@@ -724,7 +725,8 @@ fn a_flood_through_an_upgrade_and_a_purge() {
 /// starts in a mount and pid namespace of its own (`unshare --mount --pid --fork`) with the host's
 /// bpffs bind-mounted at the container's mount path from the manifest's hostPath volume, and the
 /// manifest's --pin-dir under it. Under a flood: every frame judged, counters and salt carried
-/// over, within the GCRA bound over the whole run.
+/// over, within the GCRA bound over the whole run, and a source keeping to half the rate never
+/// refused, the flood getting its allowance ([`check_hand_over`]).
 #[test]
 fn a_daemonset_pod_replacement_keeps_enforcing() {
     require_root!();
@@ -777,16 +779,23 @@ fn a_daemonset_pod_replacement_keeps_enforcing() {
     assert!(rig.scratch.pin_dir(&iface).join("link").exists(), "the pod's pins are not on the host's bpffs");
     let id = rig.policy_id("default");
     let salts = rig.snapshot().rules.config.salts;
-    let (flow, flooding) = rig.flood_one_source(src("198.19.1.1"), 7000, Duration::from_millis(300)).expect("flood");
+    let hand_over = start_hand_over(&rig);
 
     let line = replace_daemon(&mut rig, grace, new_pod());
+    let adopted = Instant::now();
     eprintln!("the new pod: {line}");
     assert_eq!(rig.snapshot().rules.config.salts, salts, "the salt did not carry over");
-    std::thread::sleep(Duration::from_millis(300));
-    flooding.stop();
-    let run = flooding.finish().expect("flood");
+    std::thread::sleep(Duration::from_millis(700));
+    let done = hand_over.finish().expect("flood");
     let p2 = rig.daemon.program().expect("program");
-    let before = run.counted.as_ref().expect("baseline")[usize::from(id)].clone();
+    let before = done.run.counted.as_ref().expect("baseline")[usize::from(id)].clone();
     let after = program_counters(p2, id).expect("counters");
-    check_every_frame_judged("through the pod replacement", &run, &flow, &before, &after, &gcra(1000, 400));
+    check_hand_over("through the pod replacement", &done, adopted, &before, &after, &gcra(1000, 400));
+}
+
+/// A flood from 198.19.1.1 and a source keeping to half of [`FLOOD_ARGS`]'s rate from
+/// 198.19.1.2, both under way for 300 ms ([`Rig::start_hand_over`]).
+fn start_hand_over(rig: &Rig) -> limiter_tests::rig::HandOver {
+    rig.start_hand_over(src("198.19.1.1"), src("198.19.1.2"), 7000, 1000.0, Duration::from_millis(300))
+        .expect("starting the floods")
 }

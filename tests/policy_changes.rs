@@ -1,5 +1,5 @@
-//! A policy changed under a flood: a new rate applies within a second, and the other policies
-//! keep their counters and buckets. A change names only what changes: the other fields stay.
+//! A policy changed under a flood: a new rate applies within a second, the changed policy keeps
+//! its sources' spent buckets, and the other policies keep their counters and buckets. A change names only what changes: the other fields stay.
 //!
 //! End to end through the real `limiter-ctl` (daemon and CLI) and the real XDP program on a veth
 //! pair, on the shared [`limiter_tests::rig`], with policies as [`limiter_tests::policies`] sets
@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use limiter_tests::{
-    bounds::{check_lower_during, check_overload, check_upper, first, stall_cost},
+    bounds::{check_lower_during, check_overload, check_upper, first, nanos, stall_cost},
     flood::{Flow, L4, Limits},
     policies::{Pol, PolicyRig as _, finish},
     require_root,
@@ -64,17 +64,16 @@ fn a_rate_changed_mid_flood_applies_within_a_second() {
     let id = rig.policy_id("changing");
     rig.check_installed(&new, id);
     let judged = rig.judged(&run, id);
-    let cpus = judged.cpus.len();
     let is_a = |f: &Flow| *f == flow_a;
     let before = run.captured.between(is_a, start, issued);
     // Captured before the command, so admitted before it: under the old rate throughout.
-    check_upper("old rate, before the change", before, &old.gcra(), cpus, issued - start);
+    check_upper("old rate, before the change", before, &old.gcra(), &judged, issued - start);
     check_lower_during("old rate, before the change", before, &old.gcra(), issued - start, &run.report, 1);
     let settled = issued + Duration::from_secs(1);
     let after = run.captured.between(is_a, settled, Instant::now());
     // Captured from `settled` on, so admitted from `settled - CAPTURE_LAG` on.
     let after_window = run.captured.last().unwrap_or(end).saturating_duration_since(settled) + CAPTURE_LAG;
-    check_upper("new rate, from 1 s after the change", after, &new.gcra(), cpus, after_window);
+    check_upper("new rate, from 1 s after the change", after, &new.gcra(), &judged, after_window);
     // The bucket is spent when the window opens: no burst on top of the rate there; the sender's
     // stalls may have cost some of the rate.
     let watched = end - settled;
@@ -186,4 +185,74 @@ fn the_daemons_rate_flag_changes_the_rate_alone() {
     expected["burst"] = 70.into();
     assert_eq!(fields(&rig), expected, "`policy show default` after a start with --burst 70");
     rig.check_installed(&Pol { per_sec: 500, burst: 70, ..watched }, id);
+}
+
+/// `policy set NAME --rate X` keeps the edited policy's own buckets, not only the other
+/// policies': a source over its rate stays spent. 200/s burst 800 (a 4 s window) is flooded until
+/// spent, then edited to 250/s: every bucket the source spent holds the same TAT after the edit
+/// as before, and a flood resumed under the new rate gets at most the rate since it was spent (a
+/// spent bucket), where buckets reset by the edit would give it a burst of 800 on top. (The
+/// burst is large so that the two stay apart however long the machine takes between the floods,
+/// up to 3 s.)
+#[test]
+fn a_rate_edit_keeps_the_edited_policys_spent_buckets() {
+    require_root!();
+    let rig = Rig::start(&["--buckets", "64", "--rotate-every", "off"]).expect("starting the rig");
+    let old = Pol::new("edited", "udp:7000", 200, 800);
+    let new = Pol { per_sec: 250, ..old.clone() };
+    rig.set(&old);
+    let id = rig.policy_id("edited");
+    let stream = rig.stream(L4::Udp, 7000, "198.19.1.1");
+    let flow = flow_of(&stream);
+    let spend = finish(
+        rig.start_counted_flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_millis(300)), None)
+            .expect("flood"),
+    );
+    check_overload(&spend.report, old.per_sec as f64, 1);
+    let judged = rig.judged(&spend, id);
+    eprintln!("spending: {}; {judged}; delivered {}", spend.report, spend.delivered(&flow));
+    assert!(judged.total.refused_packets > 0, "the source never went over its rate: {judged}");
+    // The buckets the source spent (rows x CPUs), with their TATs.
+    let tats = |rig: &Rig| rig.daemon.current_buckets().unwrap_or_else(|e| panic!("reading the buckets: {e:#}"));
+    let spent: Vec<(usize, Vec<u64>)> =
+        tats(&rig).into_iter().enumerate().filter(|(_, per_cpu)| per_cpu.iter().any(|&t| t != 0)).collect();
+    assert!(!spent.is_empty(), "no bucket holds a TAT after the flood");
+
+    rig.ctl_ok(&["policy", "set", "edited", "--rate", "250/s"]);
+    rig.check_installed(&new, id);
+    assert_eq!(rig.policy_id("edited"), id, "the edit gave the policy another id");
+    let now = tats(&rig);
+    let kept: Vec<(usize, Vec<u64>)> = spent.iter().map(|(i, _)| (*i, now[*i].clone())).collect();
+    assert_eq!(kept, spent, "the rate edit changed the TATs of the source's spent buckets");
+
+    let run = finish(
+        rig.start_counted_flood(std::slice::from_ref(&stream), Limits::timed(Duration::from_millis(1200)), None)
+            .expect("flood"),
+    );
+    let judged = rig.judged(&run, id);
+    let got = run.delivered(&flow);
+    eprintln!("after the edit: {}; {judged}; delivered {got}", run.report);
+    assert!(judged.total.refused_packets > 0, "nothing refused after the edit: {judged}");
+    judged.check_pinned("after the edit");
+    // Spent when the first flood ended (it was refusing at full speed up to then, give or take the
+    // sender being descheduled): from then on the kept TAT, ahead by the old window (4 s, beyond
+    // the new 3.2 s), admits at most the new rate and one more; buckets reset by the edit would add
+    // the burst over the second flood.
+    const SLACK: Duration = Duration::from_millis(50);
+    let spent_at = spend.report.last.expect("a flood records its end") - SLACK;
+    let since = run.window() + (first(&run.report) - spent_at);
+    let most = new.gcra().bound(nanos(since)) - (new.burst - 1);
+    let fresh = new.gcra().bound(nanos(run.report.duration()));
+    eprintln!("  after the edit: {got} <= {most} (spent {since:?} before the last delivery; reset buckets: {fresh})");
+    assert!(
+        most < fresh,
+        "the second flood began {:?} after the first: too late to tell kept buckets ({most}) from reset ones \
+         ({fresh}): the machine was too slow",
+        first(&run.report) - spend.report.last.expect("end")
+    );
+    assert!(
+        got <= most,
+        "after the edit: delivered {got}, more than the spent bucket allows over the {since:?} since ({most}): the \
+         edit gave the source a fresh burst"
+    );
 }

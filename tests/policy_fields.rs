@@ -143,7 +143,7 @@ fn rate_burst_and_byte_unit_hold_to_their_bounds() {
     rig.check_installed(&bytes, id);
     let judged = rig.judged(&run, id);
     let got = run.captured.bytes(|f| *f == flow);
-    check_upper("bytes delivered", got, &bytes.gcra(), judged.cpus.len(), run.window());
+    check_upper("bytes delivered", got, &bytes.gcra(), &judged, run.window());
     // Each stall can cost up to one whole frame on top of the time.
     check_lower_weighted("bytes delivered", got, &bytes.gcra(), &run.report, big_frame_len(&run, &flow));
     assert_eq!(judged.total.admitted_bytes, got, "admitted bytes vs bytes delivered");
@@ -180,7 +180,7 @@ fn dry_run_passes_everything_and_counts_what_it_would_refuse() {
     assert_eq!(t.refused_packets, 0, "a dry-run policy refused packets");
     assert_eq!(t.admitted_packets + t.dry_run_packets, run.sent(&flow), "judged vs sent");
     assert_eq!(t.dry_run_bytes, t.dry_run_packets * 60, "dry-run bytes of 60-byte frames");
-    check_bounds("would have admitted", t.admitted_packets, &pol.gcra(), judged.cpus.len(), run.window(), &run.report);
+    check_bounds("would have admitted", t.admitted_packets, &pol.gcra(), &judged, run.window(), &run.report);
     rig.check_unjudged(0, &run);
 }
 

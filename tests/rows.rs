@@ -7,9 +7,15 @@
 //! one of its rows spent for seconds after its last admission, so the innocents, sent within
 //! milliseconds of the flood, meet the rows as the flood left them.
 
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use limiter_common::{SipKey, maps::Counters, rows::row_len};
+use limiter_common::{
+    FlowKey, SipKey,
+    key::FAMILY_V4,
+    maps::{Counters, DEFAULT_BUCKETS},
+    rows::{MAX_ROWS, row_len},
+};
 use limiter_ctl::{
     ModeRequest,
     config::{PolicySpec, Rate},
@@ -86,9 +92,14 @@ fn measure(net: &TestNet, buckets: u32, rows: u32, flooders: u32, innocents: u32
         "the limiter judged {admitted_packets} + {refused_packets} innocent packets of {innocents} sent"
     );
     limiter.detach().expect("detach");
+    Loss { rows, refused: refused_packets, innocents: u64::from(innocents), theory: theory(buckets, rows, flooders) }
+}
+
+/// The share of innocents refused, in theory: `(1 - (1 - 1/M)^K)^D` for `K` flooders and `D`
+/// rows of `M` buckets.
+fn theory(buckets: u32, rows: u32, flooders: u32) -> f64 {
     let m = f64::from(row_len(buckets, rows));
-    let theory = (1.0 - (1.0 - 1.0 / m).powf(f64::from(flooders))).powi(rows as i32);
-    Loss { rows, refused: refused_packets, innocents: u64::from(innocents), theory }
+    (1.0 - (1.0 - 1.0 / m).powf(f64::from(flooders))).powi(rows as i32)
 }
 
 fn send(net: &TestNet, frames: &Frames, limits: Limits) -> Report {
@@ -103,9 +114,7 @@ fn send(net: &TestNet, frames: &Frames, limits: Limits) -> Report {
 /// of the expectation (the theory assumes independent, uniform row indexes; the salt is fixed)
 /// plus one packet.
 fn check_against_theory(loss: &Loss, what: &str) {
-    let n = loss.innocents as f64;
-    let expected = n * loss.theory;
-    let slack = 5.0 * (expected * (1.0 - loss.theory)).sqrt() + 0.1 * expected + 1.0;
+    let (expected, slack) = tolerance(loss.innocents, loss.theory);
     assert!(
         (loss.refused as f64 - expected).abs() <= slack,
         "{what}, {} rows: {} of {} innocents refused ({:.3}%); theory {:.3}% ({expected:.1}), allowed +-{slack:.1}",
@@ -115,6 +124,13 @@ fn check_against_theory(loss: &Loss, what: &str) {
         100.0 * loss.share(),
         100.0 * loss.theory
     );
+}
+
+/// The expected count of `innocents` refused at the `theory` share, and the slack allowed around
+/// it (see [`check_against_theory`]).
+fn tolerance(innocents: u64, theory: f64) -> (f64, f64) {
+    let expected = innocents as f64 * theory;
+    (expected, 5.0 * (expected * (1.0 - theory)).sqrt() + 0.1 * expected + 1.0)
 }
 
 fn report(loss: &[Loss], what: &str) {
@@ -178,8 +194,8 @@ fn rows_spare_innocents_with_2_20_buckets() {
 fn plot_innocent_loss_against_flooders() {
     require_root!();
     let net = TestNet::new().expect("test network");
-    let buckets = limiter_common::maps::DEFAULT_BUCKETS;
-    let flooders = [1_000u32, 2_500, 5_000, 10_000, 15_000, 20_000];
+    let buckets = DEFAULT_BUCKETS;
+    let flooders = TABLE_FLOODERS;
     let mut series = Vec::new();
     eprintln!("| flooders | D = 1 | D = 2 | D = 3 | D = 4 |\n|---:|---:|---:|---:|---:|");
     let mut rows_table = vec![String::new(); flooders.len()];
@@ -202,4 +218,99 @@ fn plot_innocent_loss_against_flooders() {
         &series,
     )
     .expect("plot");
+}
+
+/// The flooder counts of DESIGN's rows table (and its plot).
+const TABLE_FLOODERS: [u32; 6] = [1_000, 2_500, 5_000, 10_000, 15_000, 20_000];
+/// The innocents of DESIGN's rows table.
+const TABLE_INNOCENTS: u32 = 5_000;
+
+/// The row buckets of the `n`-th host (from 1) of `prefix` under [`SALT`] and [`POLICY`] (key
+/// src/32), as the kernel finds them: the key and hash are the shared code's
+/// ([`FlowKey::row_buckets`]).
+fn rows_of(prefix: Ipv4Addr, n: u32, rows: u32, len: u32) -> [u32; MAX_ROWS] {
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&Ipv4Addr::from(u32::from(prefix) + n).octets());
+    FlowKey { addr, policy: POLICY, dport: 0, family: FAMILY_V4 }.row_buckets(&SALT, rows as usize, len)
+}
+
+/// DESIGN's rows table, computed (no kernel, fast): the sources and salt of the veth measurement
+/// ([`measure`]: flooders 198.19.0.1.., innocents 198.18.0.1..), at the default memory, for each
+/// flooder count of the table and D = 1..4. The flooders keep every one of their rows spent, so an
+/// innocent is refused when each of its D row buckets is also a flooder's: that count, for the
+/// very keys the kernel hashes, is held to theory `(1 - (1 - 1/M)^K)^D` within the tolerance of
+/// [`check_against_theory`] (5 binomial standard deviations, 10% of the expectation, one more).
+/// The table as published in docs/DESIGN.md is held to theory the same way, its bracketed theory
+/// must be the formula's to the hundredth of a percent, and each measured cell must be the
+/// computed one (the measurement is deterministic: fixed salt and sources).
+#[test]
+fn the_rows_table_agrees_with_theory() {
+    let buckets = DEFAULT_BUCKETS;
+    let (flood, innocent) = (Ipv4Addr::new(198, 19, 0, 0), Ipv4Addr::new(198, 18, 0, 0));
+    let mut computed = vec![String::new(); TABLE_FLOODERS.len()];
+    let mut predicted = std::collections::BTreeMap::new();
+    for rows in 1..=MAX_ROWS as u32 {
+        let len = row_len(buckets, rows);
+        // Indexed as the generation's buckets: row r's bucket i is r x len + i.
+        let mut spent = vec![false; buckets as usize];
+        let mut flooders = 0;
+        for (i, &k) in TABLE_FLOODERS.iter().enumerate() {
+            for n in flooders + 1..=k {
+                for &b in rows_of(flood, n, rows, len).iter().take(rows as usize) {
+                    spent[b as usize] = true;
+                }
+            }
+            flooders = k;
+            let refused = (1..=TABLE_INNOCENTS)
+                .filter(|&n| rows_of(innocent, n, rows, len).iter().take(rows as usize).all(|&b| spent[b as usize]))
+                .count() as u64;
+            let loss = Loss { rows, refused, innocents: u64::from(TABLE_INNOCENTS), theory: theory(buckets, rows, k) };
+            predicted.insert((k, rows), format!("{:.2}% ({:.2}%)", 100.0 * loss.share(), 100.0 * loss.theory));
+            computed[i] += &format!(" {} |", predicted[&(k, rows)]);
+            check_against_theory(&loss, &format!("computed, {k} flooders"));
+        }
+    }
+    eprintln!("computed for the veth measurement's keys:\n| flooders | D = 1 | D = 2 | D = 3 | D = 4 |");
+    for (k, row) in TABLE_FLOODERS.iter().zip(&computed) {
+        eprintln!("| {k} |{row}");
+    }
+
+    let design = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/DESIGN.md"))
+        .expect("reading docs/DESIGN.md");
+    let mut published = 0;
+    for line in design.lines() {
+        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
+        let Some(k) = cells.first().and_then(|c| c.replace(',', "").parse::<u32>().ok()) else { continue };
+        if !TABLE_FLOODERS.contains(&k) || cells.len() != 1 + MAX_ROWS {
+            continue;
+        }
+        for (rows, cell) in (1..=MAX_ROWS as u32).zip(&cells[1..]) {
+            let percent = |s: &str| -> f64 {
+                s.trim().trim_end_matches('%').parse().unwrap_or_else(|e| panic!("DESIGN, {k} flooders: '{cell}': {e}"))
+            };
+            let (measured, bracket) = cell
+                .split_once(" (")
+                .map(|(m, t)| (percent(m), percent(t.trim_end_matches(')'))))
+                .unwrap_or_else(|| panic!("DESIGN, {k} flooders, D = {rows}: '{cell}' is not 'M% (T%)'"));
+            let theory = theory(buckets, rows, k);
+            assert!(
+                (bracket - 100.0 * theory).abs() < 0.006,
+                "DESIGN, {k} flooders, D = {rows}: theory given as {bracket}%, the formula says {:.3}%",
+                100.0 * theory
+            );
+            // The veth measurement is deterministic (fixed salt and sources, every flooder's rows
+            // spent): it must be what the shared code predicts for those keys.
+            assert_eq!(
+                Some(*cell),
+                predicted.get(&(k, rows)).map(String::as_str),
+                "DESIGN, {k} flooders, D = {rows}: published, then computed for the measured keys; re-measure with \
+                 `sudo -E cargo test -p limiter-tests --test rows -- --ignored --nocapture plot`"
+            );
+            let refused = (measured / 100.0 * f64::from(TABLE_INNOCENTS)).round() as u64;
+            let loss = Loss { rows, refused, innocents: u64::from(TABLE_INNOCENTS), theory };
+            check_against_theory(&loss, &format!("docs/DESIGN.md, {k} flooders"));
+            published += 1;
+        }
+    }
+    assert_eq!(published, TABLE_FLOODERS.len() * MAX_ROWS, "cells of the rows table found in docs/DESIGN.md");
 }

@@ -52,12 +52,12 @@ fn a_lowered_rate_admits_the_same_source_at_the_new_rate() {
     let run = flooding.finish().expect("the second flood");
     run.check_capture();
     let delivered = run.delivered(&flow);
-    let cpus = rig.judged(&run, rig.policy_id("changing")).cpus.len();
+    let judged = rig.judged(&run, rig.policy_id("changing"));
     eprintln!(
         "at 1000/s burst 100 ({ahead:?} of old TAT left at the change, less {gap:?}): {}; delivered {delivered}",
         run.report
     );
-    check_upper("after the change", delivered, &new, cpus, run.window());
+    check_upper("after the change", delivered, &new, &judged, run.window());
     // The old TAT is clamped to the new window at the first packet: the new burst is spent, the
     // rate is not. From one window on, the source gets the full rate.
     check_lower_during(

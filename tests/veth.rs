@@ -25,7 +25,7 @@ use limiter_tests::{
     cpu::flood_cpu,
     daemon::{Daemon, Scratch},
     flood::{Frames, Limits, PacketSocket, Prefix, Report, Sources},
-    kernel_programs::udp_limiter,
+    kernel_programs::{Shape, udp_limiter, udp_limiter_shaped},
     netns::{End, TestNet},
     require_root,
     snmp::Snmp,
@@ -40,14 +40,31 @@ const FLOOD_TIME: Duration = Duration::from_secs(2);
 // ---------------------------------------------------------------------------------------------
 // Tests
 
-/// One source floods at the sender's top speed; the limiter lets through its allowance and no
-/// more, and every admitted packet reaches the socket.
+/// One source floods at the sender's top speed; the limiter (one row, no sampling) lets through
+/// its allowance and no more, and every admitted packet reaches the socket.
 #[test]
 fn single_source_flood_is_held_to_the_bound() {
+    single_source_flood(Shape::ONE_ROW);
+}
+
+/// [`single_source_flood_is_held_to_the_bound`] with the limiter as the daemon runs it by
+/// default: 4 count-min rows, 1 in 256 refusals sampled into the ring.
+#[test]
+fn single_source_flood_is_held_to_the_bound_in_the_daemons_shape() {
+    single_source_flood(Shape::DAEMON);
+}
+
+fn single_source_flood(shape: Shape) {
     require_root!();
     let net = TestNet::new().expect("test network");
     let (rate, burst) = ("1000/s", 100);
-    let (mut limiter, gcra) = load_limiter(64, rate, burst).expect("loading the limiter");
+    let policy = policy(rate, burst).expect("policy");
+    let mut limiter = udp_limiter_shaped(64, shape, SALT, &policy).expect("loading the limiter");
+    let gcra = policy.gcra;
+    let config = limiter.config().expect("config");
+    assert_eq!(config.rows, shape.rows, "{shape:?}: rows in the kernel's config");
+    let sampling = config.flags & limiter_common::maps::Config::SAMPLE_REFUSALS != 0;
+    assert_eq!(sampling, shape.sample_refusals > 0, "{shape:?}: refusal sampling in the kernel's config");
     attach_native(&net, &mut limiter);
     let receiver = Receiver::start(&net.receiver).expect("UDP receiver");
 
@@ -57,14 +74,14 @@ fn single_source_flood_is_held_to_the_bound() {
     let counters_read = Instant::now();
     let drops = udp_drops(&net.receiver).expect("UDP drop counters");
     let judged = Judged::new(&per_cpu);
-    eprintln!("single source: {report}; {judged}; delivered {} (socket drops {drops})", delivered.total());
+    eprintln!("single source, {shape:?}: {report}; {judged}; delivered {} (socket drops {drops})", delivered.total());
 
     check_overload(&report, per_sec(rate), 1);
     assert_quiet(&limiter);
     assert_eq!(delivered.sources(), vec![IpAddr::from(net.sender.v4)], "datagrams from unexpected sources");
     judged.check_against(&report);
     let window = delivered.window(&report);
-    check_bounds("delivered", delivered.total(), &gcra, judged.cpus.len(), window, &report);
+    check_bounds("delivered", delivered.total(), &gcra, &judged, window, &report);
     judged.check_admitted(&gcra, counters_read - first(&report), &report);
     let admitted = judged.total.admitted_packets;
     assert_eq!(
@@ -119,7 +136,7 @@ fn spoofed_sources_share_allowances_by_predicted_bucket() {
     for (bucket, members) in &groups {
         let got: u64 = members.iter().map(|a| delivered.from(a)).sum();
         let what = format!("bucket {bucket} ({} sources)", members.len());
-        check_bounds(&what, got, &gcra, judged.cpus.len(), window, &report);
+        check_bounds(&what, got, &gcra, &judged, window, &report);
     }
     let strays: Vec<IpAddr> =
         delivered.sources().into_iter().filter(|a| !groups.values().any(|m| m.contains(a))).collect();
@@ -159,7 +176,7 @@ fn daemon_limits_a_flood_and_leaves_it_enforcing_on_sigint() {
     let gcra = policy(rate, burst).expect("policy").gcra;
     check_overload(&report, per_sec(rate), 1);
     judged.check_against(&report);
-    check_bounds("delivered", delivered.total(), &gcra, judged.cpus.len(), delivered.window(&report), &report);
+    check_bounds("delivered", delivered.total(), &gcra, &judged, delivered.window(&report), &report);
     judged.check_admitted(&gcra, counters_read - first(&report), &report);
     let admitted = judged.total.admitted_packets;
     // The daemon judges every protocol; the fixture keeps the link free of anything but the flood.
@@ -176,6 +193,59 @@ fn daemon_limits_a_flood_and_leaves_it_enforcing_on_sigint() {
     assert_eq!(detached.code, Some(0), "{detached:?}");
     let link = net.receiver.link_details().expect("ip link");
     assert!(!link.contains("xdp"), "an XDP program is still attached after detach:\n{link}");
+}
+
+/// The daemon in its default mode (auto) on an interface without native XDP: a bridge (no driver
+/// hook), the receiver's veth end its port. Auto tries native, falls back to skb mode and says
+/// why; the program is attached in generic mode, and frames the bridge passes up to the host
+/// meet it there (on the CPU that sent them: veth without XDP hands them to that CPU's backlog).
+/// The flood is held to its bound, on the pinned CPU, and gets at least 90% of its allowance.
+#[test]
+fn auto_mode_falls_back_to_skb_on_a_bridge_and_still_limits() {
+    require_root!();
+    let net = TestNet::new().expect("test network");
+    // Same length as the veth end's name (IFNAMSIZ), its last letter swapped.
+    let name = format!("{}b", &net.receiver.iface[..net.receiver.iface.len() - 1]);
+    let bridge = End { iface: name.clone(), ..net.receiver.clone() };
+    for args in [
+        ["link", "add", name.as_str(), "type", "bridge"].as_slice(),
+        &["link", "set", &net.receiver.iface, "master", &name],
+        &["link", "set", &name, "up"],
+    ] {
+        let mut full = vec!["-n", net.receiver.ns.as_str()];
+        full.extend(args);
+        limiter_tests::netns::ip(full).unwrap_or_else(|e| panic!("ip {args:?}: {e:#}"));
+    }
+    let scratch = Scratch::new().expect("scratch directory");
+    let (rate, burst) = ("1000/s", 100);
+    let mut daemon =
+        Daemon::spawn(&bridge, &scratch, &["--rate", rate, "--burst", &burst.to_string(), "--metrics", "off"])
+            .expect("starting limiter-ctl");
+    let attached = daemon.wait_attached(&bridge).unwrap_or_else(|e| panic!("{e:#}"));
+    daemon.poll();
+    let out = daemon.output();
+    assert!(attached.contains("mode=skb"), "auto mode on a bridge did not fall back to skb: {attached}\n{out}");
+    assert!(out.contains("fell back to skb mode"), "the fallback is not said:\n{out}");
+    let link = bridge.link_details().expect("ip link");
+    assert!(link.contains("xdpgeneric"), "no generic XDP program on the bridge:\n{link}");
+    let shown = daemon.ctl_ok(&["policy", "show", "default", "--json"]).expect("policy show");
+    let shown: serde_json::Value = serde_json::from_str(&shown).expect("policy show --json");
+    let id = shown["id"].as_u64().and_then(|id| u16::try_from(id).ok()).expect("a policy id");
+
+    let before = daemon.counters(id).expect("counters");
+    let spec = net.frames_to(false, 9);
+    let frames = Frames::build(&spec, &Sources::One(net.sender.v4.into())).expect("frames");
+    let limits = Limits::timed(Duration::from_secs(1)).on_cpu(flood_cpu());
+    let iface = &net.sender.iface;
+    let report = net.sender.run(|| frames.send(&mut PacketSocket::open(iface)?, &limits)).expect("namespace");
+    let report = report.expect("flood");
+    let judged = Judged::between(&before, &daemon.counters(id).expect("counters"));
+    let read = Instant::now();
+    eprintln!("skb mode on a bridge: {report}; {judged}");
+    let gcra = policy(rate, burst).expect("policy").gcra;
+    check_overload(&report, per_sec(rate), 1);
+    judged.check_against(&report);
+    judged.check_admitted(&gcra, read - first(&report), &report);
 }
 
 // ---------------------------------------------------------------------------------------------

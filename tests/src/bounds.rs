@@ -2,9 +2,13 @@
 //!
 //! GCRA state is per bucket per CPU, and veth runs the receiver's XDP in NAPI on the CPU that
 //! sent, so floods are pinned to one CPU ([`crate::cpu::flood_cpu`]) and a policy's per-CPU
-//! counters say which CPUs judged its packets; the upper bound is `Gcra::bound(window)` summed
-//! over those CPUs, where the window runs from before the first send to after the last delivery
-//! (or the counter read). The lower bound asks for 90% of one CPU's bound over the flood's own
+//! counters say which CPUs judged its packets. The upper bound is ONE CPU's `Gcra::bound(window)`,
+//! the pinned CPU's, where the window runs from before the first send to after the last delivery
+//! (or the counter read): frames judged on any other CPU fail it ([`check_upper`]), since another
+//! CPU's state would grant an allowance of its own that the bound does not count. Only tests
+//! about CPUs (tests/scope.rs) sum per-CPU bounds ([`check_upper_over`]).
+//!
+//! The lower bound asks for 90% of one CPU's bound over the flood's own
 //! duration (as measured, whatever the machine's speed), less what the sender's own stalls can
 //! have cost ([`stall_cost`]): the flood offers far more than the rate ([`MIN_OVERLOAD`]), so
 //! the limiter must admit close to its full allowance of the time the flood was actually offered.
@@ -58,13 +62,24 @@ impl Judged {
         assert_eq!(self.total.errors, 0, "the program reported internal errors");
     }
 
-    /// Each CPU's state is its own, so each CPU's admissions are held to one bound over
-    /// `window`; all of them together still make at least 90% of one allowance over the flood.
+    /// Judged on the sender's pinned CPU alone, the admissions are held to that CPU's bound over
+    /// `window`, and make at least 90% of its allowance over the flood.
     pub fn check_admitted(&self, gcra: &Gcra, window: Duration, flood: &Report) {
-        for &cpu in &self.cpus {
-            check_upper(&format!("admitted on CPU {cpu}"), self.per_cpu[cpu].admitted_packets, gcra, 1, window);
-        }
-        check_bounds("admitted", self.total.admitted_packets, gcra, self.cpus.len(), window, flood);
+        check_bounds("admitted", self.total.admitted_packets, gcra, self, window, flood);
+    }
+
+    /// Every frame was judged on the CPU the sender is pinned to ([`crate::cpu::flood_cpu`]), or
+    /// none was: a frame judged on another CPU met that CPU's buckets, whose allowance is its own,
+    /// so one CPU's bound would no longer hold the flood (a leak the bound must not absorb).
+    #[track_caller]
+    pub fn check_pinned(&self, what: &str) {
+        let cpu = crate::cpu::flood_cpu();
+        assert!(
+            self.cpus.iter().all(|&c| c == cpu),
+            "{what}: frames were judged on CPUs {:?}, but the sender is pinned to CPU {cpu} ({self}): another CPU's \
+             buckets grant an allowance of their own, which one CPU's bound does not count",
+            self.cpus
+        );
     }
 }
 
@@ -106,15 +121,28 @@ pub fn since(now: &Counters, before: &Counters) -> Counters {
     }
 }
 
-/// `got` within [90% of one CPU's bound over the flood, sum of per-CPU bounds over `window`].
-pub fn check_bounds(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration, flood: &Report) {
-    check_upper(what, got, gcra, cpus, window);
+/// `got` within [90% of one CPU's bound over the flood, the pinned CPU's bound over `window`]
+/// ([`check_upper`], [`check_lower`]).
+#[track_caller]
+pub fn check_bounds(what: &str, got: u64, gcra: &Gcra, judged: &Judged, window: Duration, flood: &Report) {
+    check_upper(what, got, gcra, judged, window);
     check_lower(what, got, gcra, flood);
 }
 
-/// `got` within the sum of `cpus` per-CPU bounds over `window`. Broken, it is the limiter's
-/// fault: no machine, however slow, makes it admit more than the bound over the time it had.
-pub fn check_upper(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration) {
+/// `got` within one CPU's bound over `window`, every frame `judged` on the CPU the sender is
+/// pinned to ([`Judged::check_pinned`]): the bound of the CPU named, not one per CPU seen.
+#[track_caller]
+pub fn check_upper(what: &str, got: u64, gcra: &Gcra, judged: &Judged, window: Duration) {
+    judged.check_pinned(what);
+    check_upper_over(&format!("{what} (on CPU {})", crate::cpu::flood_cpu()), got, gcra, 1, window);
+}
+
+/// `got` within the sum of `cpus` per-CPU bounds over `window`: for tests about CPUs (what a
+/// policy of scope `cpu` admits on each of several CPUs); every other test names its CPU
+/// ([`check_upper`]). Broken, it is the limiter's fault: no machine, however slow, makes it
+/// admit more than the bound over the time it had.
+#[track_caller]
+pub fn check_upper_over(what: &str, got: u64, gcra: &Gcra, cpus: usize, window: Duration) {
     let upper = cpus.max(1) as u64 * gcra.bound(nanos(window));
     eprintln!("  {what}: {got} <= {upper} (window {window:?}, {cpus} CPU(s))");
     assert!(
@@ -287,5 +315,32 @@ mod tests {
         assert_eq!(stall_cost(&gcra, &flood(1000, &[(500, 150)]), 1), 26 + 1, "52 ms past the credit");
         let late = offered_allowance(&gcra, &flood(1000, &[(500, 150)]), 1);
         assert!(late < whole && late + 27 >= whole, "{late} of {whole}");
+    }
+
+    /// 100 admitted over 1 s at 100/s burst 1: over one CPU's bound (101 with the first), within
+    /// two CPUs' (202), which is what an upper bound multiplied by the CPUs seen allowed.
+    fn split_over_cpus(on_pinned: u64, elsewhere: u64) -> (Gcra, Judged) {
+        let gcra = Gcra::new(100, 1_000_000_000, 1, 1).unwrap();
+        let cpu = crate::cpu::flood_cpu();
+        let other = if cpu == 0 { 1 } else { 0 };
+        let mut per_cpu = vec![Counters::default(); cpu.max(other) + 1];
+        per_cpu[cpu].admitted_packets = on_pinned;
+        per_cpu[other].admitted_packets = elsewhere;
+        (gcra, Judged::new(&per_cpu))
+    }
+
+    #[test]
+    #[should_panic(expected = "but the sender is pinned to CPU")]
+    fn an_upper_bound_fails_when_frames_were_judged_on_another_cpu() {
+        let (gcra, judged) = split_over_cpus(50, 50);
+        check_upper("leaked", 100, &gcra, &judged, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn an_upper_bound_is_one_cpus_bound() {
+        let (gcra, judged) = split_over_cpus(100, 0);
+        check_upper("pinned", 100, &gcra, &judged, Duration::from_secs(1));
+        let result = std::panic::catch_unwind(|| check_upper("pinned", 102, &gcra, &judged, Duration::from_secs(1)));
+        assert!(result.is_err(), "102 over 1 s at 100/s burst 1 passed one CPU's bound");
     }
 }

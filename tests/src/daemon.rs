@@ -53,15 +53,19 @@ pub const SIGNAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a daemon refusing its config at start gets to exit.
 const REFUSAL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `target/<profile>/limiter-ctl`, next to the running test's `deps/` directory.
+/// `target/release/limiter-ctl`: the binary the package ships (`cargo xtask package` builds the
+/// same one), found from the running test's `target/<profile>/deps/` directory. Not the debug
+/// build next to the test: the tests hold what ships to its bounds (`cargo xtask test` builds the
+/// release binary first).
 pub fn limiter_ctl_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("finding the test executable")?;
-    let bin = exe.parent().and_then(|deps| deps.parent()).map(|dir| dir.join("limiter-ctl"));
+    let target = exe.parent().and_then(Path::parent).and_then(Path::parent);
+    let bin = target.map(|dir| dir.join("release").join("limiter-ctl"));
     match bin {
         Some(bin) if bin.is_file() => Ok(bin),
         _ => bail!(
-            "limiter-ctl is not built next to {} (expected ../../limiter-ctl): run `cargo build -p limiter-ctl` \
-             first, or `cargo xtask test`, which builds the workspace",
+            "the release limiter-ctl is not built (expected target/release/limiter-ctl beside {}): run `cargo build \
+             --release -p limiter-ctl --bins` first, or `cargo xtask test`, which builds it",
             exe.display()
         ),
     }
@@ -269,8 +273,8 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// `limiter-ctl --socket S daemon --iface IFACE --mode native --watch-config=false --config C
-    /// --pin-dir P EXTRA...`
+    /// `limiter-ctl --socket S daemon --iface IFACE --watch-config=false --config C --pin-dir P
+    /// EXTRA...` (the release binary, [`limiter_ctl_binary`], in the default attach mode, auto)
     /// in `end`'s network namespace ([`Runner::NetOnly`]), with the socket, config and pins in
     /// `scratch`. Does not wait for it to attach.
     pub fn spawn(end: &End, scratch: &Scratch, extra: &[&str]) -> anyhow::Result<Self> {
@@ -294,7 +298,9 @@ impl Daemon {
         // The watch off unless a test turns it on (`--watch-config=true` in `extra`, which comes
         // later and wins): tests of SIGHUP and `limiter-ctl reload` count the reloads their
         // writes cause, and the watch would add its own (tests/kubernetes.rs tests the watch).
-        cmd.args(["daemon", "--iface", &end.iface, "--mode", "native", "--watch-config=false"]);
+        // No --mode: the default (auto) is what ships; on veth it attaches natively (tests that are
+        // about a mode pass --mode in `extra`).
+        cmd.args(["daemon", "--iface", &end.iface, "--watch-config=false"]);
         cmd.arg("--config").arg(launch.config.unwrap_or_else(|| scratch.config()));
         cmd.arg("--pin-dir").arg(launch.pin_dir.unwrap_or_else(|| scratch.pins().to_path_buf())).args(extra);
         if let Some(wrap) = launch.wrap {

@@ -39,7 +39,31 @@ pub fn permissive(key: KeySpec) -> PolicySpec {
 /// The real limiter loaded in-process with `salt` and `policy` (compiled under its own id),
 /// which judges UDP only: anything else passes unjudged.
 pub fn udp_limiter(buckets: u32, salt: SipKey, policy: &Policy) -> anyhow::Result<Limiter> {
-    let mut limiter = Limiter::load(buckets).context("loading the limiter")?;
+    udp_limiter_shaped(buckets, Shape::ONE_ROW, salt, policy)
+}
+
+/// How the limiter is set up beyond its policy: its count-min rows and refusal sampling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub rows: u32,
+    /// Sample 1 in this many refusals into the ring (0: none).
+    pub sample_refusals: u32,
+}
+
+impl Shape {
+    /// One row, no sampling: every key has one bucket (its index predictable from the salt).
+    pub const ONE_ROW: Self = Self { rows: 1, sample_refusals: 0 };
+    /// What the daemon runs by default: `--rows 4`, `--sample-refusals 256`.
+    pub const DAEMON: Self = Self {
+        rows: limiter_common::rows::DEFAULT_ROWS,
+        sample_refusals: limiter_ctl::kernel::DEFAULT_SAMPLE_REFUSALS,
+    };
+}
+
+/// [`udp_limiter`] in `shape`.
+pub fn udp_limiter_shaped(buckets: u32, shape: Shape, salt: SipKey, policy: &Policy) -> anyhow::Result<Limiter> {
+    let mut limiter = Limiter::load_rows(buckets, shape.rows).context("loading the limiter")?;
+    limiter.set_sampling(shape.sample_refusals)?;
     limiter.set_salt(salt)?;
     limiter.set_policy(policy)?;
     let mut config = limiter.config()?;

@@ -136,7 +136,7 @@ impl PolicyRig for Rig {
         for group in groups {
             let got = group.iter().map(|f| run.delivered(f)).sum();
             let what = format!("'{}' {group:?}", pol.name);
-            check_bounds(&what, got, &pol.gcra(), judged.cpus.len(), window, &run.report);
+            check_bounds(&what, got, &pol.gcra(), &judged, window, &run.report);
         }
         let t = judged.total;
         assert_eq!(

@@ -249,36 +249,156 @@ impl Run {
     }
 }
 
-/// "0 unlimited packets" across a hand-over (a restart, an upgrade, a pod replacement, a crash
-/// and a restart): every frame of `flow` sent during `run` was judged by a limiter program,
-/// whichever daemon's it was. The policy's per-CPU counters, read before the flood (`before`,
-/// through the first program) and after it (`after`, through the last), live in the pinned maps
-/// every program shares, so they must count each frame sent exactly once as admitted or
-/// refused: a frame that passed while no program was attached is counted by none, and counters
-/// that restarted would count fewer. Every admitted frame was delivered, and what was delivered
-/// is within the GCRA bound over the whole run (no fresh burst at the hand-over). Returns what
-/// was judged.
-pub fn check_every_frame_judged(
+/// A hand-over under way (a restart, an upgrade, a pod replacement, a crash and a restart): one
+/// source flooding at full speed, counted from before it started, and beside it a source keeping
+/// to its rate (paced at [`STEADY_SHARE`] of the policy's rate), both pinned to [`flood_cpu`].
+pub struct HandOver {
+    pub flood: Flow,
+    pub steady: Flow,
+    /// The policy's rate (the steady source sends at [`STEADY_SHARE`] of it).
+    per_sec: f64,
+    flooding: Flooding,
+    steadily: Flooding,
+}
+
+/// The source keeping to its rate sends at this share of the policy's rate.
+pub const STEADY_SHARE: f64 = 0.5;
+
+impl Rig {
+    /// [`Rig::flood_one_source`] from `flood` to `port`, and `steady` to `port + 1` paced at
+    /// [`STEADY_SHARE`] of `per_sec` (the policy's rate), on the same CPU (so both are judged
+    /// there), `warm_up` of both under way before this returns.
+    pub fn start_hand_over(
+        &self,
+        flood: IpAddr,
+        steady: IpAddr,
+        port: u16,
+        per_sec: f64,
+        warm_up: Duration,
+    ) -> anyhow::Result<HandOver> {
+        let (flood, flooding) = self.flood_one_source(flood, port, Duration::ZERO)?;
+        let stream = self.udp(Sources::One(steady), port + 1);
+        let limits = Limits::timed(Duration::from_secs(60)).on_cpu(flood_cpu());
+        let steadily = Flooding::start(
+            &self.net.sender,
+            std::slice::from_ref(&stream),
+            limits,
+            Some(STEADY_SHARE * per_sec),
+            None,
+        );
+        thread::sleep(warm_up);
+        Ok(HandOver { flood, steady: flow(&stream, steady), per_sec, flooding, steadily })
+    }
+}
+
+impl HandOver {
+    /// Stops both senders and waits for them.
+    pub fn finish(self) -> anyhow::Result<HandedOver> {
+        self.flooding.stop();
+        self.steadily.stop();
+        let steady = self.steadily.finish()?.report;
+        let run = self.flooding.finish()?;
+        Ok(HandedOver { run, steady, flood: self.flood, steady_flow: self.steady, per_sec: self.per_sec })
+    }
+}
+
+/// A finished [`HandOver`].
+pub struct HandedOver {
+    /// The flood's run; its capture saw both sources.
+    pub run: Run,
+    /// The steady sender's report.
+    pub steady: Report,
+    pub flood: Flow,
+    pub steady_flow: Flow,
+    per_sec: f64,
+}
+
+/// What a hand-over must keep, both ways, for the flood and the steady source of `hand_over`
+/// (finished: `run`, `steady`). The policy's per-CPU counters, read before the floods (`before`,
+/// through the first program) and after them (`after`, through the last), live in the pinned
+/// maps every program shares, so:
+/// - "0 unlimited packets": they count every frame sent, of both sources, exactly once as
+///   admitted or refused (a frame that passed while no program was attached is counted by none;
+///   counters that restarted would count fewer), and every admitted frame was delivered;
+/// - the upper side: the flood got no more than one bucket's bound over the whole run, on the
+///   CPU the sender is pinned to (no fresh burst at the hand-over);
+/// - the lower side: the steady source, at half the rate, was never refused (every frame of it
+///   delivered), and the flood got at least 90% of what an exact bucket, fresh at its start,
+///   admits of the flood as it was offered, its stalls included ([`bounds::check_lower`]): a
+///   limiter that refused everything after the hand-over fails both; and from `handed_over` (when
+///   the new program was in place) to the end, the flood, its bucket spent, got at least 90% of
+///   the rate over that time, less what the sender's stalls and the capture's lag can have cost
+///   (a short tail after a long hand-over would hide in the whole run's 10%).
+///
+/// Returns what was judged.
+#[track_caller]
+pub fn check_hand_over(
     what: &str,
-    run: &Run,
-    flow: &Flow,
+    done: &HandedOver,
+    handed_over: Instant,
     before: &[Counters],
     after: &[Counters],
     limit: &limiter_common::Gcra,
 ) -> Judged {
+    let HandedOver { run, steady, flood, steady_flow, per_sec } = done;
     let judged = Judged::between(before, after);
-    let (sent, delivered) = (run.sent(flow), run.delivered(flow));
-    eprintln!("{what}: {}; {judged}; delivered {delivered}", run.report);
+    let (sent, delivered) = (run.sent(flood), run.delivered(flood));
+    let steady_delivered = run.delivered(steady_flow);
+    eprintln!(
+        "{what}: flood {}; steady {steady}; {judged}; delivered {delivered} of the flood, {steady_delivered} of the \
+         steady source",
+        run.report
+    );
     assert!(judged.total.refused_packets > 0, "{what}: nothing was refused, so nothing was measured: {judged}");
     assert_eq!(
         judged.total.admitted_packets + judged.total.refused_packets,
-        sent,
-        "{what}: admitted + refused vs sent over the whole run ({judged}): a frame not judged by any program passed          unlimited (or the counters restarted)"
+        sent + steady.sent,
+        "{what}: admitted + refused vs sent by both sources over the whole run ({judged}): a frame not judged by \
+         any program passed unlimited (or the counters restarted)"
     );
-    assert_eq!(judged.total.admitted_packets, delivered, "{what}: admitted vs delivered");
-    check_upper(&format!("{what}: delivered over the whole run"), delivered, limit, judged.cpus.len(), run.window());
+    assert_eq!(judged.total.admitted_packets, delivered + steady_delivered, "{what}: admitted vs delivered");
+    check_upper(&format!("{what}: the flood, delivered over the whole run"), delivered, limit, &judged, run.window());
+    // The steady source must have kept its pace through the hand-over, or "never refused" says
+    // little: a paced sender catches up after a stall, so it falls behind only if stalled for long.
+    let due = STEADY_SHARE * per_sec * steady.duration().as_secs_f64();
+    assert!(
+        steady.sent as f64 >= 0.9 * due,
+        "{what}: the steady sender sent {} in {:?}, under 90% of the {due:.0} due at its pace ({steady}): the \
+         machine could not keep the pace, so the run does not test the hand-over",
+        steady.sent,
+        steady.duration()
+    );
+    assert_eq!(
+        steady_delivered,
+        steady.sent,
+        "{what}: the source keeping to half the rate had {} of its {} frames refused across the hand-over",
+        steady.sent - steady_delivered.min(steady.sent),
+        steady.sent
+    );
+    bounds::check_lower(&format!("{what}: the flood over the whole run"), delivered, limit, &run.report);
+    let end = run.report.last.expect("a flood records its end");
+    let t = end.saturating_duration_since(handed_over);
+    let got = run.captured.between(|f| f == flood, handed_over, end + Duration::from_secs(1));
+    let rate_over = |d: Duration| limit.bound(bounds::nanos(d)) - limit.bound(0);
+    let lost = bounds::stall_cost(limit, &run.report, 1) + rate_over(2 * CAPTURE_LAG);
+    let least = rate_over(t).saturating_sub(lost);
+    eprintln!("  {what}: the flood after the hand-over ({t:?}): {got} >= 90% of {least}");
+    assert!(
+        t >= Duration::from_millis(200),
+        "{what}: the flood ran only {t:?} after the hand-over ({}): too short to test it (the sender stopped early)",
+        run.report
+    );
+    assert!(
+        got * 10 >= least * 9,
+        "{what}: the flood got {got} in the {t:?} after the hand-over, under 90% of {least} (the rate over that \
+         time less {lost} for the sender's stalls and the capture's lag): the new program refused what the rate \
+         allows"
+    );
     judged
 }
+
+/// Frames are timed when the capture reads them, a little after XDP passed them: at most this.
+pub const CAPTURE_LAG: Duration = Duration::from_millis(50);
 
 /// The flow of UDP frames from `src` in `stream`.
 pub fn flow(stream: &Stream, src: IpAddr) -> Flow {

@@ -56,12 +56,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .args(&filter),
     )?;
     exec(cargo().args(["test", "--package", "limiter-ebpf", "--lib", "--"]).args(&filter))?;
-    // The end-to-end tests run the real limiter-ctl binary; `cargo test` builds only harnesses.
-    exec(cargo().args(["build", "--package", "limiter-ctl", "--bins"]))?;
+    // The end-to-end tests run the real limiter-ctl binary, the release build the package ships
+    // (`cargo test` builds only harnesses, and in the debug profile).
+    exec(&mut release_binary())?;
     exec(&mut integration(&filter))?;
     // The benchmark must at least build.
     exec(cargo().args(["bench", "--package", "limiter-tests", "--no-run"]))?;
     Ok(())
+}
+
+/// `cargo build --release -p limiter-ctl --bins`: the binary the package ships, which the
+/// integration tests run (`limiter_tests::daemon::limiter_ctl_binary`).
+fn release_binary() -> Command {
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "--package", "limiter-ctl", "--bins"]);
+    cmd
 }
 
 /// The integration tests (package limiter-tests), one at a time.
@@ -105,7 +114,7 @@ struct Outcome {
 }
 
 fn stress(filter: &[String]) -> anyhow::Result<()> {
-    exec(cargo().args(["build", "--package", "limiter-ctl", "--bins"]))?;
+    exec(&mut release_binary())?;
     exec(cargo().args(["test", "--package", "limiter-tests", "--tests", "--no-run"]))?;
     let dir = target_dir().join("stress");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
