@@ -9,6 +9,8 @@
 //!   SYNs whose first fragment cuts the options (Linux's RFC 7112 check only wants 20 bytes).
 //!   Without a policy they all reach TCP (the attack is real); with a `tcp:PORT` policy every
 //!   first fragment is dropped as `unreadable_ports`, and only whole SYNs, within the bound, do.
+//!   Likewise under a `tcp` policy keyed `src+dport`, where a tiny first fragment would have
+//!   been judged under port 0: a second allowance beside the real port's.
 //! - Fragmented UDP over IPv4 and IPv6 (later IPv6 fragments lying about their next header):
 //!   judged on the port in the first fragment, delivered within the bound.
 //! - IPv6 chains of 1 to 34 destination-options headers (an earlier Linux 6.18 build delivered

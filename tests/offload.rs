@@ -1,5 +1,5 @@
 //! What the program is shown in skb (generic) mode when the kernel aggregates packets, measured
-//! on a veth pair against what the sender sent (docs/DESIGN.md, "Aggregates in skb mode"):
+//! on a veth pair against what the sender sent (docs/DESIGN.md, "Fragments and aggregates"):
 //!
 //! - GRO: Linux skips GRO on a device with a generic XDP program (`netif_elide_gro`), so with
 //!   GRO turned on at the receiving end the program still judges every segment.

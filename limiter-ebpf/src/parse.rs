@@ -22,7 +22,9 @@
 //!    header the parser could follow (for a cut chain, the number of the header that is cut,
 //!    so class OTHER).
 //! 3. **Ports hidden** (`ports_hidden`, judged by class; dropped by the limiter while a policy
-//!    could miss it: any port policy, or, for class OTHER, a TCP or UDP policy other than `any`): the datagram the stack will reassemble carries a port this parser cannot
+//!    could miss it: any port policy, for class OTHER a TCP or UDP policy other than `any`, or
+//!    a judging policy keyed on the port, `main.rs`'s `hides_from_a_policy`): the datagram the
+//!    stack will reassemble carries a port this parser cannot
 //!    see. Tiny-fragment attacks (RFC 1858) split the L4 header over fragments so that the first
 //!    one carries no port; Linux reassembles them and delivers the ports. Concretely:
 //!    - an IPv4 first fragment (offset 0, MF set) of TCP or UDP whose L4 header is cut as in 2;
@@ -115,7 +117,7 @@ pub struct Packet {
     /// The L4 header was present and parsed: for TCP and UDP, the ports are valid.
     pub has_l4: bool,
     /// The datagram the stack will deliver carries a destination port this parser could not
-    /// read: judged by its protocol class, and dropped while port policies exist.
+    /// read: judged by its protocol class, or dropped where a policy could need the port.
     pub ports_hidden: bool,
     pub sport: u16,
     pub dport: u16,
