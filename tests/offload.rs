@@ -14,19 +14,20 @@
 
 use std::{
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    os::fd::AsRawFd,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
-use limiter_common::maps::Counters;
+use limiter_common::{Gcra, maps::Counters};
 use limiter_tests::{
-    bounds::{since, total},
+    bounds::{nanos, since, total},
     capture::Capture,
     cpu::{flood_cpu, pin_current_thread},
     netns::End,
     require_root,
-    rig::Rig,
+    rig::{Rig, SEC},
     snmp::Snmp,
 };
 
@@ -292,4 +293,86 @@ fn big_tcp_aggregates_are_judged_in_skb_mode() {
         assert!(judged + SLACK >= m.frames, "every frame the veth received is judged: {judged} of {}", m.frames);
         assert!(m.policy.admitted_bytes >= m.received, "every byte is charged: {:?}", m.policy);
     }
+}
+
+/// `UDP_SEGMENT` (linux/udp.h): the datagram size a UDP GSO send is cut into.
+const UDP_SEGMENT: libc::c_int = 103;
+/// The UDP GSO sender: 64 datagrams of 100 bytes per send, a send every 4 ms for 1 s at most.
+const SEGMENT: usize = 100;
+const PER_SEND: usize = 64;
+const SENDS: u64 = 250;
+
+/// A UDP GSO sender behind the veth: each of its sends crosses the pair whole, and a packet
+/// policy counts it as one packet, so `udp:PORT` at 100/s burst 100 lets through up to 64 times
+/// its bound (the limit docs/DESIGN.md states for skb mode; native mode on veth has none of it).
+#[test]
+fn skb_mode_counts_a_udp_gso_send_as_one_packet() {
+    require_root!();
+    let rig = Rig::start(&["--mode", "skb"]).expect("starting the rig in skb mode");
+    let net = &rig.net;
+    let matches = format!("udp:{PORT}");
+    rig.ctl_ok(&["policy", "set", "dns", "--match", &matches, "--rate", "100/s", "--burst", "100"]);
+    let id = rig.policy_id("dns");
+    let dst = SocketAddr::new(net.receiver.addr(false), PORT);
+    let socket = net.receiver.run(move || UdpSocket::bind(dst)).expect("namespace").expect("binding");
+    socket.set_read_timeout(Some(Duration::from_secs(1))).expect("timeout");
+    // Reads until a second passes without a datagram (bounded by the sender's time, plus that).
+    let reader = net.receiver.spawn(move || {
+        let (mut buf, mut n) = ([0u8; 2048], 0u64);
+        while socket.recv(&mut buf).is_ok() {
+            n += 1;
+        }
+        n
+    });
+    let read = || rig.daemon.all_counters().expect("counters")[usize::from(id)].clone();
+    let before = read();
+    let (start, sends) = net
+        .sender
+        .run(move || -> std::io::Result<(Instant, u64)> {
+            pin_current_thread(flood_cpu()).map_err(std::io::Error::from)?;
+            let socket = UdpSocket::bind("0.0.0.0:0")?;
+            let size = SEGMENT as libc::c_int;
+            // SAFETY: a valid socket and a c_int option value.
+            let rc = unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::SOL_UDP,
+                    UDP_SEGMENT,
+                    (&raw const size).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            socket.connect(dst)?;
+            let (payload, start, mut n) = (vec![0x75u8; SEGMENT * PER_SEND], Instant::now(), 0u64);
+            while n < SENDS && start.elapsed() < Duration::from_secs(1) {
+                let due = start + Duration::from_millis(4 * n);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+                socket.send(&payload)?;
+                n += 1;
+            }
+            Ok((start, n))
+        })
+        .expect("namespace")
+        .expect("sending with UDP GSO");
+    let window = start.elapsed();
+    let delivered = reader.join().expect("the reader panicked").expect("namespace");
+    let per_cpu: Vec<Counters> = read().iter().zip(&before).map(|(a, b)| since(a, b)).collect();
+    let cpus = per_cpu.iter().filter(|c| c.packets() > 0).count().max(1) as u64;
+    let policy = total(&per_cpu);
+    let bound = cpus * Gcra::new(100, SEC, 100, 1).expect("100/s burst 100").bound(nanos(window));
+    eprintln!(
+        "udp:{PORT} 100/s burst 100 in skb mode: {sends} GSO sends of {PER_SEND} datagrams; {delivered} datagrams \
+         delivered; policy admitted {} refused {} on {cpus} CPU(s); bound {bound} over {window:?}",
+        policy.admitted_packets, policy.refused_packets
+    );
+    assert!(policy.admitted_packets <= bound, "the policy keeps its own count within the bound: {policy:?}");
+    assert!(
+        delivered > 10 * bound && delivered <= policy.admitted_packets * PER_SEND as u64,
+        "each admitted send delivers up to {PER_SEND} datagrams: {delivered} delivered, bound {bound}, {policy:?}"
+    );
 }
