@@ -174,7 +174,7 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
     // BIG TCP (rule 6): the datagram is the frame.
     let big = stated == 0 && beyond_64k(ctx, l3);
     // Without a branch (`stated` is 0 when big): fewer paths for the verifier to walk.
-    let total = stated | usize::from(big) * BIG_DATAGRAM;
+    let total = stated | (usize::from(big) * BIG_DATAGRAM);
     if ihl < Ipv4Hdr::LEN || total < ihl {
         return Err(Skip::Malformed);
     }
@@ -233,7 +233,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
     let payload = usize::from(u16::from_be_bytes(unsafe { (*ip).payload_len }));
     // BIG TCP and jumbograms (rule 6): the datagram is the frame.
     let big = payload == 0 && beyond_64k(ctx, l3 + Ipv6Hdr::LEN);
-    let end = l3 + Ipv6Hdr::LEN + (payload | usize::from(big) * BIG_DATAGRAM);
+    let end = l3 + Ipv6Hdr::LEN + (payload | (usize::from(big) * BIG_DATAGRAM));
     let src: *const [u64; 2] = unsafe { core::ptr::addr_of!((*ip).src_addr) }.cast();
     let pkt = Packet {
         family: FAMILY_V6,
