@@ -15,7 +15,7 @@ use limiter_common::{
 };
 use limiter_ctl::{
     Limiter,
-    config::{PolicySpec, Rate},
+    config::{KeySpec, Mode, PolicySpec, Rate, Unit},
 };
 use limiter_tests::{
     cpu::pin_current_thread,
@@ -583,55 +583,161 @@ fn the_programs_pass_the_verifier() {
     Probe::load().expect("the probe passes the verifier");
 }
 
-/// Hidden ports are dropped only where a policy could miss them. With `any` alone, a datagram
-/// whose port (or protocol) is hidden is judged by `any`; with a `tcp` policy beside `any` and no
-/// port policy, a tiny first fragment whose protocol is known is judged by the `tcp` policy, and a
-/// chain too long to show its protocol is dropped, since it might be TCP.
+/// Where the limiter put one frame: dropped as unreadable, judged by a policy, or unmatched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Went {
+    Unreadable,
+    Judged(u16),
+    Unmatched,
+}
+
+/// One policy shape of [`hidden_ports_are_dropped_only_where_a_policy_could_miss_them`]: its
+/// policies (id, keyed on the port, unit, mode), the policy of each class (`any` folded in),
+/// whether `tcp:443` has a port policy, and where each of [`HIDDEN_FRAMES`] must go.
+struct Shape {
+    name: &'static str,
+    policies: &'static [(u16, bool, Unit, Mode)],
+    classes: [u16; 4],
+    port_policy: bool,
+    expect: [Went; 7],
+}
+
+/// First fragments hiding their ports (TCP over IPv4 and IPv6, UDP over IPv6), hiding even their
+/// protocol (a cut or too long IPv6 chain), then later fragments (UDP over IPv4; IPv6 stating TCP).
+const HIDDEN_FRAMES: [&str; 7] = [
+    "v4_first_fragment_8_bytes_of_tcp",
+    "v6_first_fragment_doff_past_fragment",
+    "v6_first_fragment_7_bytes_of_udp",
+    "v6_first_fragment_cut_chain",
+    "v6_33_dest_opts_udp",
+    "v4_non_first_fragment",
+    "v6_non_first_fragment_claims_tcp",
+];
+
+/// Hidden ports are dropped only where a policy could miss them, and never buy an allowance: a
+/// datagram that hides its port is judged by its class only where every policy it could be
+/// meant for is that one policy and it does not key on the port (else the hidden port's key,
+/// port 0, would be a second allowance beside the real port's). Later fragments, which have no
+/// port at all, are judged by the policy of the class they state (IPv4) or `other` (IPv6).
 #[test]
 fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
+    use Went::{Judged as J, Unmatched as N, Unreadable as U};
     require_root!();
-    let fixture = |name: &str| {
-        frames::fixtures().into_iter().find(|f| f.name == name).unwrap_or_else(|| panic!("no fixture {name}")).frame
-    };
-    let (tiny_tcp, long_chain) = (fixture("v4_first_fragment_no_l4_bytes_tcp"), fixture("v6_33_dest_opts_udp"));
-    let (any, tcp) = (1u16, 2u16);
-    for with_tcp_policy in [false, true] {
+    const ANY: u16 = 1;
+    const TCP: u16 = 2;
+    const UDP: u16 = 3;
+    const PORT: u16 = 4;
+    const PK: Unit = Unit::Packets;
+    const BY: Unit = Unit::Bytes;
+    const EN: Mode = Mode::Enforce;
+    const DR: Mode = Mode::DryRun;
+    let shapes = [
+        Shape {
+            name: "any",
+            policies: &[(ANY, false, PK, EN)],
+            classes: [ANY; 4],
+            port_policy: false,
+            expect: [J(ANY), J(ANY), J(ANY), J(ANY), J(ANY), J(ANY), J(ANY)],
+        },
+        Shape {
+            name: "any +dport",
+            policies: &[(ANY, true, PK, EN)],
+            classes: [ANY; 4],
+            port_policy: false,
+            expect: [U, U, U, U, U, J(ANY), J(ANY)],
+        },
+        Shape {
+            name: "any, tcp",
+            policies: &[(ANY, false, PK, EN), (TCP, false, PK, EN)],
+            classes: [TCP, ANY, ANY, ANY],
+            port_policy: false,
+            expect: [J(TCP), J(TCP), J(ANY), U, U, J(ANY), J(ANY)],
+        },
+        Shape {
+            name: "any, tcp +dport",
+            policies: &[(ANY, false, PK, EN), (TCP, true, PK, EN)],
+            classes: [TCP, ANY, ANY, ANY],
+            port_policy: false,
+            expect: [U, U, J(ANY), U, U, J(ANY), J(ANY)],
+        },
+        Shape {
+            name: "tcp +dport",
+            policies: &[(TCP, true, PK, EN)],
+            classes: [TCP, 0, 0, 0],
+            port_policy: false,
+            expect: [U, U, N, U, U, N, N],
+        },
+        Shape {
+            name: "tcp +dport, dry-run",
+            policies: &[(TCP, true, PK, DR)],
+            classes: [TCP, 0, 0, 0],
+            port_policy: false,
+            expect: [U, U, N, U, U, N, N],
+        },
+        Shape {
+            name: "udp +dport, bytes",
+            policies: &[(UDP, true, BY, EN)],
+            classes: [0, UDP, 0, 0],
+            port_policy: false,
+            expect: [N, N, U, U, U, J(UDP), N],
+        },
+        Shape {
+            name: "udp, bytes",
+            policies: &[(UDP, false, BY, EN)],
+            classes: [0, UDP, 0, 0],
+            port_policy: false,
+            expect: [N, N, J(UDP), U, U, J(UDP), N],
+        },
+        Shape {
+            name: "tcp:443, any",
+            policies: &[(ANY, false, PK, EN), (PORT, false, PK, EN)],
+            classes: [ANY; 4],
+            port_policy: true,
+            expect: [U, U, U, U, U, J(ANY), J(ANY)],
+        },
+    ];
+    let all = frames::fixtures();
+    let frames: Vec<Vec<u8>> = HIDDEN_FRAMES
+        .iter()
+        .map(|name| all.iter().find(|f| f.name == *name).unwrap_or_else(|| panic!("no fixture {name}")).frame.clone())
+        .collect();
+    let mut failures = Vec::new();
+    for shape in &shapes {
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
         limiter.set_salt(SALT).expect("salt");
-        for id in [any, tcp] {
-            limiter.set_policy(&permissive(PROBE_KEY).compile(id).expect("policy")).expect("policy");
+        for &(id, dport, unit, mode) in shape.policies {
+            let key = KeySpec { dport, ..KeySpec::default() };
+            let spec = PolicySpec { unit, mode, ..permissive(key) };
+            limiter.set_policy(&spec.compile(id).expect("policy")).expect("policy");
         }
         let old = limiter.read_view().expect("view");
         let mut new = old.clone();
-        new.routes.class_policy = [any; 4];
-        if with_tcp_policy {
-            new.routes.class_policy[CLASS_TCP] = tcp;
+        new.routes.class_policy = shape.classes;
+        if shape.port_policy {
+            new.routes.ports[(CLASS_TCP << 16) | 443] = PORT;
         }
         limiter.apply(&old, &new).expect("routes");
-        let run = |frame: &[u8]| {
+        for (i, frame) in frames.iter().enumerate() {
             let before = counters(&limiter);
             let action = limiter.test_run(frame).expect("test run");
             let after = counters(&limiter);
-            let moved: Vec<String> = differences(&after, &before);
-            (action, after[0].unreadable_ports - before[0].unreadable_ports, moved)
-        };
-        let (action, unreadable, moved) = run(&tiny_tcp);
-        let judged_by = if with_tcp_policy { tcp } else { any };
-        assert_eq!(
-            (action, unreadable),
-            (XDP_PASS, 0),
-            "tiny TCP first fragment, tcp policy {with_tcp_policy}: {moved:?}"
-        );
-        assert!(
-            moved.len() == 1 && moved[0].starts_with(&format!("policy {judged_by}:")),
-            "tiny TCP first fragment judged by policy {judged_by}: {moved:?}"
-        );
-        let (action, unreadable, moved) = run(&long_chain);
-        if with_tcp_policy {
-            assert_eq!((action, unreadable), (XDP_DROP, 1), "33-header chain beside a tcp policy: {moved:?}");
-        } else {
-            assert_eq!((action, unreadable), (XDP_PASS, 0), "33-header chain, any alone: {moved:?}");
-            assert!(moved.len() == 1 && moved[0].starts_with("policy 1:"), "judged by any: {moved:?}");
+            let moved = differences(&after, &before);
+            let went = if after[0].unreadable_ports == before[0].unreadable_ports + 1 {
+                Some(U)
+            } else if after[0].unmatched == before[0].unmatched + 1 {
+                Some(N)
+            } else {
+                (1..after.len()).find(|&id| after[id].packets() == before[id].packets() + 1).map(|id| J(id as u16))
+            };
+            let want = shape.expect[i];
+            let want_action = if want == U { XDP_DROP } else { XDP_PASS };
+            if went != Some(want) || action != want_action || moved.len() != 1 {
+                failures.push(format!(
+                    "{}: {}: went {went:?} with action {action}, want {want:?}; moved {moved:?}",
+                    shape.name, HIDDEN_FRAMES[i]
+                ));
+            }
         }
     }
+    assert_none(&failures, "hidden or later fragments judged wrong");
 }

@@ -9,6 +9,8 @@
 //!   SYNs whose first fragment cuts the options (Linux's RFC 7112 check only wants 20 bytes).
 //!   Without a policy they all reach TCP (the attack is real); with a `tcp:PORT` policy every
 //!   first fragment is dropped as `unreadable_ports`, and only whole SYNs, within the bound, do.
+//!   Likewise under a `tcp` policy keyed `src+dport`, where a tiny first fragment would have
+//!   been judged under port 0: a second allowance beside the real port's.
 //! - Fragmented UDP over IPv4 and IPv6 (later IPv6 fragments lying about their next header):
 //!   judged on the port in the first fragment, delivered within the bound.
 //! - IPv6 chains of 1 to 34 destination-options headers (an earlier Linux 6.18 build delivered
@@ -400,6 +402,23 @@ fn udp_flood(rig: &Rig, units: Vec<Unit>, id: u16) -> UdpFlood {
     UdpFlood { run, got, none, policy, cpus, window, upper: bound(cpus, window) }
 }
 
+/// [`CAP`] tiny SYN pairs to [`PORT`] from `src4` and `src6` (source ports from `sport`), each a
+/// first fragment that hides its port and the later fragment that completes it: IPv4 with 8
+/// bytes of TCP (ports and sequence number) in the first fragment; IPv6 with the 20-byte header
+/// and 4 of its 40 option bytes (data offset 15), which Linux's RFC 7112 check lets through.
+fn tiny_syns(net: &TestNet, src4: Ipv4Addr, src6: Ipv6Addr, sport: u16) -> Vec<Unit> {
+    let (dst4, dst6): (IpAddr, IpAddr) = (net.receiver.v4.into(), net.receiver.v6.into());
+    (0..CAP as u16)
+        .flat_map(|i| {
+            let sport = sport + i;
+            let v4 = v4_frames(net, src4, IpNumber::TCP, i, &syn(src4.into(), dst4, sport, 0), Some(8));
+            let seg = syn(src6.into(), dst6, sport, 40);
+            let v6 = v6_frames(net, src6, IpNumber::TCP, IpNumber::TCP, u32::from(i), &seg, Some(24));
+            [Unit { kind: "tiny4", frames: v4 }, Unit { kind: "tiny6", frames: v6 }]
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tests
 
@@ -418,22 +437,9 @@ fn tiny_tcp_fragments_cannot_reach_a_protected_port() {
         .expect("entering the receiver's namespace")
         .expect("listening on the protected port (dual stack)");
     let dst4: IpAddr = net.receiver.v4.into();
-    let dst6: IpAddr = net.receiver.v6.into();
     // Sources nobody answers for (so no RST comes back to count): a fresh pair per phase, so no
     // fragment of one phase can join a reassembly queue of another.
-    let tiny = |src4: Ipv4Addr, src6: Ipv6Addr| -> Vec<Unit> {
-        (0..CAP as u16)
-            .flat_map(|i| {
-                let sport = 10_000 + i;
-                // IPv4: 8 bytes of TCP (ports and sequence number) in the first fragment.
-                let v4 = v4_frames(net, src4, IpNumber::TCP, i, &syn(src4.into(), dst4, sport, 0), Some(8));
-                // IPv6: the 20-byte header and 4 of its 40 option bytes, data offset 15.
-                let seg = syn(src6.into(), dst6, sport, 40);
-                let v6 = v6_frames(net, src6, IpNumber::TCP, IpNumber::TCP, u32::from(i), &seg, Some(24));
-                [Unit { kind: "tiny4", frames: v4 }, Unit { kind: "tiny6", frames: v6 }]
-            })
-            .collect()
-    };
+    let tiny = |src4: Ipv4Addr, src6: Ipv6Addr| tiny_syns(net, src4, src6, 10_000);
 
     // Unprotected: the fragments reassemble and every SYN reaches TCP.
     let before = settled_in_segs(&net.receiver);
@@ -500,6 +506,77 @@ fn tiny_tcp_fragments_cannot_reach_a_protected_port() {
     assert_eq!(reached, web.admitted_packets, "TCP received exactly the SYNs the policy admitted, no fragment");
     assert!(reached >= 1 && reached <= upper, "TCP received {reached}, outside [1, bound {upper}] over {window:?}");
     assert!(web.refused_packets > 0, "the whole SYNs must overload the policy: {web:?}");
+    drop(listener);
+}
+
+/// Under a class policy keyed on the destination port (`tcp`, `src+dport`) a tiny first
+/// fragment buys no second allowance. Unfixed, it was judged under the key of the port it hides
+/// (port 0) and reassembled into a SYN on the real port: one source got its bound at the port
+/// with whole SYNs plus up to another bound through fragments (2x over IPv6, where the later
+/// fragment is class `other` and passes unmatched). Now every tiny first fragment is dropped as
+/// unreadable, the IPv4 later fragments are judged by the policy under port 0 (the key they can
+/// have) and the IPv6 ones pass unmatched, and what TCP receives from each source is within its
+/// bound at the port.
+#[test]
+fn tiny_fragments_buy_no_second_allowance_under_a_dport_key() {
+    require_root!();
+    let rig = Rig::start(&[]).expect("starting the rig");
+    let net = &rig.net;
+    let listener = net
+        .receiver
+        .run(|| TcpListener::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), PORT)))
+        .expect("entering the receiver's namespace")
+        .expect("listening on the protected port (dual stack)");
+    let (rate, burst) = (format!("{RATE}/s"), BURST.to_string());
+    rig.ctl_ok(&["policy", "set", "web", "--match", "tcp", "--key", "src+dport", "--rate", &rate, "--burst", &burst]);
+    let id = rig.policy_id("web");
+    let (dst4, dst6): (IpAddr, IpAddr) = (net.receiver.v4.into(), net.receiver.v6.into());
+    // One source per family sends both whole SYNs and tiny ones, interleaved.
+    let (src4, src6) = (Ipv4Addr::new(198, 19, 5, 5), "2001:db8:0:5::5".parse::<Ipv6Addr>().unwrap());
+    let mut tiny = tiny_syns(net, src4, src6, 10_000);
+    let whole = (0..CAP as u16).flat_map(|i| {
+        let sport = 30_000 + i;
+        let v4 = v4_frames(net, src4, IpNumber::TCP, i, &syn(src4.into(), dst4, sport, 0), None);
+        let v6 = v6_frames(net, src6, IpNumber::TCP, IpNumber::TCP, 0, &syn(src6.into(), dst6, sport, 0), None);
+        [Unit { kind: "whole4", frames: v4 }, Unit { kind: "whole6", frames: v6 }]
+    });
+    let mut units = Vec::new();
+    for (t, w) in tiny.iter_mut().zip(whole) {
+        units.push(Unit { kind: t.kind, frames: std::mem::take(&mut t.frames) });
+        units.push(w);
+    }
+    let before = settled_in_segs(&net.receiver);
+    let c0 = counters(&rig);
+    let run = send(&net.sender, units, FLOOD, CAP);
+    let reached = settled_in_segs(&net.receiver) - before;
+    let c1 = counters(&rig);
+    let window = Instant::now().duration_since(run.first);
+    let (none, _) = delta(&c0, &c1, 0);
+    let (web, cpus) = delta(&c0, &c1, id);
+    let upper = bound(cpus, window);
+    eprintln!(
+        "tcp src+dport: sent {:?} in {:?}; TCP received {reached}; policy admitted {} refused {} on {cpus} CPU(s), \
+         bound {upper} per source over {window:?}; unreadable {}, unmatched {}",
+        run.per_kind,
+        run.last.duration_since(run.first),
+        web.admitted_packets,
+        web.refused_packets,
+        none.unreadable_ports,
+        none.unmatched
+    );
+    assert!(
+        reached >= 2 && reached <= 2 * upper,
+        "TCP received {reached} SYNs from two sources, outside [2, 2 x bound {upper}] over {window:?}"
+    );
+    let (tiny4, tiny6) = (run.of("tiny4"), run.of("tiny6"));
+    assert_eq!(none.unreadable_ports, tiny4 + tiny6, "every tiny first fragment is dropped as unreadable: {none:?}");
+    assert_eq!(
+        web.packets(),
+        run.of("whole4") + run.of("whole6") + tiny4,
+        "the policy judged the whole SYNs and the IPv4 later fragments (port 0): {web:?}"
+    );
+    assert_eq!(none.unmatched, tiny6, "the IPv6 later fragments (class other) pass unmatched: {none:?}");
+    assert!(web.refused_packets > 0, "the flood must overload the policy: {web:?}");
     drop(listener);
 }
 

@@ -169,8 +169,12 @@ pub struct Counters {
     pub errors: u64,
     /// TCP/UDP (or a protocol hidden behind too long an IPv6 extension chain) whose destination
     /// port could not be read although the datagram carries one (a first fragment too short to
-    /// hold its L4 header, RFC 1858; more than `MAX_EXT_HEADERS` IPv6 extension headers):
-    /// dropped while port policies exist, since no policy can tell whether it targets them.
+    /// hold its L4 header, RFC 1858; more than `MAX_EXT_HEADERS` IPv6 extension headers),
+    /// dropped whatever the policy's mode while a policy could need the port: any port policy
+    /// exists; the protocol is unknown and `tcp` or `udp` has a policy other than `any`; or the
+    /// policy that would judge it keys on the port (its key would be port 0's, a second
+    /// allowance beside the real port's). Otherwise it is judged by its class, under the very
+    /// key of the datagram it starts (docs/DESIGN.md, Hidden ports).
     pub unreadable_ports: u64,
 }
 

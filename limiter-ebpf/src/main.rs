@@ -403,13 +403,24 @@ fn policy_id(cfg: &Config, pkt: &Packet) -> Option<u16> {
 
 /// A datagram that hides its port (or, past the extension headers walked, its protocol) might
 /// be meant for a policy that cannot see it: a port policy (RFC 1858), or, when even the
-/// protocol is unknown, a TCP or UDP policy other than `any`. Such datagrams are dropped; with
-/// no such policy they are judged like any packet of their class.
+/// protocol is unknown, a TCP or UDP policy other than `any`. And the policy that would judge
+/// it must not key on the port: its key would be port 0's, a second allowance beside the one of
+/// the port the stack delivers it to. Such datagrams are dropped, whatever the policy's mode
+/// (like a port policy's); otherwise they are judged like any packet of their class, under the
+/// very key of the datagram they start.
 #[inline(always)]
 fn hides_from_a_policy(cfg: &Config, pkt: &Packet) -> bool {
+    let judged_by = cfg.class_policy[pkt.class & 3];
     let any = cfg.class_policy[CLASS_OTHER];
     cfg.flags & Config::HAS_PORT_POLICIES != 0
         || (pkt.class == CLASS_OTHER && (cfg.class_policy[CLASS_TCP] != any || cfg.class_policy[CLASS_UDP] != any))
+        || match POLICIES.get(u32::from(judged_by)) {
+            // For class OTHER, `judged_by` is `any`, which is then also the TCP and UDP policy.
+            Some(p) => p.flags & (Policy::ACTIVE | Policy::KEY_DPORT) == Policy::ACTIVE | Policy::KEY_DPORT,
+            // Id 0 (no policy) reads as an inactive entry; a failed lookup cannot happen for
+            // an id below MAX_POLICIES, and is not a reason to drop.
+            None => false,
+        }
 }
 
 /// The allow/deny verdict for the packet's source, if a listed prefix covers it.

@@ -47,6 +47,8 @@ pub struct Captured {
     pub other: u64,
     /// Frames the kernel dropped because the socket was full (must be 0 for the counts to hold).
     pub drops: u64,
+    /// The longest frame seen, of any kind.
+    pub longest: u64,
 }
 
 impl Captured {
@@ -129,12 +131,15 @@ fn read(fd: &OwnedFd, stop: &AtomicBool) -> anyhow::Result<Captured> {
     let mut buf = [0u8; 2048];
     let mut stop_seen: Option<Instant> = None;
     loop {
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        // MSG_TRUNC: the frame's whole length (an aggregate in skb mode can be longer than the
+        // buffer, which only needs its headers).
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_TRUNC) };
         if n >= 0 {
             let at = Instant::now();
-            let frame = &buf[..n as usize];
+            let frame = &buf[..(n as usize).min(buf.len())];
+            captured.longest = captured.longest.max(n as u64);
             match flow_of(frame) {
-                Some(flow) => captured.seen.push(Seen { at, flow, len: frame.len() as u64 }),
+                Some(flow) => captured.seen.push(Seen { at, flow, len: n as u64 }),
                 None => captured.other += 1,
             }
         } else {

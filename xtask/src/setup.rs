@@ -20,8 +20,10 @@ const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
 /// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils;
 /// tests/prometheus.rs: `prometheus` and `promtool` (the rules, the exposition, a real scrape);
-/// tests/completions.rs runs the completion scripts in the shells they are for.
-const PACKAGING_PACKAGES: &[&str] = &["systemd", "man-db", "binutils", "dpkg-dev", "prometheus", "bash", "fish", "zsh"];
+/// tests/completions.rs runs the completion scripts in the shells they are for; tests/offload.rs
+/// turns a veth's GRO and TSO on and off with `ethtool`.
+const PACKAGING_PACKAGES: &[&str] =
+    &["systemd", "man-db", "binutils", "dpkg-dev", "prometheus", "bash", "fish", "zsh", "ethtool"];
 
 /// Everything: `cargo xtask setup` and `cargo xtask test`.
 pub fn run() -> anyhow::Result<()> {

@@ -187,7 +187,7 @@ impl Collector for Exposition {
             "limiter_dropped_packets",
             "Packets dropped without a policy's judgement, by reason (deny: every deny list drop, whether a \
              policy matched or not; unreadable_port: a TCP/UDP datagram whose port could not be read while \
-             port policies exist, RFC 1858).",
+             a policy could need it: a port policy, or one keyed on the port; RFC 1858).",
             vec![reason("deny", s.denied), reason("unreadable_port", s.unreadable_ports)],
         )?;
         counter(
