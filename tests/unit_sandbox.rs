@@ -14,7 +14,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use limiter_tests::{
@@ -99,10 +99,21 @@ fn the_daemon_starts_reloads_and_stops_under_the_units_restrictions() {
     let written = scratch.config_file().expect("config").expect("the daemon wrote no config file");
     assert!(written.contains("name = \"default\""), "{written}");
 
+    // The metrics, the bucket-occupancy gauge included: its scan reads the buckets through a
+    // duplicate of the daemon's own descriptor, which needs no CAP_SYS_ADMIN (the unit grants
+    // none). It is measured at start, then every 15 s; the snapshot it lands in, once a second.
     let addr: SocketAddr = METRICS.parse().expect("address");
-    let metrics = net.receiver.run(move || scrape::get(addr, "/metrics", Duration::from_secs(5))).expect("namespace");
-    let metrics = metrics.unwrap_or_else(|e| panic!("scraping {METRICS}: {e:#}\n{}", daemon.output()));
-    assert!(metrics.body.contains("limiter_attach_mode"), "{}", metrics.body);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let metrics = loop {
+        let got = net.receiver.run(move || scrape::get(addr, "/metrics", Duration::from_secs(5))).expect("namespace");
+        let got = got.unwrap_or_else(|e| panic!("scraping {METRICS}: {e:#}\n{}", daemon.output()));
+        if got.body.contains("limiter_bucket_occupancy_ratio") || Instant::now() >= deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(metrics.body.contains("limiter_attach_mode{mode=\"native\"} 1"), "{}", metrics.body);
+    assert!(metrics.body.contains("limiter_bucket_occupancy_ratio"), "no occupancy gauge:\n{}", metrics.body);
 
     // ExecReload: a hand edit, then `limiter-ctl reload` under the same restrictions.
     let edited = format!("{written}\n[[policy]]\nname = \"web\"\nmatch = \"tcp:80\"\nrate = \"150/s\"\nburst = 15\n");
