@@ -79,10 +79,11 @@ fn stop(daemon: &mut Daemon, what: &str) -> String {
 
 /// Under the unit's restrictions: start (attached, metrics served, the config file written),
 /// `limiter-ctl reload` of a hand edit (exit 0, applied), SIGHUP, a `policy set` (the daemon
-/// rewrites its file), then stop: exit 0, the same
-/// program still on the interface and the same pins; a second sandboxed daemon adopts it and stops
-/// cleanly too. Nothing is logged at WARN or ERROR throughout: a call the sandbox refuses shows
-/// up as one (or as a failed start or stop).
+/// rewrites its file), then stop: exit 0, the same program still on the interface and the same
+/// pins. A second sandboxed daemon adopts it and stops cleanly too, and a third, with another
+/// row count, replaces it in its link. Nothing is logged at WARN or ERROR throughout (but the
+/// designed warning of the replacement): a call the sandbox refuses shows up as one (or as a
+/// failed start or stop).
 #[test]
 fn the_daemon_starts_reloads_and_stops_under_the_units_restrictions() {
     require_root!();
@@ -147,6 +148,18 @@ fn the_daemon_starts_reloads_and_stops_under_the_units_restrictions() {
     assert_eq!(scratch.pinned(&iface).expect("pins"), pins, "adopting replaced pinned objects");
     let out = stop(&mut next, "the adopting daemon");
     assert_eq!(warnings(&out), Vec::<&str>::new(), "warnings under the sandbox:\n{out}");
+
+    // A predecessor it cannot adopt (another row count) is replaced in its link; its config is
+    // not readable, so the daemon asks the kernel (rtnetlink) which mode the link is in. The one
+    // warning is the designed one, saying why it did not adopt.
+    let mut args = ARGS.to_vec();
+    args.extend(["--rows", "2"]);
+    let mut replacing = Daemon::launch(&net.receiver, &scratch, &args, launch()).expect("starting a third daemon");
+    replacing.wait_replaced(&net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    let out = stop(&mut replacing, "the replacing daemon");
+    let unexpected: Vec<&str> =
+        warnings(&out).into_iter().filter(|l| !l.contains("the pinned limiter could not be adopted")).collect();
+    assert_eq!(unexpected, Vec::<&str>::new(), "warnings under the sandbox:\n{out}");
 }
 
 /// The sandbox is real: under it, a socket of a family the unit does not allow (AF_PACKET) is
