@@ -108,19 +108,26 @@ pub enum Skip {
 }
 
 /// What the limiter needs of an IP packet.
+///
+/// `repr(C)` with a `bool` first: `Result<Packet, Skip>` keeps its tag in a `bool`'s niche, and
+/// at offset 0 the BTF LLVM emits for it (the return type of `walk_v6_chain`, a real call) is
+/// a union whose members all start at 0, as the kernel requires. With the niche elsewhere the
+/// kernel refused the object's whole BTF ("Invalid member bits_offset"): no line info in the
+/// verifier's and bpftool's dumps, no typed map dumps.
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub struct Packet {
-    pub family: u8,
-    pub proto: u8,
-    /// `CLASS_TCP`, `CLASS_UDP`, `CLASS_ICMP` or `CLASS_OTHER`.
-    pub class: usize,
     /// The L4 header was present and parsed: for TCP and UDP, the ports are valid.
     pub has_l4: bool,
     /// The datagram the stack will deliver carries a destination port this parser could not
     /// read: judged by its protocol class, or dropped where a policy could need the port.
     pub ports_hidden: bool,
+    pub family: u8,
+    pub proto: u8,
     pub sport: u16,
     pub dport: u16,
+    /// `CLASS_TCP`, `CLASS_UDP`, `CLASS_ICMP` or `CLASS_OTHER`.
+    pub class: usize,
     /// The source address as two little-endian words (IPv4: low 32 bits of the first).
     pub src: [u64; 2],
 }

@@ -1,7 +1,8 @@
 //! Installs what the build and the tests need, checking first so a second run takes seconds:
 //! the nightly toolchain's rust-src (for -Z build-std), LLVM 22 and bpf-linker 0.13 built
 //! against it, iproute2, and a mounted bpffs; for `cargo xtask package` and its test, cargo-deb
-//! and the Debian tools they call (systemd-analyze, man, strip); Prometheus and promtool;
+//! and the Debian tools they call (systemd-analyze, man, strip); bpftool and python3 for the
+//! unit's sandbox test; Prometheus and promtool;
 //! kubernetes-validate (pip) for the manifests test.
 
 use std::{path::Path, process::Command};
@@ -24,11 +25,16 @@ const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
 /// turns a veth's GRO and TSO on and off with `ethtool`.
 const PACKAGING_PACKAGES: &[&str] =
     &["systemd", "man-db", "binutils", "dpkg-dev", "prometheus", "bash", "fish", "zsh", "ethtool"];
+/// tests/unit_sandbox.rs: `bpftool prog show` (the program's btf_id), python3 (system calls made
+/// under the unit's restrictions); limiter-sandbox expands the unit's system call groups with
+/// `systemd-analyze syscall-filter` (systemd, above).
+const TEST_PACKAGES: &[&str] = &["bpftool", "python3"];
 
 /// Everything: `cargo xtask setup` and `cargo xtask test`.
 pub fn run() -> anyhow::Result<()> {
     build()?;
     apt(PACKAGING_PACKAGES)?;
+    apt(TEST_PACKAGES)?;
     cargo_deb()?;
     kubernetes_validate()?;
     eprintln!("setup: ready");

@@ -90,10 +90,19 @@ where
     F: FormatEvent<S, N>,
 {
     fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
-        if self.journal {
-            write!(writer, "<{}>", priority(event.metadata().level()))?;
+        if !self.journal {
+            return self.inner.format_event(ctx, writer, event);
         }
-        self.inner.format_event(ctx, writer, event)
+        // journald makes each line an entry of its own: a message of several lines (a
+        // verifier log, say) gets the prefix on every line, or all but the first would be
+        // filed as info.
+        let mut text = String::new();
+        self.inner.format_event(ctx, Writer::new(&mut text), event)?;
+        let level = priority(event.metadata().level());
+        for line in text.lines() {
+            writeln!(writer, "<{level}>{line}")?;
+        }
+        Ok(())
     }
 }
 
@@ -157,5 +166,13 @@ mod tests {
         assert_eq!(object["level"], "WARN");
         // Not the journal: no prefix.
         assert!(lines(false, false, log).iter().all(|l| !l.starts_with('<')));
+    }
+
+    #[test]
+    fn every_line_of_a_multi_line_message_carries_the_priority() {
+        let text = lines(true, false, || tracing::warn!("first\nsecond\n\tthird"));
+        assert_eq!(text.len(), 3, "{text:?}");
+        assert!(text.iter().all(|l| l.starts_with("<4>")), "{text:?}");
+        assert!(text[0].contains("first") && text[2].ends_with("\tthird"), "{text:?}");
     }
 }

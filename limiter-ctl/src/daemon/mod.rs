@@ -219,7 +219,7 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
 
 /// The exit report, checked rather than assumed: the pins are all there and the program on the
 /// interface is this daemon's, so the next daemon adopts it. Anything else is an error that says
-/// what happened.
+/// what happened; a check the kernel could not answer is a warning, not a failed stop.
 fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> Result<(), Error> {
     if !pins.complete() {
         let dir = pins.dir().to_path_buf();
@@ -232,7 +232,7 @@ fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> 
     }
     let ours = limiter.program_id().ok();
     match kernel::pins::xdp_program(iface) {
-        Some(found) if Some(found.id) == ours => {
+        Ok(Some(found)) if Some(found.id) == ours => {
             info!(iface, pins = %pins.dir().display(), "left attached and pinned, enforcing: the next daemon adopts it (buckets, counters and salt); `limiter-ctl detach --iface {iface}` takes it off");
             if mounted {
                 warn!(
@@ -241,7 +241,13 @@ fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> 
             }
             Ok(())
         }
-        found => {
+        // The pins are all there, so the link is too: only the check is missing. Not a failed
+        // stop (systemd would mark the unit failed for a question it could not ask).
+        Err(error) => {
+            warn!(iface, pins = %pins.dir().display(), %error, "left pinned; could not check that the program is still attached (asking the kernel over rtnetlink failed; under systemd, the unit must allow AF_NETLINK): `ip link show dev {iface}` shows it");
+            Ok(())
+        }
+        Ok(found) => {
             let found = found.map_or_else(|| "no XDP program".to_string(), |p| p.to_string());
             tracing::error!(iface, %found, "the program is not attached to {iface} any more");
             Err(Error::NotAttachedAtExit { iface: iface.into(), found })
@@ -323,6 +329,9 @@ async fn start(
     let refusals =
         unsafe { AsyncFd::register(limiter.take_refusals()?) }.map_err(|e| Error::RefusalRing(e.into_parts().1))?;
     let attached = limiter.attach(&args.iface, args.mode)?;
+    if let Some(error) = &attached.mode_unknown {
+        warn!(iface = %args.iface, %error, mode = %attached.mode, "could not ask the kernel which mode the replaced limiter's link is in (rtnetlink): stats and metrics assume this one; under systemd, the unit must allow AF_NETLINK");
+    }
     if let Some(reason) = &attached.fallback {
         warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
     }

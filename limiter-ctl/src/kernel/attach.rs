@@ -62,6 +62,9 @@ pub struct Attached {
     pub fallback: Option<String>,
     /// The program replaced a pinned predecessor in place (no moment unprotected).
     pub replaced: bool,
+    /// Why `mode` is an assumption: replacing a predecessor whose config is not ours, the kernel
+    /// could not be asked which mode its link has.
+    pub mode_unknown: Option<String>,
 }
 
 /// The XDP link, held by the program (unpinned) or pinned on bpffs (outlives the process).
@@ -100,16 +103,17 @@ impl Limiter {
             match self.replace_in_pinned_link(&path) {
                 Ok(id) => {
                     self.link = Some(Link { iface: iface.into(), held: Held::Program(id) });
-                    let mode = if self.stale.is_some() {
+                    let (mode, mode_unknown) = if self.stale.is_some() {
                         // The predecessor's config is not readable as ours: ask the kernel.
-                        match xdp_program(iface).map(|p| p.mode) {
-                            Some("skb") => AttachMode::Skb,
-                            _ => AttachMode::Native,
+                        match xdp_program(iface) {
+                            Ok(Some(p)) if p.mode == "skb" => (AttachMode::Skb, None),
+                            Ok(_) => (AttachMode::Native, None),
+                            Err(e) => (AttachMode::Native, Some(e.to_string())),
                         }
                     } else {
-                        self.attach_mode()?
+                        (self.attach_mode()?, None)
                     };
-                    return Ok(Attached { mode, fallback: None, replaced: true });
+                    return Ok(Attached { mode, fallback: None, replaced: true, mode_unknown });
                 }
                 // Defunct: its interface went away (re-created since?). Start a new link.
                 Err(_) => std::fs::remove_file(&path).map_err(|error| Error::PinFile {
@@ -121,8 +125,8 @@ impl Limiter {
         }
         let (id, attached) = self.attach_new(iface, mode).map_err(|e| match xdp_program(iface) {
             // Most often another tool's program (or a limiter under another --pin-dir): say which.
-            Some(holder) => Error::Occupied { iface: iface.into(), holder: Box::new(holder), source: Box::new(e) },
-            None => e,
+            Ok(Some(holder)) => Error::Occupied { iface: iface.into(), holder: Box::new(holder), source: Box::new(e) },
+            Ok(None) | Err(_) => e,
         })?;
         let held = match &self.pins {
             None => Held::Program(id),
@@ -188,7 +192,7 @@ impl Limiter {
         };
         let program = self.xdp_mut()?;
         match program.attach(iface, first.xdp_mode()) {
-            Ok(id) => Ok((id, Attached { mode: first, fallback: None, replaced: false })),
+            Ok(id) => Ok((id, Attached { mode: first, fallback: None, replaced: false, mode_unknown: None })),
             Err(native_err) if mode == ModeRequest::Auto => {
                 let reason = error_chain(&native_err);
                 let id = program.attach(iface, XdpMode::Skb).map_err(|source| Error::Attach {
@@ -196,7 +200,10 @@ impl Limiter {
                     mode: "skb",
                     source,
                 })?;
-                Ok((id, Attached { mode: AttachMode::Skb, fallback: Some(reason), replaced: false }))
+                Ok((
+                    id,
+                    Attached { mode: AttachMode::Skb, fallback: Some(reason), replaced: false, mode_unknown: None },
+                ))
             }
             Err(source) => Err(Error::Attach { iface: iface.into(), mode: first.as_str(), source }),
         }

@@ -1,0 +1,490 @@
+//! `limiter-sandbox UNIT -- PROGRAM [ARGS...]`: execs PROGRAM under the restrictions the systemd
+//! unit file UNIT puts on its service process, read from the file's `[Service]` section, for the
+//! tests that run the daemon as the unit does (tests/unit_sandbox.rs) on machines where systemd is
+//! not PID 1 (`systemd-run` needs it). Applied, in the order systemd applies them:
+//!
+//! - `LimitMEMLOCK=`, `UMask=`;
+//! - `CapabilityBoundingSet=`, `AmbientCapabilities=` (the inheritable set too, as systemd does),
+//!   `NoNewPrivileges=`;
+//! - seccomp filters, each returning what systemd's returns: `RestrictAddressFamilies=`
+//!   (EAFNOSUPPORT), `RestrictNamespaces=` (EPERM; clone3 ENOSYS, its flags are out of a
+//!   filter's reach), `MemoryDenyWriteExecute=`, `RestrictRealtime=`, `LockPersonality=`,
+//!   `RestrictSUIDSGID=`, `SystemCallArchitectures=native` (other ABIs are killed), and last
+//!   `SystemCallFilter=` with `SystemCallErrorNumber=`, its groups expanded by
+//!   `systemd-analyze syscall-filter` (systemd's own lists), `@default` added to an allow list
+//!   and the lines applied in order (`~` removes).
+//!
+//! Directives about mounts, devices and the unit's lifecycle are listed in [`NOT_APPLIED`] and
+//! left out; any other directive is refused (exit 2), so a hardening line added to the unit must
+//! be taught here, or listed there, before the test passes again.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    ffi::OsString,
+    os::unix::process::CommandExt as _,
+    process::Command,
+    str::FromStr as _,
+};
+
+use anyhow::{Context as _, bail, ensure};
+use caps::{CapSet, Capability, CapsHashSet};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+use syscalls::Sysno;
+
+/// Directives this wrapper does not apply, and why that is acceptable for what the tests check
+/// (the daemon's system calls, sockets and privileges).
+const NOT_APPLIED: &[(&str, &str)] = &[
+    ("Type", "lifecycle: the test checks readiness and exit codes itself"),
+    ("NotifyAccess", "lifecycle"),
+    ("EnvironmentFile", "the test passes the daemon's flags"),
+    ("ExecStart", "the test runs the daemon with its own socket, config and pins"),
+    ("ExecReload", "the test runs `limiter-ctl reload` under this wrapper as ExecReload would be"),
+    ("TimeoutStartSec", "lifecycle"),
+    ("Restart", "lifecycle"),
+    ("RestartSec", "lifecycle"),
+    ("RestartPreventExitStatus", "lifecycle: the test checks exit codes"),
+    ("ConfigurationDirectory", "a directory: the test's config is in its scratch directory"),
+    ("RuntimeDirectory", "a directory: the test's socket is in its scratch directory"),
+    ("RuntimeDirectoryPreserve", "a directory"),
+    ("ProtectSystem", "mount namespace: not applied"),
+    ("ReadWritePaths", "mount namespace: not applied"),
+    ("ProtectHome", "mount namespace: not applied"),
+    ("PrivateTmp", "mount namespace: not applied"),
+    ("PrivateDevices", "mount namespace and device cgroup: not applied"),
+    ("ProtectKernelTunables", "mount namespace: not applied"),
+    ("ProtectKernelModules", "mount namespace; its system calls are outside the allow list anyway"),
+    ("ProtectKernelLogs", "mount namespace; syslog(2) is outside the allow list anyway"),
+    ("ProtectControlGroups", "mount namespace: not applied"),
+    ("ProtectClock", "device cgroup; @clock is outside the allow list anyway"),
+    ("ProtectHostname", "UTS namespace; sethostname(2) is outside the allow list anyway"),
+    ("ProtectProc", "mount namespace: not applied"),
+    ("PrivateMounts", "mount namespace: not applied"),
+];
+
+fn main() {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let (unit, program) = match args.iter().position(|a| a == "--") {
+        Some(1) if args.len() > 2 => (args[0].clone(), &args[2..]),
+        _ => {
+            eprintln!("usage: limiter-sandbox UNIT -- PROGRAM [ARGS...]");
+            std::process::exit(2);
+        }
+    };
+    let error = match Sandbox::from_unit(std::path::Path::new(&unit)) {
+        // exec returns only on failure.
+        Ok(sandbox) => sandbox.exec(program),
+        Err(e) => {
+            eprintln!("limiter-sandbox: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    eprintln!("limiter-sandbox: {error:#}");
+    std::process::exit(1);
+}
+
+/// What the unit restricts, resolved (capability and system call names to numbers).
+#[derive(Default)]
+struct Sandbox {
+    memlock: Option<libc::rlim_t>,
+    umask: Option<libc::mode_t>,
+    bounding: Option<CapsHashSet>,
+    ambient: CapsHashSet,
+    no_new_privs: bool,
+    /// Filters installed before the system call filter (which may not allow seccomp(2) itself).
+    filters: Vec<SeccompFilter>,
+    syscall_filter: Option<SeccompFilter>,
+}
+
+impl Sandbox {
+    fn from_unit(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let service = service_section(&text);
+        let mut sandbox = Self::default();
+        let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let mut syscall_lines = Vec::new();
+        let mut errno = libc::EPERM;
+        for (key, value) in &service {
+            let yes = || parse_bool(key, value);
+            match key.as_str() {
+                "LimitMEMLOCK" => sandbox.memlock = Some(parse_limit(value)?),
+                "UMask" => {
+                    sandbox.umask =
+                        Some(libc::mode_t::from_str_radix(value, 8).with_context(|| format!("UMask={value}"))?)
+                }
+                "CapabilityBoundingSet" => {
+                    let (invert, caps) = parse_caps(value)?;
+                    let current =
+                        sandbox.bounding.get_or_insert_with(|| if invert { caps::all() } else { CapsHashSet::new() });
+                    if invert {
+                        current.retain(|c| !caps.contains(c));
+                    } else {
+                        current.extend(caps);
+                    }
+                }
+                "AmbientCapabilities" => {
+                    let (invert, caps) = parse_caps(value)?;
+                    ensure!(!invert, "AmbientCapabilities=~...: not supported here");
+                    sandbox.ambient.extend(caps);
+                }
+                "NoNewPrivileges" => sandbox.no_new_privs = yes()?,
+                "RestrictAddressFamilies" => sandbox.filters.push(address_families(value, arch)?),
+                "RestrictNamespaces" if yes()? => sandbox.filters.extend(restrict_namespaces(arch)?),
+                "MemoryDenyWriteExecute" if yes()? => sandbox.filters.push(deny_write_execute(arch)?),
+                "RestrictRealtime" if yes()? => sandbox.filters.push(restrict_realtime(arch)?),
+                "LockPersonality" if yes()? => sandbox.filters.push(lock_personality(arch)?),
+                "RestrictSUIDSGID" if yes()? => sandbox.filters.push(restrict_suid_sgid(arch)?),
+                "RestrictNamespaces"
+                | "MemoryDenyWriteExecute"
+                | "RestrictRealtime"
+                | "LockPersonality"
+                | "RestrictSUIDSGID" => {}
+                // seccompiler's filters kill a process calling through another ABI.
+                "SystemCallArchitectures" => ensure!(value == "native", "SystemCallArchitectures={value}: only native"),
+                "SystemCallFilter" => syscall_lines.push(value.clone()),
+                "SystemCallErrorNumber" => errno = parse_errno(value)?,
+                other if NOT_APPLIED.iter().any(|(k, _)| *k == other) => {}
+                other => bail!(
+                    "{}: {other}= is not known to limiter-sandbox: apply it there, or list it in NOT_APPLIED with why",
+                    path.display()
+                ),
+            }
+        }
+        if !syscall_lines.is_empty() {
+            sandbox.syscall_filter = Some(syscall_filter(&syscall_lines, errno, arch)?);
+        }
+        Ok(sandbox)
+    }
+
+    /// Applies everything, then execs `program`; returns only if something failed.
+    fn exec(self, program: &[OsString]) -> anyhow::Error {
+        match self.apply() {
+            Ok(()) => {
+                let error = Command::new(&program[0]).args(&program[1..]).exec();
+                anyhow::Error::new(error).context(format!("exec {}", program[0].to_string_lossy()))
+            }
+            Err(e) => e,
+        }
+    }
+
+    fn apply(self) -> anyhow::Result<()> {
+        if let Some(limit) = self.memlock {
+            let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+            // SAFETY: a plain system call on a struct we own.
+            if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlimit) } != 0 {
+                let error = std::io::Error::last_os_error();
+                // Raising it needs CAP_SYS_RESOURCE, which a container may not give; kernels since
+                // 5.11 charge BPF maps to the memory cgroup instead, so the limit does not matter.
+                ensure!(error.raw_os_error() == Some(libc::EPERM), "setrlimit(RLIMIT_MEMLOCK): {error}");
+                eprintln!("limiter-sandbox: LimitMEMLOCK not applied (no CAP_SYS_RESOURCE here): {error}");
+            }
+        }
+        if let Some(mask) = self.umask {
+            // SAFETY: umask cannot fail.
+            unsafe { libc::umask(mask) };
+        }
+        if let Some(bounding) = &self.bounding {
+            for cap in caps::all().difference(bounding) {
+                caps::drop(None, CapSet::Bounding, *cap)
+                    .with_context(|| format!("dropping {cap} from the bounding set"))?;
+            }
+        }
+        // Ambient capabilities must be inheritable first; systemd makes the inheritable set the
+        // ambient one.
+        caps::set(None, CapSet::Inheritable, &self.ambient).context("setting inheritable")?;
+        for cap in &self.ambient {
+            caps::raise(None, CapSet::Ambient, *cap).with_context(|| format!("raising ambient {cap}"))?;
+        }
+        if self.no_new_privs {
+            // SAFETY: a plain prctl.
+            if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+                return Err(std::io::Error::last_os_error()).context("PR_SET_NO_NEW_PRIVS");
+            }
+        }
+        for filter in self.filters.into_iter().chain(self.syscall_filter) {
+            let program: BpfProgram = filter.try_into().context("compiling a seccomp filter")?;
+            seccompiler::apply_filter(&program).context("installing a seccomp filter")?;
+        }
+        Ok(())
+    }
+}
+
+/// `[Service]`'s `key=value` lines in order (a key may repeat); comments and blank lines skipped.
+fn service_section(text: &str) -> Vec<(String, String)> {
+    let mut section = "";
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if line.starts_with('[') {
+            section = line;
+        } else if section == "[Service]"
+            && let Some((k, v)) = line.split_once('=')
+        {
+            out.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    out
+}
+
+fn parse_bool(key: &str, value: &str) -> anyhow::Result<bool> {
+    match value {
+        "yes" | "true" | "on" | "1" => Ok(true),
+        "no" | "false" | "off" | "0" => Ok(false),
+        _ => bail!("{key}={value}: not a boolean (namespace lists are not supported here)"),
+    }
+}
+
+fn parse_limit(value: &str) -> anyhow::Result<libc::rlim_t> {
+    match value {
+        "infinity" => Ok(libc::RLIM_INFINITY),
+        v => v.parse().with_context(|| format!("LimitMEMLOCK={v}: a byte count or infinity")),
+    }
+}
+
+/// `[~]CAP_A CAP_B ...`
+fn parse_caps(value: &str) -> anyhow::Result<(bool, CapsHashSet)> {
+    let (invert, list) = match value.strip_prefix('~') {
+        Some(rest) => (true, rest),
+        None => (false, value),
+    };
+    let caps = list
+        .split_whitespace()
+        .map(|name| Capability::from_str(name).map_err(|e| anyhow::anyhow!("capability {name}: {e}")))
+        .collect::<anyhow::Result<_>>()?;
+    Ok((invert, caps))
+}
+
+fn parse_errno(value: &str) -> anyhow::Result<i32> {
+    Ok(match value {
+        "EPERM" => libc::EPERM,
+        "EACCES" => libc::EACCES,
+        "ENOSYS" => libc::ENOSYS,
+        "EAFNOSUPPORT" => libc::EAFNOSUPPORT,
+        _ => bail!("SystemCallErrorNumber={value}: not supported here"),
+    })
+}
+
+fn nr(name: &str) -> anyhow::Result<i64> {
+    Sysno::from_str(name).map(|s| i64::from(s.id())).map_err(|()| anyhow::anyhow!("no system call {name} here"))
+}
+
+fn errno(e: i32) -> SeccompAction {
+    SeccompAction::Errno(e as u32)
+}
+
+fn cond(arg: u8, len: Len, op: Op, value: u64) -> anyhow::Result<Cond> {
+    Ok(Cond::new(arg, len, op, value)?)
+}
+
+fn rule(conditions: Vec<Cond>) -> anyhow::Result<SeccompRule> {
+    Ok(SeccompRule::new(conditions)?)
+}
+
+/// A filter that returns `action` when one of `rules` matches, and allows everything else.
+fn deny(rules: Vec<(i64, Vec<SeccompRule>)>, action: SeccompAction, arch: TargetArch) -> anyhow::Result<SeccompFilter> {
+    let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for (nr, mut r) in rules {
+        map.entry(nr).or_default().append(&mut r);
+    }
+    Ok(SeccompFilter::new(map, SeccompAction::Allow, action, arch)?)
+}
+
+/// socket(2) with a family outside the list (or inside it, for `~`) fails with EAFNOSUPPORT.
+fn address_families(value: &str, arch: TargetArch) -> anyhow::Result<SeccompFilter> {
+    let (invert, list) = match value.strip_prefix('~') {
+        Some(rest) => (true, rest),
+        None => (false, value),
+    };
+    let families = list
+        .split_whitespace()
+        .map(|name| {
+            Ok(match name {
+                "AF_UNIX" | "AF_LOCAL" => libc::AF_UNIX,
+                "AF_INET" => libc::AF_INET,
+                "AF_INET6" => libc::AF_INET6,
+                "AF_NETLINK" => libc::AF_NETLINK,
+                "AF_PACKET" => libc::AF_PACKET,
+                "AF_XDP" => libc::AF_XDP,
+                _ => bail!("RestrictAddressFamilies: {name} is not known here"),
+            } as u64)
+        })
+        .collect::<anyhow::Result<Vec<u64>>>()?;
+    let socket = nr("socket")?;
+    let rules = if invert {
+        families.iter().map(|&f| rule(vec![cond(0, Len::Dword, Op::Eq, f)?])).collect::<anyhow::Result<_>>()?
+    } else {
+        vec![rule(families.iter().map(|&f| cond(0, Len::Dword, Op::Ne, f)).collect::<anyhow::Result<_>>()?)?]
+    };
+    deny(vec![(socket, rules)], errno(libc::EAFNOSUPPORT), arch)
+}
+
+/// unshare(2), setns(2) and clone(2) with any CLONE_NEW* flag fail (EPERM); clone3(2), whose
+/// flags a filter cannot read, fails with ENOSYS, so that libc falls back to clone(2).
+fn restrict_namespaces(arch: TargetArch) -> anyhow::Result<Vec<SeccompFilter>> {
+    let flags = [
+        libc::CLONE_NEWNS,
+        libc::CLONE_NEWCGROUP,
+        libc::CLONE_NEWUTS,
+        libc::CLONE_NEWIPC,
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+        0x80, // CLONE_NEWTIME
+    ];
+    let any_flag = |arg: u8| -> anyhow::Result<Vec<SeccompRule>> {
+        flags.iter().map(|&f| rule(vec![cond(arg, Len::Qword, Op::MaskedEq(f as u64), f as u64)?])).collect()
+    };
+    // clone(2)'s flags are its first argument on x86_64 and aarch64.
+    let namespaces = deny(
+        vec![(nr("unshare")?, any_flag(0)?), (nr("clone")?, any_flag(0)?), (nr("setns")?, vec![])],
+        errno(libc::EPERM),
+        arch,
+    )?;
+    let clone3 = deny(vec![(nr("clone3")?, vec![])], errno(libc::ENOSYS), arch)?;
+    Ok(vec![namespaces, clone3])
+}
+
+/// No mapping both writable and executable, no memory made executable later.
+fn deny_write_execute(arch: TargetArch) -> anyhow::Result<SeccompFilter> {
+    let (w, x) = (libc::PROT_WRITE as u64, libc::PROT_EXEC as u64);
+    let exec = |arg: u8| rule(vec![cond(arg, Len::Dword, Op::MaskedEq(x), x)?]);
+    deny(
+        vec![
+            (nr("mmap")?, vec![rule(vec![cond(2, Len::Dword, Op::MaskedEq(w | x), w | x)?])?]),
+            (nr("mprotect")?, vec![exec(2)?]),
+            (nr("pkey_mprotect")?, vec![exec(2)?]),
+            (nr("shmat")?, vec![rule(vec![cond(2, Len::Dword, Op::MaskedEq(0o100000), 0o100000)?])?]), // SHM_EXEC
+        ],
+        errno(libc::EPERM),
+        arch,
+    )
+}
+
+/// sched_setscheduler(2) to a realtime policy fails.
+fn restrict_realtime(arch: TargetArch) -> anyhow::Result<SeccompFilter> {
+    let policies = [libc::SCHED_FIFO, libc::SCHED_RR, 6 /* SCHED_DEADLINE */];
+    let rules =
+        policies.iter().map(|&p| rule(vec![cond(1, Len::Dword, Op::Eq, p as u64)?])).collect::<anyhow::Result<_>>()?;
+    deny(vec![(nr("sched_setscheduler")?, rules)], errno(libc::EPERM), arch)
+}
+
+/// personality(2) to anything but the default (and the query) fails.
+fn lock_personality(arch: TargetArch) -> anyhow::Result<SeccompFilter> {
+    let rules = vec![rule(vec![
+        cond(0, Len::Dword, Op::Ne, 0)?,           // PER_LINUX
+        cond(0, Len::Dword, Op::Ne, 0xffff_ffff)?, // the query
+    ])?];
+    deny(vec![(nr("personality")?, rules)], errno(libc::EPERM), arch)
+}
+
+/// No file gets a set-user-ID or set-group-ID bit: chmod(2) and friends, and creating one.
+fn restrict_suid_sgid(arch: TargetArch) -> anyhow::Result<SeccompFilter> {
+    let bits = [libc::S_ISUID as u64, libc::S_ISGID as u64];
+    let mode_has = |arg: u8| -> anyhow::Result<Vec<SeccompRule>> {
+        bits.iter().map(|&b| rule(vec![cond(arg, Len::Dword, Op::MaskedEq(b), b)?])).collect()
+    };
+    let creat = libc::O_CREAT as u64;
+    let creating = |flags: u8, mode: u8| -> anyhow::Result<Vec<SeccompRule>> {
+        bits.iter()
+            .map(|&b| {
+                rule(vec![
+                    cond(flags, Len::Dword, Op::MaskedEq(creat), creat)?,
+                    cond(mode, Len::Dword, Op::MaskedEq(b), b)?,
+                ])
+            })
+            .collect()
+    };
+    deny(
+        vec![
+            (nr("chmod")?, mode_has(1)?),
+            (nr("fchmod")?, mode_has(1)?),
+            (nr("fchmodat")?, mode_has(2)?),
+            (nr("mkdir")?, mode_has(1)?),
+            (nr("mkdirat")?, mode_has(2)?),
+            (nr("mknod")?, mode_has(1)?),
+            (nr("mknodat")?, mode_has(2)?),
+            (nr("creat")?, mode_has(1)?),
+            (nr("open")?, creating(1, 2)?),
+            (nr("openat")?, creating(2, 3)?),
+        ],
+        errno(libc::EPERM),
+        arch,
+    )
+}
+
+/// The allow list (or deny list, if the first line starts with `~`) the lines make, in order,
+/// groups expanded by `systemd-analyze syscall-filter`; system calls this architecture does not
+/// have are skipped, as systemd skips them.
+fn syscall_filter(lines: &[String], errno_value: i32, arch: TargetArch) -> anyhow::Result<SeccompFilter> {
+    let groups = syscall_groups()?;
+    let allow_list = !lines[0].starts_with('~');
+    let mut set: BTreeSet<String> = BTreeSet::new();
+    if allow_list {
+        set.extend(expand("@default", &groups)?);
+    }
+    for line in lines {
+        let (removing, list) = match line.strip_prefix('~') {
+            Some(rest) => (allow_list, rest),
+            None => (!allow_list, line.as_str()),
+        };
+        for item in list.split_whitespace() {
+            ensure!(!item.contains(':'), "SystemCallFilter: {item}: per-call errno is not supported here");
+            for name in expand(item, &groups)? {
+                if removing {
+                    set.remove(&name);
+                } else {
+                    set.insert(name);
+                }
+            }
+        }
+    }
+    let rules: BTreeMap<i64, Vec<SeccompRule>> =
+        set.iter().filter_map(|name| Sysno::from_str(name).ok()).map(|s| (i64::from(s.id()), vec![])).collect();
+    let (mismatch, matched) = if allow_list {
+        (errno(errno_value), SeccompAction::Allow)
+    } else {
+        (SeccompAction::Allow, errno(errno_value))
+    };
+    Ok(SeccompFilter::new(rules, mismatch, matched, arch)?)
+}
+
+/// `@group` -> its entries (names and other groups), as this machine's systemd defines them.
+fn syscall_groups() -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let out = Command::new("systemd-analyze")
+        .args(["syscall-filter", "--no-pager"])
+        .output()
+        .context("running systemd-analyze syscall-filter (install systemd: cargo xtask setup)")?;
+    ensure!(out.status.success(), "systemd-analyze syscall-filter: {}", String::from_utf8_lossy(&out.stderr));
+    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.starts_with('@') {
+            current = Some(line.trim().to_string());
+            groups.entry(line.trim().to_string()).or_default();
+        } else if line.trim().is_empty() || !line.starts_with(' ') {
+            current = None;
+        } else if let Some(group) = &current
+            && !line.trim_start().starts_with('#')
+        {
+            groups.entry(group.clone()).or_default().push(line.trim().to_string());
+        }
+    }
+    ensure!(groups.contains_key("@system-service"), "systemd-analyze syscall-filter listed no @system-service");
+    Ok(groups)
+}
+
+fn expand(item: &str, groups: &BTreeMap<String, Vec<String>>) -> anyhow::Result<Vec<String>> {
+    if !item.starts_with('@') {
+        return Ok(vec![item.to_string()]);
+    }
+    let entries = groups.get(item).with_context(|| format!("SystemCallFilter: no group {item} in systemd-analyze"))?;
+    let mut out = Vec::new();
+    for entry in entries {
+        out.extend(expand(entry, groups)?);
+    }
+    Ok(out)
+}
