@@ -17,11 +17,13 @@ use limiter_tests::{
 const FLOOD: Duration = Duration::from_secs(1);
 
 /// A policy at 20,000/s with a burst of 2 s admits a flood from one source until its TAT runs
-/// far ahead of now; lowered to 1000/s burst 100, the same source, still flooding, is admitted at
-/// the new rate from one burst window (100 ms) after the change on, not refused until the old
-/// TAT is reached (nor, as before every policy shared one clock, for the host's uptime).
+/// far ahead of now; lowered to 1000/s burst 100, the same source, still flooding, is refused
+/// until the TAT it earned under the old rate is within the new window (the slot's hold keeps
+/// that TAT credible: lowering it would hand a spent burst back to whoever shares the bucket),
+/// then admitted at the new rate, with no fresh burst, and never refused for longer (nor, as
+/// before every policy shared one clock, for the host's uptime).
 #[test]
-fn a_lowered_rate_admits_the_same_source_at_the_new_rate() {
+fn a_lowered_rate_holds_the_same_source_to_its_old_tat_then_admits_it_at_the_new_rate() {
     require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     rig.ctl_ok(&["policy", "set", "changing", "--match", "udp:7000", "--rate", "20000/s", "--burst", "40000"]);
@@ -37,14 +39,14 @@ fn a_lowered_rate_admits_the_same_source_at_the_new_rate() {
     rig.ctl_ok(&["policy", "set", "changing", "--match", "udp:7000", "--rate", "1000/s", "--burst", "100"]);
     let new = Gcra::new(1000, SEC, 100, 1).expect("valid");
     let window = Duration::from_nanos(new.window_ns());
-    let flooding = rig.start_counted_flood(std::slice::from_ref(&stream), Limits::timed(FLOOD), None);
-    let flooding = flooding.expect("starting the second flood");
-    // The old TAT must still be beyond the new window when the second flood starts, or this
-    // test would not test the clamp: how far ahead it ended, less the time since.
+    // How far ahead the old TAT ended (the flood ran over the old rate throughout: n x T from its
+    // start), so how long into the second flood the hold lasts.
     let ahead = (old_t * filled as u32).saturating_sub(first.report.duration());
+    let flooding = rig.start_counted_flood(std::slice::from_ref(&stream), Limits::timed(ahead + FLOOD), None);
+    let flooding = flooding.expect("starting the second flood");
     let gap = flooding.started - ended;
     assert!(
-        ahead > gap + window,
+        ahead > gap + window + Duration::from_millis(200),
         "the old bucket was {ahead:?} ahead at the first flood's end and {gap:?} passed before the second: not \
          beyond the new {window:?} window, so the machine was too slow to test this (first flood: {})",
         first.report
@@ -53,18 +55,19 @@ fn a_lowered_rate_admits_the_same_source_at_the_new_rate() {
     run.check_capture();
     let delivered = run.delivered(&flow);
     let judged = rig.judged(&run, rig.policy_id("changing"));
-    eprintln!(
-        "at 1000/s burst 100 ({ahead:?} of old TAT left at the change, less {gap:?}): {}; delivered {delivered}",
-        run.report
-    );
-    check_upper("after the change", delivered, &new, &judged, run.window());
-    // The old TAT is clamped to the new window at the first packet: the new burst is spent, the
-    // rate is not. From one window on, the source gets the full rate.
+    // Refused until the old TAT is one window ahead, give or take how well `ahead` is known.
+    let held = ahead - gap - window;
+    let slack = Duration::from_millis(50);
+    eprintln!("at 1000/s burst 100 (held {held:?} into the second flood): {}; delivered {delivered}", run.report);
+    let released = run.window().saturating_sub(held);
+    // No fresh burst: from the release on, one emission interval per packet, no more.
+    let burstless = Gcra::new(1000, SEC, 1, 1).expect("valid");
+    check_upper("after the change, from the release on", delivered, &burstless, &judged, released + slack);
     check_lower_during(
-        "after the change",
+        "after the change, from the release on",
         delivered,
-        &new,
-        run.report.duration().saturating_sub(window),
+        &burstless,
+        run.report.duration().saturating_sub(held + slack),
         &run.report,
         1,
     );
