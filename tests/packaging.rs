@@ -3,8 +3,10 @@
 //! shipped configs (parsed by the daemon's own parser), and the Debian package (built by
 //! `cargo xtask package`, installed with dpkg into a scratch root, its binary and man page run).
 //! On the real kernel (as root): a flood through a package upgrade and a purge, run by the
-//! package's own binary and maintainer scripts, and through a DaemonSet pod replacement, replayed
-//! the way a kubelet does it (there is no cluster here).
+//! package's own binary and maintainer scripts; through an upgrade from an older release's
+//! package (built from a pinned commit by `cargo xtask package --from-commit`: needs the
+//! repository's full history), whose maps the new daemon cannot adopt; and through a DaemonSet
+//! pod replacement, replayed the way a kubelet does it (there is no cluster here).
 //!
 //! The unprivileged tests run as any user. Needs cargo-deb, systemd-analyze, man and dpkg, which
 //! `cargo xtask setup` installs; none of these tests skips (the privileged ones need root).
@@ -25,13 +27,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+use limiter_common::maps::{Counters, LAYOUT_VERSION};
 use limiter_ctl::config::{self, State};
 use limiter_tests::{
-    daemon::{Daemon, LEFT, Launch, SIGNAL_TIMEOUT, Scratch, net_command, program_counters, xdp_program_id},
+    daemon::{
+        Daemon, LEFT, Launch, SIGNAL_TIMEOUT, Scratch, hold_counters, net_command, pinned_layout, program_counters,
+        xdp_program_id,
+    },
     netns::{End, TestNet},
     policies::{gcra, src},
     require_root,
-    rig::{Rig, check_hand_over},
+    rig::{Rig, check_hand_over, check_hand_over_with_fresh},
 };
 use nix::sys::signal::Signal;
 use serde::Deserialize as _;
@@ -68,24 +74,45 @@ fn text(bytes: &[u8]) -> String {
 /// `cargo xtask package`, once: the path of the .deb it printed.
 fn deb() -> &'static Path {
     static DEB: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    let built = DEB.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(cargo)
-            .args(["run", "--quiet", "--package", "xtask", "--", "package"])
-            .current_dir(root())
-            .output()
-            .map_err(|e| format!("could not start `cargo xtask package`: {e}"))?;
-        if !out.status.success() {
-            return Err(format!("`cargo xtask package` failed ({}):\n{}", out.status, text(&out.stderr)));
-        }
-        let stdout = text(&out.stdout);
-        let path = stdout.lines().last().map(|l| PathBuf::from(l.trim())).filter(|p| p.is_file());
-        path.ok_or_else(|| format!("`cargo xtask package` printed no .deb path: {stdout:?}"))
-    });
-    match built {
+    built(DEB.get_or_init(|| xtask_package(&[])))
+}
+
+/// The commit whose package [`a_flood_through_an_upgrade_from_an_older_release`] upgrades from:
+/// the last before issue 22's changes. Its maps are layout version 4 ([`OLDER_LAYOUT`]), this
+/// tree's are 5, so the new daemon cannot adopt them.
+const OLDER_RELEASE: &str = "e77ebe6a2a474a25be2431ae0e8461591cda4f81";
+const OLDER_LAYOUT: u64 = 4;
+
+/// The package of [`OLDER_RELEASE`], from `cargo xtask package --from-commit`, once (it builds it
+/// with that commit's own xtask the first time, then reuses it): the path of the .deb.
+fn older_deb() -> &'static Path {
+    static DEB: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    built(DEB.get_or_init(|| xtask_package(&["--from-commit", OLDER_RELEASE])))
+}
+
+fn built(result: &Result<PathBuf, String>) -> &Path {
+    match result {
         Ok(path) => path,
         Err(e) => panic!("{e}"),
     }
+}
+
+/// `cargo xtask package ARGS...`: the path of the .deb it printed (its last line).
+fn xtask_package(args: &[&str]) -> Result<PathBuf, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let what = format!("`cargo xtask package {}`", args.join(" "));
+    let out = Command::new(cargo)
+        .args(["run", "--quiet", "--package", "xtask", "--", "package"])
+        .args(args)
+        .current_dir(root())
+        .output()
+        .map_err(|e| format!("could not start {what}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{what} failed ({}):\n{}", out.status, text(&out.stderr)));
+    }
+    let stdout = text(&out.stdout);
+    let path = stdout.lines().last().map(|l| PathBuf::from(l.trim())).filter(|p| p.is_file());
+    path.ok_or_else(|| format!("{what} printed no .deb path: {stdout:?}"))
 }
 
 /// Stand-ins for the systemd tools the maintainer scripts call (and for limiter-ctl, where a test
@@ -102,6 +129,11 @@ struct Installed {
 
 impl Installed {
     fn new() -> Self {
+        Self::with(deb())
+    }
+
+    /// Package `deb` installed.
+    fn with(deb: &Path) -> Self {
         let dir = tempfile::Builder::new().prefix("limiter-pkg-").tempdir().expect("scratch dir");
         let me = Self { dir };
         for sub in ["root/var/lib/dpkg/info", "root/var/lib/dpkg/updates", "stubs"] {
@@ -115,7 +147,7 @@ impl Installed {
             fs::write(&stub, STUB).expect("stub");
             fs::set_permissions(&stub, fs::Permissions::from_mode(0o755)).expect("chmod stub");
         }
-        me.dpkg(&["-i", &deb().to_string_lossy()]);
+        me.dpkg(&["-i", &deb.to_string_lossy()]);
         me
     }
 
@@ -658,11 +690,16 @@ const FLOOD_ARGS: [&str; 8] = ["--rate", "1000/s", "--burst", "400", "--buckets"
 /// exit within `grace` that leaves the limiter pinned, then a new daemon (`launch`), which must
 /// adopt it. The new daemon's adoption line.
 fn replace_daemon(rig: &mut Rig, grace: Duration, launch: Launch) -> String {
+    stop_and_launch(rig, grace, launch);
+    rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// [`replace_daemon`] up to the new daemon's start: it is not waited for.
+fn stop_and_launch(rig: &mut Rig, grace: Duration, launch: Launch) {
     rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
     let status = rig.daemon.wait_exit(grace).expect("the old daemon should exit within its grace period");
     assert!(status.success() && rig.daemon.output().contains(LEFT), "{status}\n{}", rig.daemon.output());
     rig.daemon = Daemon::launch(&rig.net.receiver, &rig.scratch, &FLOOD_ARGS, launch).expect("a new daemon");
-    rig.daemon.wait_adopted(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// A flood through a package upgrade, with the package's own binary and scripts: the installed
@@ -718,6 +755,72 @@ fn a_flood_through_an_upgrade_and_a_purge() {
     assert!(!bin.exists());
     assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None, "a program is attached after the purge");
     assert!(!rig.scratch.pin_dir(&iface).exists(), "pins after the purge: {:?}", rig.scratch.pinned(&iface));
+}
+
+/// A flood through an upgrade from an older release whose pinned maps this one cannot adopt
+/// ([`OLDER_RELEASE`]'s package, maps of layout version [`OLDER_LAYOUT`]), with the packages' own
+/// binaries and scripts: the older package's daemon runs; dpkg upgrades to this tree's package
+/// under it; the postinst's try-restart is replayed as systemd does it. The new daemon cannot
+/// adopt, so it replaces the program in place with fresh maps (docs/OPERATIONS.md, "When it
+/// cannot adopt"): no gap, but buckets and counters start afresh. Checked both ways
+/// ([`check_hand_over_with_fresh`]): every frame was judged by one program or the other (the
+/// older program's counters, its map held open across its unloading, plus the new program's,
+/// from zero); a source keeping to half the rate was never refused; the flood got at least 90%
+/// of what an exact bucket admits of it, and after the replacement at least 90% of the rate;
+/// and no more than the GCRA bound over the whole run plus exactly one burst: the one the
+/// replacement's fresh bucket gives.
+#[test]
+fn a_flood_through_an_upgrade_from_an_older_release() {
+    require_root!();
+    let pkg = Installed::with(older_deb());
+    let bin = pkg.path("usr/sbin/limiter-ctl");
+    let net = TestNet::new().expect("test network");
+    let scratch = Scratch::new().expect("scratch");
+    let launch = || Launch { bin: Some(bin.clone()), ..Launch::default() };
+    let older = Daemon::launch(&net.receiver, &scratch, &FLOOD_ARGS, launch()).expect("the older daemon");
+    let mut rig = Rig { daemon: older, scratch, net };
+    rig.daemon.wait_attached(&rig.net.receiver).expect("attached");
+    let pins = rig.scratch.pin_dir(&rig.net.receiver.iface);
+    assert_eq!(pinned_layout(&pins).expect("the pinned layout"), OLDER_LAYOUT, "the older release's maps");
+    assert_ne!(OLDER_LAYOUT, LAYOUT_VERSION, "this build could adopt the older release's maps");
+    let older_id = rig.policy_id("default");
+    let p1 = rig.daemon.program().expect("program");
+    // Its maps go when the new daemon replaces it: held open, its counters stay readable.
+    let older_counters = hold_counters(p1).expect("the older program's counters");
+    let hand_over = start_hand_over(&rig);
+
+    pkg.dpkg(&["-i", &deb().to_string_lossy()]);
+    let calls = Scripts::new().run(&pkg, "postinst", &["configure", "0.1.0-1"], &[], None);
+    assert!(calls.contains("systemctl try-restart limiter.service"), "{calls}");
+    stop_and_launch(&mut rig, SIGNAL_TIMEOUT, launch());
+    let line = rig.daemon.wait_replaced(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
+    let replaced = Instant::now();
+    eprintln!("after the upgrade: {line}");
+    // It says why: the older release's maps (the first that differs is named, not the layout).
+    let why = "pinned by another version of limiter";
+    assert!(rig.daemon.output().contains(why), "no {why:?} in:\n{}", rig.daemon.output());
+    assert_eq!(pinned_layout(&pins).expect("the pinned layout"), LAYOUT_VERSION, "the new maps are pinned");
+    let p2 = rig.daemon.program().expect("program");
+    assert_ne!(p1, p2);
+    let id = rig.policy_id("default");
+    std::thread::sleep(Duration::from_millis(700));
+    let done = hand_over.finish().expect("flood");
+    let before = done.run.counted.as_ref().expect("baseline")[usize::from(older_id)].clone();
+    let older_after = older_counters.read(older_id).expect("the older program's counters");
+    let newer = program_counters(p2, id).expect("counters");
+    assert_eq!(older_after.len(), newer.len(), "per-CPU counters of both programs");
+    let after: Vec<Counters> = older_after
+        .iter()
+        .zip(&newer)
+        .map(|(older, newer)| {
+            let mut sum = *older;
+            sum.add(newer);
+            sum
+        })
+        .collect();
+    // One fresh burst: the replacement's fresh bucket for the flood's source.
+    let what = "through the upgrade from the older release";
+    check_hand_over_with_fresh(what, &done, replaced, &before, &after, &gcra(1000, 400), 1);
 }
 
 /// A DaemonSet pod replacement, replayed as a kubelet does it (there is no cluster here): the

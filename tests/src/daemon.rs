@@ -33,7 +33,9 @@ use aya::{
     maps::{Array, Map, MapData, MapInfo, PerCpuArray},
     programs::loaded_programs,
 };
-use limiter_common::maps::{ACL_ALLOW, ACL_DENY, Config, Counters, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, Policy};
+use limiter_common::maps::{
+    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, MAP_LAYOUT, Policy,
+};
 use limiter_ctl::kernel::MapView;
 use nix::{sys::signal::Signal, unistd::Pid};
 
@@ -670,6 +672,32 @@ pub fn program_counters(program: u32, id: u16) -> anyhow::Result<Vec<Counters>> 
     let maps = program_maps(program)?;
     let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(map(&maps, MAP_COUNTERS)?)?;
     Ok(counters.get(&u32::from(id), 0)?.iter().copied().collect())
+}
+
+/// The layout version of the maps pinned in `dir` (a [`Scratch::pin_dir`]), from its LAYOUT map.
+pub fn pinned_layout(dir: &Path) -> anyhow::Result<u64> {
+    let path = dir.join(MAP_LAYOUT);
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    let layout: Array<_, u64> = Array::try_from(Map::Array(data))?;
+    Ok(layout.get(&0, 0)?)
+}
+
+/// The counters map of loaded program `program`, held open: the map lives as long as this does,
+/// so the counters of a program that a replacement unloaded (with its maps) stay readable.
+pub fn hold_counters(program: u32) -> anyhow::Result<HeldCounters> {
+    let mut maps = program_maps(program)?;
+    let map = maps.remove(MAP_COUNTERS).with_context(|| format!("program {program} has no {MAP_COUNTERS} map"))?;
+    Ok(HeldCounters(PerCpuArray::try_from(map)?))
+}
+
+/// See [`hold_counters`].
+pub struct HeldCounters(PerCpuArray<MapData, Counters>);
+
+impl HeldCounters {
+    /// The per-CPU counters of policy `id`, read now.
+    pub fn read(&self, id: u16) -> anyhow::Result<Vec<Counters>> {
+        Ok(self.0.get(&u32::from(id), 0)?.iter().copied().collect())
+    }
 }
 
 /// What the daemon told the kernel: everything a command may change except the counters, as the

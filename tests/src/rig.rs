@@ -340,6 +340,27 @@ pub fn check_hand_over(
     after: &[Counters],
     limit: &limiter_common::Gcra,
 ) -> Judged {
+    check_hand_over_with_fresh(what, done, handed_over, before, after, limit, 0)
+}
+
+/// [`check_hand_over`] for a hand-over that starts `fresh` buckets afresh, as a daemon that
+/// cannot adopt the pinned state does (it replaces the program in place with fresh maps:
+/// docs/OPERATIONS.md, "When it cannot adopt"): the upper side allows the flood one more burst
+/// per fresh start. Each bucket admits at most `floor((t_i + capacity) / emission)` over its own
+/// time `t_i`, so the run's `fresh + 1` buckets in turn admit at most the bound over the whole
+/// window of a bucket with `fresh + 1` times the capacity. `before` and `after` must then count
+/// every frame of the run across the programs' counters (the replaced program's read at the end,
+/// plus the new one's, which start from zero).
+#[track_caller]
+pub fn check_hand_over_with_fresh(
+    what: &str,
+    done: &HandedOver,
+    handed_over: Instant,
+    before: &[Counters],
+    after: &[Counters],
+    limit: &limiter_common::Gcra,
+    fresh: u64,
+) -> Judged {
     let HandedOver { run, steady, flood, steady_flow, per_sec } = done;
     let judged = Judged::between(before, after);
     let (sent, delivered) = (run.sent(flood), run.delivered(flood));
@@ -357,7 +378,12 @@ pub fn check_hand_over(
          any program passed unlimited (or the counters restarted)"
     );
     assert_eq!(judged.total.admitted_packets, delivered + steady_delivered, "{what}: admitted vs delivered");
-    check_upper(&format!("{what}: the flood, delivered over the whole run"), delivered, limit, &judged, run.window());
+    let upper = limiter_common::Gcra { capacity: limit.capacity * (1 + fresh), ..*limit };
+    let whole_run = match fresh {
+        0 => format!("{what}: the flood, delivered over the whole run"),
+        n => format!("{what}: the flood, delivered over the whole run with {n} fresh burst(s)"),
+    };
+    check_upper(&whole_run, delivered, &upper, &judged, run.window());
     // The steady source must have kept its pace through the hand-over, or "never refused" says
     // little: a paced sender catches up after a stall, so it falls behind only if stalled for long.
     let due = STEADY_SHARE * per_sec * steady.duration().as_secs_f64();

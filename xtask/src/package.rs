@@ -2,6 +2,12 @@
 //! page and shell completions (generated from the clap definitions, so they cannot drift from
 //! the binary), then runs cargo-deb, whose asset list (limiter-ctl/Cargo.toml,
 //! `[package.metadata.deb]`) picks them up from `target/release/dist/`.
+//!
+//! `cargo xtask package --from-commit REV`: the package of an earlier commit of this repository
+//! (tests/packaging.rs upgrades from it), built by that commit's own `cargo xtask package` from a
+//! `git archive` of it under `target/from-commit/COMMIT/`, with a target directory of its own there
+//! (so it never touches `target/release/`), once: the .deb is kept and reused; the sources and
+//! build products are removed once it is built.
 
 use std::{
     fs,
@@ -11,17 +17,24 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::sh::{cargo, describe, exec, target_dir};
+use crate::sh::{cargo, describe, exec, output, target_dir, workspace_root};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Directory for the .deb [default: target/debian].
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
+    /// Instead, the package of this earlier commit (it must be in the clone: full history), built
+    /// once by its own `cargo xtask package` under target/from-commit/COMMIT/ and reused.
+    #[arg(long, value_name = "COMMIT", conflicts_with = "out_dir")]
+    from_commit: Option<String>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::setup::cargo_deb()?;
+    if let Some(rev) = &args.from_commit {
+        return from_commit(rev);
+    }
     exec(cargo().args(["build", "--release", "--package", "limiter-ctl", "--bins"]))?;
     let release = target_dir().join("release");
     let binary = release.join("limiter-ctl");
@@ -66,6 +79,103 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // The path alone on stdout, for scripts (and tests/packaging.rs).
     println!("{path}");
     Ok(())
+}
+
+/// The package of commit `rev`, built if it is not already (see the module's comment); its path
+/// alone on stdout.
+fn from_commit(rev: &str) -> anyhow::Result<()> {
+    let commit = resolve(rev)?;
+    let base = target_dir().join("from-commit").join(&commit);
+    let done = base.join("debian");
+    if let Some(deb) = deb_in(&done)? {
+        eprintln!("package: the package of {commit} is already built");
+        println!("{}", deb.display());
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    // Built into `partial` and renamed when complete: an interrupted build is never taken for a
+    // package, and the next run starts it afresh.
+    let (src, build, partial) = (base.join("src"), base.join("target"), base.join("debian.partial"));
+    for dir in [&src, &partial, &done] {
+        remove_dir(dir)?;
+    }
+    fs::create_dir_all(&src).with_context(|| format!("creating {}", src.display()))?;
+    let tar = base.join("src.tar");
+    exec(
+        Command::new("git")
+            .arg("-C")
+            .arg(workspace_root())
+            .args(["archive", "--format=tar", "--output"])
+            .arg(&tar)
+            .arg(&commit),
+    )?;
+    exec(Command::new("tar").arg("-xf").arg(&tar).arg("-C").arg(&src))?;
+    fs::remove_file(&tar).with_context(|| format!("removing {}", tar.display()))?;
+    // That commit's own xtask, in its own workspace, with its own target directory: its
+    // `target_dir()` honours CARGO_TARGET_DIR, and absolute it is used as is.
+    let mut old = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    old.current_dir(&src)
+        .env("CARGO_TARGET_DIR", &build)
+        .args(["run", "--quiet", "--package", "xtask", "--", "package", "--out-dir"])
+        .arg(&partial);
+    capture(&mut old).with_context(|| format!("building the package of commit {commit}"))?;
+    let built =
+        deb_in(&partial)?.with_context(|| format!("`{}` left no .deb in {}", describe(&old), partial.display()))?;
+    fs::rename(&partial, &done).with_context(|| format!("renaming {} to {}", partial.display(), done.display()))?;
+    // Its sources and build products take several hundred megabytes; only the .deb is reused.
+    remove_dir(&src)?;
+    remove_dir(&build)?;
+    let name = built.file_name().context("a .deb path has a file name")?;
+    eprintln!("package: built the package of {commit} in {:.0?}", started.elapsed());
+    println!("{}", done.join(name).display());
+    Ok(())
+}
+
+/// The full hash of commit `rev`; an error that says what to do if this clone does not have it.
+fn resolve(rev: &str) -> anyhow::Result<String> {
+    let root = workspace_root();
+    let found = output(Command::new("git").arg("-C").arg(&root).args([
+        "rev-parse",
+        "--verify",
+        "--quiet",
+        &format!("{rev}^{{commit}}"),
+    ]));
+    match found.map(|s| s.trim().to_string()) {
+        Some(commit) if !commit.is_empty() => Ok(commit),
+        _ => bail!(
+            "commit {rev} is not in {}: building its package needs git and the repository's full history (a \
+             shallow clone lacks it: `git fetch --unshallow`; in CI, check out with full history)",
+            root.display()
+        ),
+    }
+}
+
+/// The one .deb in `dir`, if `dir` exists.
+fn deb_in(dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    if !dir.exists() {
+        return Ok(None);
+    }
+    let mut debs = Vec::new();
+    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry.with_context(|| format!("reading {}", dir.display()))?.path();
+        if path.extension().is_some_and(|e| e == "deb") {
+            debs.push(path);
+        }
+    }
+    match debs.as_slice() {
+        [] => Ok(None),
+        [deb] => Ok(Some(deb.clone())),
+        _ => bail!("{} holds several .deb files ({debs:?}): remove the directory and build again", dir.display()),
+    }
+}
+
+fn remove_dir(dir: &Path) -> anyhow::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", dir.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Stdout of `cmd`, which must succeed (its stderr goes to ours).
