@@ -3,7 +3,7 @@
 //! tests that run the daemon as the unit does (tests/unit_sandbox.rs) on machines where systemd is
 //! not PID 1 (`systemd-run` needs it). Applied, in the order systemd applies them:
 //!
-//! - `LimitMEMLOCK=`, `UMask=`;
+//! - `LimitMEMLOCK=`, `LimitNOFILE=`, `UMask=`;
 //! - `CapabilityBoundingSet=`, `AmbientCapabilities=` (the inheritable set too, as systemd does),
 //!   `NoNewPrivileges=`;
 //! - seccomp filters, each returning what systemd's returns: `RestrictAddressFamilies=`
@@ -89,6 +89,7 @@ fn main() {
 #[derive(Default)]
 struct Sandbox {
     memlock: Option<libc::rlim_t>,
+    nofile: Option<libc::rlim_t>,
     umask: Option<libc::mode_t>,
     bounding: Option<CapsHashSet>,
     ambient: CapsHashSet,
@@ -110,6 +111,7 @@ impl Sandbox {
             let yes = || parse_bool(key, value);
             match key.as_str() {
                 "LimitMEMLOCK" => sandbox.memlock = Some(parse_limit(value)?),
+                "LimitNOFILE" => sandbox.nofile = Some(parse_limit(value)?),
                 "UMask" => {
                     sandbox.umask =
                         Some(libc::mode_t::from_str_radix(value, 8).with_context(|| format!("UMask={value}"))?)
@@ -181,6 +183,26 @@ impl Sandbox {
                 eprintln!("limiter-sandbox: LimitMEMLOCK not applied (no CAP_SYS_RESOURCE here): {error}");
             }
         }
+        if let Some(limit) = self.nofile {
+            let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+            // SAFETY: a plain system call on a struct we own.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rlimit) } != 0 {
+                let error = std::io::Error::last_os_error();
+                // Raising the hard limit needs CAP_SYS_RESOURCE, which a container may not give:
+                // then the most the hard limit allows, as systemd would be refused too.
+                ensure!(error.raw_os_error() == Some(libc::EPERM), "setrlimit(RLIMIT_NOFILE): {error}");
+                let mut now = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                // SAFETY: as above.
+                ensure!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) } == 0, "getrlimit(RLIMIT_NOFILE)");
+                let capped = libc::rlimit { rlim_cur: limit.min(now.rlim_max), rlim_max: now.rlim_max };
+                // SAFETY: as above.
+                ensure!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &capped) } == 0, "setrlimit(RLIMIT_NOFILE)");
+                eprintln!(
+                    "limiter-sandbox: LimitNOFILE capped at the hard limit {} (no CAP_SYS_RESOURCE here)",
+                    now.rlim_max
+                );
+            }
+        }
         if let Some(mask) = self.umask {
             // SAFETY: umask cannot fail.
             unsafe { libc::umask(mask) };
@@ -241,7 +263,7 @@ fn parse_bool(key: &str, value: &str) -> anyhow::Result<bool> {
 fn parse_limit(value: &str) -> anyhow::Result<libc::rlim_t> {
     match value {
         "infinity" => Ok(libc::RLIM_INFINITY),
-        v => v.parse().with_context(|| format!("LimitMEMLOCK={v}: a byte count or infinity")),
+        v => v.parse().with_context(|| format!("Limit*={v}: a number or infinity")),
     }
 }
 
