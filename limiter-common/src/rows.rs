@@ -81,14 +81,15 @@ pub fn judge_rows(
 ) -> RowsJudgement {
     let now = now_ns.wrapping_shl(CLOCK_SHIFT);
     let mut store = [None; MAX_ROWS];
-    // How far ahead each row counts, and the least of them (the row that admits first).
-    let mut ahead = [0u64; MAX_ROWS];
+    // The least any row counts ahead: the row that admits first. (Recomputed below rather than
+    // kept in an array: an array on the BPF stack is zeroed by a call to memset, which costs
+    // more than the arithmetic on this path.)
     let mut least = u64::MAX;
     let mut i = 0;
     while i < MAX_ROWS && i < rows {
-        ahead[i] = credible_ahead(values[i], now, gcra.capacity, &claim);
-        if ahead[i] < least {
-            least = ahead[i];
+        let ahead = credible_ahead(values[i], now, gcra.capacity, &claim);
+        if ahead < least {
+            least = ahead;
         }
         i += 1;
     }
@@ -101,7 +102,7 @@ pub fn judge_rows(
     let value = now.wrapping_add(next) | u64::from(me);
     let mut i = 0;
     while i < MAX_ROWS && i < rows {
-        if ahead[i] < next {
+        if credible_ahead(values[i], now, gcra.capacity, &claim) < next {
             store[i] = Some(value);
         }
         i += 1;
