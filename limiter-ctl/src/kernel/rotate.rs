@@ -34,8 +34,8 @@ impl Limiter {
     /// grace runs.
     ///
     /// The other generation is not cleared (that would take one write per bucket and CPU): what
-    /// its buckets still hold is read under the rules of `limiter_common::gcra`, which let no
-    /// stale TAT hold a source for more than one burst window of its own, and `grace` covers the
+    /// its buckets still hold is read under the rules of `limiter_common::gcra`, which count a TAT
+    /// only while its writer's claim covers it, and `grace` covers the
     /// longest burst window any policy had while the old generation was current, so the TATs it
     /// holds are behind now when it becomes current again (a rotation later).
     ///
