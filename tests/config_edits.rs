@@ -17,7 +17,7 @@ use std::{
 use limiter_tests::{
     daemon::{Ctl, Daemon, Launch, Scratch},
     netns::{PREFIX, TestNet},
-    policies::{Pol, PolicyRig as _, list_json, policies_json},
+    policies::{Pol, PolicyRig as _, expected, list_json, running, toml, wait_running},
     require_root,
     rig::{METRICS, Rig},
     scrape,
@@ -31,48 +31,10 @@ const APPLIED_WITHIN: Duration = Duration::from_secs(2);
 /// `--watch-config=true` (the harness turns it off by default), no scheduled rotation.
 const WATCHING: [&str; 3] = ["--rotate-every", "off", "--watch-config=true"];
 
-/// A policy as TOML.
-fn toml(p: &Pol) -> String {
-    format!(
-        "[[policy]]\nname = \"{}\"\nmatch = \"{}\"\nrate = \"{}/s\"\nburst = {}\n\n",
-        p.name, p.matches, p.per_sec, p.burst
-    )
-}
-
-/// `policy list --json` as (name, rate) pairs, sorted: what the daemon runs.
-fn running(rig: &Rig) -> Vec<(String, String)> {
-    let mut v: Vec<_> = policies_json(rig)
-        .iter()
-        .map(|d| {
-            (d["name"].as_str().unwrap_or_default().to_string(), d["rate"].as_str().unwrap_or_default().to_string())
-        })
-        .collect();
-    v.sort();
-    v
-}
-
-fn expected(pols: &[&Pol]) -> Vec<(String, String)> {
-    let mut v: Vec<_> = pols.iter().map(|p| (p.name.to_string(), format!("{}/s", p.per_sec))).collect();
-    v.sort();
-    v
-}
-
-/// Polls `policy list` until it says `want`; the time it took from `since`, or None after
-/// [`APPLIED_WITHIN`] x 3.
-fn wait_running(rig: &Rig, want: &[(String, String)], since: Instant) -> Option<Duration> {
-    while since.elapsed() < APPLIED_WITHIN * 3 {
-        if running(rig) == want {
-            return Some(since.elapsed());
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
 /// Waits for `want` to run, within [`APPLIED_WITHIN`] of `since`; panics saying `what` if not.
 fn applied(rig: &mut Rig, want: &[&Pol], since: Instant, what: &str) {
     let want = expected(want);
-    let took = wait_running(rig, &want, since);
+    let took = wait_running(rig, &want, since, APPLIED_WITHIN * 3);
     eprintln!("{what}: applied after {took:?}");
     rig.daemon.poll();
     let took = took.unwrap_or_else(|| {

@@ -422,6 +422,14 @@ fn tiny_syns(net: &TestNet, src4: Ipv4Addr, src6: Ipv6Addr, sport: u16) -> Vec<U
 // ---------------------------------------------------------------------------------------------
 // Tests
 
+/// A TCP listener on the protected port in the receiver's namespace (dual stack).
+fn protected_listener(net: &TestNet) -> TcpListener {
+    net.receiver
+        .run(|| TcpListener::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), PORT)))
+        .expect("entering the receiver's namespace")
+        .expect("listening on the protected port (dual stack)")
+}
+
 /// Tiny TCP fragments (RFC 1858) never reach a `tcp:PORT`-protected listener: with no policy the
 /// very same fragments reassemble into SYNs that TCP receives (so they are a real way in); under
 /// the policy every first fragment is dropped as unreadable, and what TCP receives is the whole
@@ -431,11 +439,7 @@ fn tiny_tcp_fragments_cannot_reach_a_protected_port() {
     require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let net = &rig.net;
-    let listener = net
-        .receiver
-        .run(|| TcpListener::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), PORT)))
-        .expect("entering the receiver's namespace")
-        .expect("listening on the protected port (dual stack)");
+    let listener = protected_listener(net);
     let dst4: IpAddr = net.receiver.v4.into();
     // Sources nobody answers for (so no RST comes back to count): a fresh pair per phase, so no
     // fragment of one phase can join a reassembly queue of another.
@@ -522,11 +526,7 @@ fn tiny_fragments_buy_no_second_allowance_under_a_dport_key() {
     require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let net = &rig.net;
-    let listener = net
-        .receiver
-        .run(|| TcpListener::bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), PORT)))
-        .expect("entering the receiver's namespace")
-        .expect("listening on the protected port (dual stack)");
+    let listener = protected_listener(net);
     let (rate, burst) = (format!("{RATE}/s"), BURST.to_string());
     rig.ctl_ok(&["policy", "set", "web", "--match", "tcp", "--key", "src+dport", "--rate", &rate, "--burst", &burst]);
     let id = rig.policy_id("web");

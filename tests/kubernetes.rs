@@ -19,7 +19,7 @@ use limiter_tests::{
     daemon::{Daemon, Launch, Scratch},
     flood::{L4, Limits},
     netns::{PREFIX, TestNet},
-    policies::{Pol, PolicyRig as _, policies_json},
+    policies::{Pol, PolicyRig as _, expected, policies_json, running, toml, wait_running},
     require_root,
     rig::{METRICS, Rig, flow_of},
     scrape,
@@ -90,43 +90,8 @@ fn mount(args: &[&str]) {
     assert!(status.success(), "mount {args:?}: {status}");
 }
 
-/// A policy as TOML.
-fn toml(p: &Pol) -> String {
-    format!(
-        "[[policy]]\nname = \"{}\"\nmatch = \"{}\"\nrate = \"{}/s\"\nburst = {}\n\n",
-        p.name, p.matches, p.per_sec, p.burst
-    )
-}
-
 fn names(rig: &Rig) -> Vec<String> {
     policies_json(rig).iter().map(|d| d["name"].as_str().unwrap_or_default().to_string()).collect()
-}
-
-/// `policy list --json` as (name, rate) pairs: what the daemon runs.
-fn running(rig: &Rig) -> Vec<(String, String)> {
-    policies_json(rig)
-        .iter()
-        .map(|d| {
-            (d["name"].as_str().unwrap_or_default().to_string(), d["rate"].as_str().unwrap_or_default().to_string())
-        })
-        .collect()
-}
-
-fn expected(pols: &[&Pol]) -> Vec<(String, String)> {
-    let mut v: Vec<_> = pols.iter().map(|p| (p.name.to_string(), format!("{}/s", p.per_sec))).collect();
-    v.sort();
-    v
-}
-
-/// Polls `policy list` until it says `want`; the time from `since`, or None after [`APPLIED_WITHIN`] x 3.
-fn wait_running(rig: &Rig, want: &[(String, String)], since: Instant) -> Option<Duration> {
-    while since.elapsed() < APPLIED_WITHIN * 3 {
-        if running(rig) == want {
-            return Some(since.elapsed());
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    None
 }
 
 fn reloads(rig: &Rig, result: &str) -> u64 {
@@ -165,7 +130,7 @@ fn a_configmap_volume_is_followed_live() {
     let beta = Pol::new("beta", "udp:7002", 200, 20);
     let swapped = Instant::now();
     volume.swap(&format!("{}{}", toml(&beta), toml(&alpha2)));
-    let took = wait_running(&rig, &expected(&[&alpha2, &beta]), swapped);
+    let took = wait_running(&rig, &expected(&[&alpha2, &beta]), swapped, APPLIED_WITHIN * 3);
     eprintln!("swap to applied: {took:?}");
     let took = took
         .unwrap_or_else(|| panic!("the swap was not applied; running {:?}\n{}", running(&rig), rig.daemon.output()));
@@ -204,7 +169,8 @@ fn a_configmap_volume_is_followed_live() {
     volume.swap(&toml(&alpha3));
     volume.swap(&format!("{}{}", toml(&alpha4), toml(&zeta)));
     let want = expected(&[&alpha4, &zeta]);
-    let took = wait_running(&rig, &want, swapped).unwrap_or_else(|| panic!("running {:?}", running(&rig)));
+    let took =
+        wait_running(&rig, &want, swapped, APPLIED_WITHIN * 3).unwrap_or_else(|| panic!("running {:?}", running(&rig)));
     eprintln!("double swap to applied: {took:?}");
     assert!(took <= APPLIED_WITHIN, "the double swap took {took:?}");
     // Past the watch's longest settling (1 s): nothing older comes after it.
@@ -239,7 +205,8 @@ fn own_writes_are_not_reloaded_and_the_watch_can_be_turned_off() {
     let text = toml(&Pol::new("dns", "udp:53", 700, 70));
     let edited = Instant::now();
     std::fs::write(rig.scratch.config(), &text).expect("editing");
-    let took = wait_running(&rig, &[("dns".into(), "700/s".into())], edited).expect("the edit was not applied");
+    let took = wait_running(&rig, &[("dns".into(), "700/s".into())], edited, APPLIED_WITHIN * 3)
+        .expect("the edit was not applied");
     eprintln!("edit in place to applied: {took:?}");
     assert!(took <= APPLIED_WITHIN);
     while reloads(&rig, "applied") == applied && edited.elapsed() < APPLIED_WITHIN * 3 {

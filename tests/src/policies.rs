@@ -192,6 +192,49 @@ pub fn list_json(rig: &Rig, list: &str) -> Vec<String> {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("`{list} list --json` ({e}): {out}"))
 }
 
+/// A policy as TOML (one `[[policy]]` table).
+pub fn toml(p: &Pol) -> String {
+    format!(
+        "[[policy]]\nname = \"{}\"\nmatch = \"{}\"\nrate = \"{}/s\"\nburst = {}\n\n",
+        p.name, p.matches, p.per_sec, p.burst
+    )
+}
+
+/// `policy list --json` as (name, rate) pairs, sorted: what the daemon runs.
+pub fn running(rig: &Rig) -> Vec<(String, String)> {
+    let mut v: Vec<_> = policies_json(rig)
+        .iter()
+        .map(|d| {
+            (d["name"].as_str().unwrap_or_default().to_string(), d["rate"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// What [`running`] says while exactly `pols` run.
+pub fn expected(pols: &[&Pol]) -> Vec<(String, String)> {
+    let mut v: Vec<_> = pols.iter().map(|p| (p.name.to_string(), format!("{}/s", p.per_sec))).collect();
+    v.sort();
+    v
+}
+
+/// Polls [`running`] until it says `want`: the time it took from `since`, or None after `limit`.
+pub fn wait_running(
+    rig: &Rig,
+    want: &[(String, String)],
+    since: std::time::Instant,
+    limit: std::time::Duration,
+) -> Option<std::time::Duration> {
+    while since.elapsed() < limit {
+        if running(rig) == want {
+            return Some(since.elapsed());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    None
+}
+
 /// `policy list --json`, parsed.
 pub fn policies_json(rig: &Rig) -> Vec<Value> {
     let out = rig.ctl_ok(&["policy", "list", "--json"]);
