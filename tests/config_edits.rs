@@ -17,10 +17,9 @@ use std::{
 use limiter_tests::{
     daemon::{Ctl, Daemon, Launch, Scratch},
     netns::{PREFIX, TestNet},
-    policies::{Pol, PolicyRig as _, expected, list_json, running, toml, wait_running},
+    policies::{Pol, PolicyRig as _, expected, list_json, reloads, running, toml, wait_running},
     require_root,
-    rig::{METRICS, Rig},
-    scrape,
+    rig::Rig,
 };
 use nix::sys::signal::Signal;
 
@@ -41,14 +40,6 @@ fn applied(rig: &mut Rig, want: &[&Pol], since: Instant, what: &str) {
         panic!("{what}: not applied; running {:?}, want {want:?}\n{}", running(rig), rig.daemon.output())
     });
     assert!(took <= APPLIED_WITHIN, "{what}: applied after {took:?}, more than {APPLIED_WITHIN:?}");
-}
-
-fn reloads(rig: &Rig, result: &str) -> u64 {
-    let response = rig.scrape(METRICS).expect("scraping /metrics");
-    let samples = scrape::parse(&response.body).expect("parsing /metrics");
-    scrape::one(&samples, "limiter_config_reloads_total", &[("result", result)])
-        .and_then(|s| s.u64())
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", response.body))
 }
 
 fn read(path: &Path) -> String {

@@ -267,6 +267,31 @@ fn send(sender: &End, units: Vec<Unit>, duration: Duration, cap: u64) -> Sent {
 
 /// Reads `Tcp: InSegs` in the receiver's namespace until it stops moving (bounded): every
 /// segment the flood delivered has reached TCP.
+/// What one send of `units` did: what was sent, the segments TCP received, and what the program
+/// judged over the window since the first frame (with no policy, and under policy `id` with the
+/// number of CPUs it ran on).
+struct Measured {
+    run: Sent,
+    reached: u64,
+    window: Duration,
+    none: Counters,
+    web: Counters,
+    cpus: usize,
+}
+
+fn measure(rig: &Rig, units: Vec<Unit>, id: u16) -> Measured {
+    let net = &rig.net;
+    let before = settled_in_segs(&net.receiver);
+    let c0 = counters(rig);
+    let run = send(&net.sender, units, FLOOD, CAP);
+    let reached = settled_in_segs(&net.receiver) - before;
+    let c1 = counters(rig);
+    let window = Instant::now().duration_since(run.first);
+    let (none, _) = delta(&c0, &c1, 0);
+    let (web, cpus) = delta(&c0, &c1, id);
+    Measured { run, reached, window, none, web, cpus }
+}
+
 fn settled_in_segs(receiver: &End) -> u64 {
     let read = || Snmp::read(receiver).and_then(|s| s.get("Tcp:", "InSegs")).expect("reading Tcp: InSegs");
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -481,14 +506,7 @@ fn tiny_tcp_fragments_cannot_reach_a_protected_port() {
         mixed.extend(pair.iter_mut().map(|u| Unit { kind: u.kind, frames: std::mem::take(&mut u.frames) }));
         mixed.push(w);
     }
-    let before = settled_in_segs(&net.receiver);
-    let c0 = counters(&rig);
-    let run = send(&net.sender, mixed, FLOOD, CAP);
-    let reached = settled_in_segs(&net.receiver) - before;
-    let c1 = counters(&rig);
-    let window = Instant::now().duration_since(run.first);
-    let (none, _) = delta(&c0, &c1, 0);
-    let (web, cpus) = delta(&c0, &c1, id);
+    let Measured { run, reached, window, none, web, cpus } = measure(&rig, mixed, id);
     let tiny_sent = run.of("tiny4") + run.of("tiny6");
     let upper = bound(cpus, window);
     eprintln!(
@@ -545,14 +563,7 @@ fn tiny_fragments_buy_no_second_allowance_under_a_dport_key() {
         units.push(Unit { kind: t.kind, frames: std::mem::take(&mut t.frames) });
         units.push(w);
     }
-    let before = settled_in_segs(&net.receiver);
-    let c0 = counters(&rig);
-    let run = send(&net.sender, units, FLOOD, CAP);
-    let reached = settled_in_segs(&net.receiver) - before;
-    let c1 = counters(&rig);
-    let window = Instant::now().duration_since(run.first);
-    let (none, _) = delta(&c0, &c1, 0);
-    let (web, cpus) = delta(&c0, &c1, id);
+    let Measured { run, reached, window, none, web, cpus } = measure(&rig, units, id);
     let upper = bound(cpus, window);
     eprintln!(
         "tcp src+dport: sent {:?} in {:?}; TCP received {reached}; policy admitted {} refused {} on {cpus} CPU(s), \

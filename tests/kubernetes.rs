@@ -19,7 +19,7 @@ use limiter_tests::{
     daemon::{Daemon, Launch, Scratch},
     flood::{L4, Limits},
     netns::{PREFIX, TestNet},
-    policies::{Pol, PolicyRig as _, expected, policies_json, running, toml, wait_running},
+    policies::{Pol, PolicyRig as _, expected, policies_json, reloads, running, toml, wait_running},
     require_root,
     rig::{METRICS, Rig, flow_of},
     scrape,
@@ -92,14 +92,6 @@ fn mount(args: &[&str]) {
 
 fn names(rig: &Rig) -> Vec<String> {
     policies_json(rig).iter().map(|d| d["name"].as_str().unwrap_or_default().to_string()).collect()
-}
-
-fn reloads(rig: &Rig, result: &str) -> u64 {
-    let response = rig.scrape(METRICS).expect("scraping /metrics");
-    let samples = scrape::parse(&response.body).expect("parsing /metrics");
-    scrape::one(&samples, "limiter_config_reloads_total", &[("result", result)])
-        .and_then(|s| s.u64())
-        .unwrap_or_else(|e| panic!("{e:#}\n{}", response.body))
 }
 
 /// A read-only ConfigMap volume whose policies are not sorted by name starts the daemon (the

@@ -27,7 +27,8 @@ use crate::{
     bounds::check_bounds,
     daemon::{Rules, SIGNAL_TIMEOUT},
     flood::{Flow, Limits, Stream},
-    rig::{Flooding, Rig, Run, SEC},
+    rig::{Flooding, METRICS, Rig, Run, SEC},
+    scrape,
 };
 
 /// A policy as a test sets it: the CLI arguments, and the GCRA the test expects for it, computed
@@ -233,6 +234,15 @@ pub fn wait_running(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     None
+}
+
+/// `limiter_config_reloads_total{result}` from the rig's daemon's `/metrics`.
+pub fn reloads(rig: &Rig, result: &str) -> u64 {
+    let response = rig.scrape(METRICS).expect("scraping /metrics");
+    let samples = scrape::parse(&response.body).expect("parsing /metrics");
+    scrape::one(&samples, "limiter_config_reloads_total", &[("result", result)])
+        .and_then(|s| s.u64())
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", response.body))
 }
 
 /// `policy list --json`, parsed.
