@@ -20,8 +20,10 @@ struct Cli {
 enum Task {
     /// Install what building and testing need (idempotent; seconds when all is there).
     Setup,
-    /// Set up, then run every test: unit, BPF_PROG_TEST_RUN fixtures, differential, veth end to end
-    /// (`--stress`: the integration tests at half generator speed, on busy cores, three times).
+    /// Install what the selected tests need, then run them; by default every test: unit,
+    /// BPF_PROG_TEST_RUN fixtures, differential, veth end to end... (`--group`: one group;
+    /// `--offline-only`: those needing no root; `--stress`: the integration tests at half
+    /// generator speed, on busy cores, three times).
     Test(test::Args),
     /// Two namespaces, the daemon on one side, a flood from the other: admitted/refused per second.
     Demo(demo::Args),

@@ -1,11 +1,9 @@
-//! Installs what the build and the tests need, checking first so a second run takes seconds:
-//! the nightly toolchain's rust-src (for -Z build-std), LLVM 22 and bpf-linker 0.13 built
-//! against it, iproute2, and a mounted bpffs; for `cargo xtask package` and its test, cargo-deb
-//! and the Debian tools they call (systemd-analyze, man, strip); bpftool and python3 for the
-//! unit's sandbox test; Prometheus and promtool;
-//! kubernetes-validate (pip) for the manifests test.
+//! Installs what the build and the tests need, checking first so a second run takes seconds.
+//! Each [`Need`] is one thing a test (or a task) needs: `cargo xtask setup` provides them all,
+//! `cargo xtask test` only those of the tests it selected (xtask/src/test/catalogue.rs says
+//! which test needs what).
 
-use std::{path::Path, process::Command};
+use std::{collections::BTreeSet, path::Path, process::Command};
 
 use anyhow::{Context as _, bail};
 
@@ -14,39 +12,111 @@ use crate::sh::{exec, output, probe};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_MAJOR: &str = "22";
 const CARGO_DEB_VERSION: &str = "3.8.0";
-/// tests/manifests.rs: the Kubernetes manifests against the schemas this release bundles
-/// (offline, strict).
+/// tests/packaging/manifests.rs: the Kubernetes manifests against the schemas this release
+/// bundles (offline, strict).
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
-/// What building the XDP program and running it in namespaces needs.
-const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "iproute2"];
-/// tests/packaging.rs: `systemd-analyze verify`, `man -l`; cargo-deb strips with binutils;
-/// tests/prometheus.rs: `prometheus` and `promtool` (the rules, the exposition, a real scrape);
-/// tests/completions.rs runs the completion scripts in the shells they are for; tests/offload.rs
-/// turns a veth's GRO and TSO on and off with `ethtool`.
-const PACKAGING_PACKAGES: &[&str] =
-    &["systemd", "man-db", "binutils", "dpkg-dev", "prometheus", "bash", "fish", "zsh", "ethtool"];
-/// tests/unit_sandbox.rs: `bpftool prog show` (the program's btf_id), python3 (system calls made
-/// under the unit's restrictions); limiter-sandbox expands the unit's system call groups with
-/// `systemd-analyze syscall-filter` (systemd, above).
-const TEST_PACKAGES: &[&str] = &["bpftool", "python3"];
 
-/// Everything: `cargo xtask setup` and `cargo xtask test`.
+/// One thing to install or mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Need {
+    /// Building anything of limiter-ctl (its build.rs compiles the XDP program): nightly
+    /// rust-src for -Z build-std, LLVM 22 and bpf-linker 0.13 built against it.
+    Toolchain,
+    /// Loading the program and running it in network namespaces: root, iproute2 and a mounted
+    /// bpffs.
+    Kernel,
+    /// `cargo xtask package` and what tests/packaging/packaging.rs calls on its package:
+    /// cargo-deb, which strips with binutils, and dpkg-dev.
+    Package,
+    /// `systemd-analyze` (`verify` and `security` of the units; limiter-sandbox expands the
+    /// unit's system call groups with `syscall-filter`).
+    Systemd,
+    /// `man`, to render the man pages.
+    Man,
+    /// bash, fish and zsh, to run the completion scripts in the shells they are for.
+    Shells,
+    /// Debian's `prometheus` and `promtool`: the rules, the exposition, a real scrape.
+    Prometheus,
+    /// `ethtool`, to turn a veth's GRO and TSO on and off.
+    Ethtool,
+    /// `bpftool prog show`: the program's btf_id.
+    Bpftool,
+    /// python3: system calls made under the unit's restrictions, an unprivileged local user.
+    Python,
+    /// kubernetes-validate (pip), with the Kubernetes schemas it bundles.
+    KubernetesValidate,
+}
+
+impl Need {
+    pub const ALL: [Need; 11] = [
+        Need::Toolchain,
+        Need::Kernel,
+        Need::Package,
+        Need::Systemd,
+        Need::Man,
+        Need::Shells,
+        Need::Prometheus,
+        Need::Ethtool,
+        Need::Bpftool,
+        Need::Python,
+        Need::KubernetesValidate,
+    ];
+
+    /// Its Debian packages.
+    fn apt(self) -> &'static [&'static str] {
+        match self {
+            Need::Toolchain => &["llvm-22-dev", "libpolly-22-dev"],
+            Need::Kernel => &["iproute2"],
+            Need::Package => &["dpkg-dev", "binutils"],
+            Need::Systemd => &["systemd"],
+            Need::Man => &["man-db"],
+            Need::Shells => &["bash", "fish", "zsh"],
+            Need::Prometheus => &["prometheus"],
+            Need::Ethtool => &["ethtool"],
+            Need::Bpftool => &["bpftool"],
+            Need::Python | Need::KubernetesValidate => &["python3"],
+        }
+    }
+}
+
+/// Everything: `cargo xtask setup`.
 pub fn run() -> anyhow::Result<()> {
-    build()?;
-    apt(PACKAGING_PACKAGES)?;
-    apt(TEST_PACKAGES)?;
-    cargo_deb()?;
-    kubernetes_validate()?;
+    provide(&Need::ALL.into_iter().collect())?;
     eprintln!("setup: ready");
     Ok(())
 }
 
-/// What the demo and the benchmarks need: the eBPF toolchain and a mounted bpffs.
+/// Installs what `needs` hold that is missing: the Debian packages in one go, then what builds
+/// on them (bpf-linker on LLVM, kubernetes-validate on python3).
+pub fn provide(needs: &BTreeSet<Need>) -> anyhow::Result<()> {
+    let has = |n: Need| needs.contains(&n);
+    if has(Need::Toolchain) {
+        rust_src()?;
+    }
+    let mut packages: Vec<&str> = needs.iter().flat_map(|n| n.apt().iter().copied()).collect();
+    packages.sort_unstable();
+    packages.dedup();
+    if !packages.is_empty() {
+        apt(&packages)?;
+    }
+    if has(Need::Toolchain) {
+        bpf_linker()?;
+    }
+    if has(Need::Package) {
+        cargo_deb()?;
+    }
+    if has(Need::KubernetesValidate) {
+        kubernetes_validate()?;
+    }
+    if has(Need::Kernel) {
+        bpffs()?;
+    }
+    Ok(())
+}
+
+/// What the demo and the benchmarks need: the eBPF toolchain, iproute2 and a mounted bpffs.
 pub fn build() -> anyhow::Result<()> {
-    rust_src()?;
-    apt(BUILD_PACKAGES)?;
-    bpf_linker()?;
-    bpffs()
+    provide(&[Need::Toolchain, Need::Kernel].into_iter().collect())
 }
 
 fn rust_src() -> anyhow::Result<()> {
@@ -124,7 +194,7 @@ pub fn cargo_deb() -> anyhow::Result<()> {
         .context("installing cargo-deb failed")
 }
 
-/// kubernetes-validate from PyPI, for tests/manifests.rs: pip into the Python that `python3`
+/// kubernetes-validate from PyPI, for tests/packaging/manifests.rs: pip into the Python that `python3`
 /// is (Debian's marks itself externally managed, hence the retry that says so).
 fn kubernetes_validate() -> anyhow::Result<()> {
     let version = output(Command::new("python3").args(["-m", "kubernetes_validate", "--version"])).unwrap_or_default();

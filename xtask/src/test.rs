@@ -1,68 +1,190 @@
-//! `cargo xtask test`: set up, then run every test. Integration tests run one at a time: they
-//! pin CPUs and flood veth pairs, and on a 2-core machine parallel floods would measure each other.
+//! `cargo xtask test`: install what the selected tests need, then run them. Integration tests run
+//! one at a time: they pin CPUs and flood veth pairs, and on a 2-core machine parallel floods
+//! would measure each other.
 //!
-//! `cargo xtask test --stress` shows the integration tests survive a slower or busier machine:
-//! it runs them with the flood generator throttled to half its speed, then with a busy loop on
-//! every core, then three times in a row, and prints per mode whether they passed, how long
-//! they took and how fast the generator went (every flood appends its report to a log:
-//! `target/stress/MODE.floods`).
+//! Tests come in groups (`--group`, [`Group`]): the crates' own tests, and the folders of tests/
+//! (tests/README.md). `--offline-only` runs the tests that need no root and no network
+//! namespace; [`catalogue`] says which those are and what every test target needs.
+
+mod catalogue;
+mod stress;
 
 use std::{
-    fs,
-    path::Path,
+    collections::{BTreeMap, BTreeSet},
     process::Command,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread,
-    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
+use catalogue::{Group, Offline, Target};
 
-use crate::sh::{cargo, describe, exec, target_dir};
+use crate::{
+    setup::{self, Need},
+    sh::{cargo, describe, exec},
+};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Only run tests whose name contains this (passed to the test harness).
     filter: Option<String>,
+    /// Only this group's tests (repeatable; tests/README.md says what each holds). Default: all.
+    #[arg(long, value_enum)]
+    group: Vec<Group>,
+    /// Only the tests that need no root and no network namespace (unit tests, the documents,
+    /// man pages, manifests, completions, rules...): a check that takes a minute, without sudo.
+    #[arg(long, conflicts_with = "stress")]
+    offline_only: bool,
     /// Run only the integration tests, under stress: the flood generator at half speed, a busy
     /// loop on every core, and three times in a row; all must pass. Prints a summary.
     #[arg(long)]
     stress: bool,
 }
 
-/// What the flood generators read (see `limiter_tests::flood`).
-const THROTTLE_ENV: &str = "LIMITER_FLOOD_THROTTLE";
-const FLOOD_LOG_ENV: &str = "LIMITER_FLOOD_LOG";
+/// Set for the integration tests `--offline-only` runs: a test that asks for root then fails
+/// (`limiter_tests::privileged`), so none can be selected here and skip or run as root unseen.
+const NO_ROOT_ENV: &str = "LIMITER_TESTS_NO_ROOT";
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    crate::setup::run()?;
-    if !crate::setup::is_root() {
+    let groups: BTreeSet<Group> =
+        if args.group.is_empty() { Group::ALL.into_iter().collect() } else { args.group.into_iter().collect() };
+    let filter: Vec<String> = args.filter.into_iter().collect();
+    // Every test builds limiter-ctl, whose build.rs compiles the XDP program.
+    setup::provide(&BTreeSet::from([Need::Toolchain]))?;
+    let targets: Vec<&Target> =
+        catalogue::grouped()?.into_iter().filter(|(g, _)| groups.contains(g)).map(|(_, t)| t).collect();
+    let plan = plan(&targets, filter.first().map(String::as_str), args.offline_only)?;
+    let needs: BTreeSet<Need> = plan
+        .iter()
+        .flat_map(|(t, _)| if args.offline_only { t.offline_needs() } else { t.needs }.iter().copied())
+        .collect();
+    setup::provide(&needs)?;
+    if needs.contains(&Need::Kernel) && !setup::is_root() {
         eprintln!(
             "test: not root: privileged tests will skip (under CI=true they fail). Use `sudo -E cargo xtask test`."
         );
     }
-    let filter: Vec<String> = args.filter.into_iter().collect();
     if args.stress {
-        return stress(&filter);
+        let names: Vec<&str> = plan.iter().map(|(t, _)| t.name).collect();
+        if names.is_empty() {
+            bail!("--stress runs integration tests, and the groups and filter given select none");
+        }
+        return stress::run(&names, &filter);
     }
-    // limiter-ebpf's programs build only for the BPF target (limiter-ctl's build.rs does that);
-    // its library's host tests (the host-scope retry loop under real threads) run here.
+    if groups.contains(&Group::Unit) {
+        unit(&filter)?;
+    }
+    if !plan.is_empty() {
+        // The end-to-end tests run the real limiter-ctl binary, the release build the package
+        // ships (`cargo test` builds only harnesses, and in the debug profile).
+        exec(&mut release_binary())?;
+        integration(&plan, &filter, args.offline_only)?;
+    }
+    if groups.len() == Group::ALL.len() && !args.offline_only {
+        // The benchmark must at least build.
+        exec(cargo().args(["bench", "--package", "limiter-tests", "--no-run"]))?;
+    }
+    Ok(())
+}
+
+/// The crates' own tests. limiter-common's in the `checked` profile (Cargo.toml: optimized,
+/// assertions and overflow checks kept), where its property tests take seconds, not minutes.
+/// limiter-ebpf's programs build only for the BPF target (limiter-ctl's build.rs does that);
+/// its library's host tests (the host-scope retry loop under real threads) run here.
+fn unit(filter: &[String]) -> anyhow::Result<()> {
+    exec(cargo().args(["test", "--package", "limiter-common", "--profile", "checked", "--"]).args(filter))?;
     exec(
         cargo()
-            .args(["test", "--workspace", "--exclude", "limiter-tests", "--exclude", "limiter-ebpf", "--"])
-            .args(&filter),
+            .args(["test", "--workspace", "--exclude", "limiter-tests", "--exclude", "limiter-ebpf"])
+            .args(["--exclude", "limiter-common", "--"])
+            .args(filter),
     )?;
-    exec(cargo().args(["test", "--package", "limiter-ebpf", "--lib", "--"]).args(&filter))?;
-    // The end-to-end tests run the real limiter-ctl binary, the release build the package ships
-    // (`cargo test` builds only harnesses, and in the debug profile).
-    exec(&mut release_binary())?;
-    exec(&mut integration(&filter))?;
-    // The benchmark must at least build.
-    exec(cargo().args(["bench", "--package", "limiter-tests", "--no-run"]))?;
-    Ok(())
+    exec(cargo().args(["test", "--package", "limiter-ebpf", "--lib", "--"]).args(filter))
+}
+
+/// Which tests of a target run.
+enum Selection {
+    /// All of them (the filter, if any, passed to the harness).
+    Whole,
+    /// These, by exact name.
+    Tests(Vec<String>),
+}
+
+/// The targets to run and which of their tests: with `--offline-only`, the tests the catalogue
+/// names; with a filter, only the targets holding a test it matches (so nothing is installed for
+/// the others). Either needs the tests' names, so the harnesses are built and asked first.
+fn plan<'t>(
+    targets: &[&'t Target],
+    filter: Option<&str>,
+    offline: bool,
+) -> anyhow::Result<Vec<(&'t Target, Selection)>> {
+    let targets: Vec<&Target> =
+        targets.iter().copied().filter(|t| !offline || !matches!(t.offline, Offline::None)).collect();
+    let whole = !offline || targets.iter().all(|t| matches!(t.offline, Offline::All));
+    if targets.is_empty() || (filter.is_none() && whole) {
+        return Ok(targets.into_iter().map(|t| (t, Selection::Whole)).collect());
+    }
+    let listed = list(&targets.iter().map(|t| t.name).collect::<Vec<_>>())?;
+    let matches = |name: &String| filter.is_none_or(|f| name.contains(f));
+    let mut plan = Vec::new();
+    for t in targets {
+        let tests = listed.get(t.name).map(Vec::as_slice).unwrap_or_default();
+        let selection = match t.offline {
+            Offline::Some { tests: named, .. } if offline => {
+                if let Some(gone) = named.iter().find(|n| !tests.iter().any(|t| t == *n)) {
+                    bail!("xtask/src/test/catalogue.rs names test {gone} of target {}, which has no such test", t.name);
+                }
+                let chosen: Vec<String> = named.iter().map(|n| n.to_string()).filter(matches).collect();
+                if chosen.is_empty() {
+                    continue;
+                }
+                Selection::Tests(chosen)
+            }
+            _ if tests.iter().any(matches) => Selection::Whole,
+            _ => continue,
+        };
+        plan.push((t, selection));
+    }
+    Ok(plan)
+}
+
+/// Builds the harnesses of `targets` (limiter-tests' test targets) and lists each one's tests.
+fn list(targets: &[&str]) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let mut build = cargo();
+    build.args(["test", "--package", "limiter-tests", "--no-run", "--message-format", "json-render-diagnostics"]);
+    build.args(test_args(targets));
+    eprintln!("+ {}", describe(&build));
+    let out = build
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("could not start `{}`", describe(&build)))?;
+    if !out.status.success() {
+        bail!("`{}` failed ({})", describe(&build), out.status);
+    }
+    let mut listed = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(name), Some(exe)) = (msg["target"]["name"].as_str(), msg["executable"].as_str()) else { continue };
+        if msg["target"]["kind"].as_array().is_none_or(|k| !k.iter().any(|k| k == "test")) {
+            continue;
+        }
+        let mut cmd = Command::new(exe);
+        cmd.args(["--list", "--format", "terse"]);
+        let out = cmd.output().with_context(|| format!("could not start `{}`", describe(&cmd)))?;
+        if !out.status.success() {
+            bail!("`{}` failed ({})", describe(&cmd), out.status);
+        }
+        let tests = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .map(str::to_owned)
+            .collect();
+        listed.insert(name.to_owned(), tests);
+    }
+    Ok(listed)
+}
+
+/// `--test NAME` for each target.
+fn test_args<'a>(targets: &'a [&str]) -> impl Iterator<Item = &'a str> {
+    targets.iter().flat_map(|t| ["--test", t])
 }
 
 /// `cargo build --release -p limiter-ctl --bins`: the binary the package ships, which the
@@ -73,220 +195,25 @@ fn release_binary() -> Command {
     cmd
 }
 
-/// The integration tests (package limiter-tests), one at a time.
-fn integration(filter: &[String]) -> Command {
-    let mut cmd = cargo();
-    cmd.args(["test", "--package", "limiter-tests", "--tests", "--", "--test-threads=1"]).args(filter);
-    cmd
-}
-
-/// One way of stressing the machine.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Stress {
-    HalfSpeed,
-    BusyCores,
-    Repeat(u32),
-}
-
-impl Stress {
-    fn name(self) -> String {
-        match self {
-            Self::HalfSpeed => "generator at half speed".into(),
-            Self::BusyCores => "busy loop on every core".into(),
-            Self::Repeat(i) => format!("in a row, run {i} of 3"),
-        }
-    }
-
-    fn file(self) -> String {
-        match self {
-            Self::HalfSpeed => "half-speed".into(),
-            Self::BusyCores => "busy-cores".into(),
-            Self::Repeat(i) => format!("repeat-{i}"),
-        }
-    }
-}
-
-struct Outcome {
-    mode: Stress,
-    passed: bool,
-    took: Duration,
-    floods: Floods,
-}
-
-fn stress(filter: &[String]) -> anyhow::Result<()> {
-    exec(&mut release_binary())?;
-    exec(cargo().args(["test", "--package", "limiter-tests", "--tests", "--no-run"]))?;
-    let dir = target_dir().join("stress");
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let modes = [Stress::HalfSpeed, Stress::BusyCores, Stress::Repeat(1), Stress::Repeat(2), Stress::Repeat(3)];
-    let mut outcomes = Vec::new();
-    for mode in modes {
-        let log = dir.join(format!("{}.floods", mode.file()));
-        let _ = fs::remove_file(&log);
-        // Every test binary runs, whatever fails first: the summary covers them all.
+/// The integration tests (package limiter-tests), one at a time: the whole targets in one run,
+/// each target run for some of its tests in one of its own.
+fn integration(plan: &[(&Target, Selection)], filter: &[String], offline: bool) -> anyhow::Result<()> {
+    let command = || {
         let mut cmd = cargo();
-        cmd.args(["test", "--package", "limiter-tests", "--tests", "--no-fail-fast", "--", "--test-threads=1"]);
-        cmd.args(filter).env(FLOOD_LOG_ENV, &log).env_remove(THROTTLE_ENV);
-        if mode == Stress::HalfSpeed {
-            cmd.env(THROTTLE_ENV, "0.5");
+        cmd.args(["test", "--package", "limiter-tests"]);
+        if offline {
+            cmd.env(NO_ROOT_ENV, "1");
         }
-        eprintln!("\nstress: {} ({})", mode.name(), describe(&cmd));
-        let busy = (mode == Stress::BusyCores).then(BusyCores::start);
-        if let Some(b) = &busy {
-            eprintln!("stress: {} busy loops running, one pinned to each CPU", b.threads.len());
-        }
-        let started = Instant::now();
-        let status = cmd.status().with_context(|| format!("could not start `{}`", describe(&cmd)))?;
-        let took = started.elapsed();
-        drop(busy);
-        let floods = Floods::read(&log);
-        eprintln!(
-            "stress: {}: {} in {took:.0?}; {floods}",
-            mode.name(),
-            if status.success() { "passed" } else { "FAILED" }
-        );
-        outcomes.push(Outcome { mode, passed: status.success(), took, floods });
+        cmd
+    };
+    let whole: Vec<&str> = plan.iter().filter(|(_, s)| matches!(s, Selection::Whole)).map(|(t, _)| t.name).collect();
+    if !whole.is_empty() {
+        exec(command().args(test_args(&whole)).args(["--", "--test-threads=1"]).args(filter))?;
     }
-    summary(&outcomes);
-    let failed: Vec<String> = outcomes.iter().filter(|o| !o.passed).map(|o| o.mode.name()).collect();
-    if !failed.is_empty() {
-        bail!("stress: the integration tests failed: {}", failed.join(", "));
+    for (t, selection) in plan {
+        if let Selection::Tests(tests) = selection {
+            exec(command().args(["--test", t.name, "--", "--test-threads=1", "--exact"]).args(tests))?;
+        }
     }
     Ok(())
-}
-
-fn summary(outcomes: &[Outcome]) {
-    eprintln!("\nstress summary (integration tests, --test-threads=1):");
-    eprintln!(
-        "{:<26} {:>7} {:>9} {:>7} {:>11} {:>11} {:>11} {:>9}",
-        "mode", "result", "duration", "floods", "median pps", "min pps", "max pps", "stalled"
-    );
-    for o in outcomes {
-        let f = &o.floods;
-        eprintln!(
-            "{:<26} {:>7} {:>8.0}s {:>7} {:>11.0} {:>11.0} {:>11.0} {:>8.2}s",
-            o.mode.name(),
-            if o.passed { "pass" } else { "FAIL" },
-            o.took.as_secs_f64(),
-            f.full_speed.len(),
-            f.median(),
-            f.full_speed.first().copied().unwrap_or(0.0),
-            f.full_speed.last().copied().unwrap_or(0.0),
-            f.stalled
-        );
-    }
-    let median = |m: Stress| outcomes.iter().find(|o| o.mode == m).map(|o| o.floods.median());
-    if let (Some(half), Some(full)) = (median(Stress::HalfSpeed), median(Stress::Repeat(1)))
-        && full > 0.0
-    {
-        eprintln!(
-            "generator at half speed: median {half:.0} pps, {:.2} of the unthrottled run's {full:.0}",
-            half / full
-        );
-    }
-    eprintln!(
-        "(pps: floods of the AF_PACKET sender at full speed, not paced, 0.2 s or longer; stalled: their total stalls)"
-    );
-}
-
-/// What the floods of one mode did, from the log they appended to.
-#[derive(Default)]
-struct Floods {
-    /// Packets per second of each unpaced AF_PACKET flood of 0.2 s or more, sorted.
-    full_speed: Vec<f64>,
-    /// All floods.
-    all: usize,
-    /// Seconds those floods stalled in all.
-    stalled: f64,
-}
-
-impl Floods {
-    fn read(path: &Path) -> Self {
-        let text = fs::read_to_string(path).unwrap_or_default();
-        let mut floods = Self::default();
-        for line in text.lines() {
-            floods.all += 1;
-            let field = |name: &str| {
-                line.split_whitespace()
-                    .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
-                    .map(|v| v.trim_end_matches('s'))
-            };
-            let num = |name: &str| field(name).and_then(|v| v.parse::<f64>().ok());
-            if !line.starts_with("socket ") || field("paced").is_some() || num("seconds").unwrap_or(0.0) < 0.2 {
-                continue;
-            }
-            if let Some(pps) = num("pps") {
-                floods.full_speed.push(pps);
-                floods.stalled += num("stalled").unwrap_or(0.0);
-            }
-        }
-        floods.full_speed.sort_by(f64::total_cmp);
-        floods
-    }
-
-    fn median(&self) -> f64 {
-        self.full_speed.get(self.full_speed.len() / 2).copied().unwrap_or(0.0)
-    }
-}
-
-impl std::fmt::Display for Floods {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} floods, {} at full speed: median {:.0} pps (min {:.0}, max {:.0}), stalled {:.2} s",
-            self.all,
-            self.full_speed.len(),
-            self.median(),
-            self.full_speed.first().copied().unwrap_or(0.0),
-            self.full_speed.last().copied().unwrap_or(0.0),
-            self.stalled
-        )
-    }
-}
-
-/// A busy loop pinned to each CPU, as threads of this process: stopped and joined on drop, and
-/// gone with the process if it dies (Ctrl-C included), so nothing outlives the command.
-struct BusyCores {
-    stop: Arc<AtomicBool>,
-    threads: Vec<thread::JoinHandle<()>>,
-}
-
-impl BusyCores {
-    fn start() -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
-        let threads = (0..cpus)
-            .map(|cpu| {
-                let stop = stop.clone();
-                thread::spawn(move || {
-                    pin(cpu);
-                    let mut x = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
-                    }
-                })
-            })
-            .collect();
-        Self { stop, threads }
-    }
-}
-
-impl Drop for BusyCores {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Pins the calling thread to `cpu` (best effort: an unpinned busy loop still loads the machine).
-fn pin(cpu: usize) {
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            eprintln!("stress: could not pin a busy loop to CPU {cpu}: {}", std::io::Error::last_os_error());
-        }
-    }
 }
