@@ -74,7 +74,7 @@ fn daemon_help_names_its_signals() {
 }
 
 /// The .deb's asset list (limiter-ctl/Cargo.toml) ships section 5 into man5: cheaper than
-/// building the package, which tests/packaging.rs does.
+/// building the package, which tests/packaging/packaging.rs does.
 #[test]
 fn the_package_ships_limiter_toml_5() {
     let manifest =

@@ -485,7 +485,7 @@ fn daemonset_has_what_a_kubelet_needs() {
 // The shipped configs
 
 /// Parses and validates a config as the daemon does at start (any order will do: the daemon
-/// never rewrites its file at start, tests/kubernetes.rs).
+/// never rewrites its file at start, tests/packaging/kubernetes.rs).
 fn check_config(name: &str, text: &str) -> config::ConfigFile {
     let file = config::parse(Path::new(name), text).unwrap_or_else(|e| panic!("{e}"));
     State::build(&file, &BTreeMap::new()).unwrap_or_else(|e| panic!("{name}: {e}"));

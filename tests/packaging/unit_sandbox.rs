@@ -1,7 +1,7 @@
 //! The daemon as the systemd unit runs it. Under the restrictions packaging/limiter.service puts
 //! on its service (address families, system calls, capabilities, no new privileges, umask...:
 //! read from the unit file and applied by `limiter-sandbox`, since systemd is not PID 1 where
-//! CI runs; limiter@.service has the same ones, tests/packaging.rs checks that), it starts,
+//! CI runs; limiter@.service has the same ones, tests/packaging/packaging.rs checks that), it starts,
 //! serves its metrics, reloads (`limiter-ctl reload`, as ExecReload runs it, under the same
 //! restrictions) and stops with exit 0 leaving its program attached and pinned, and the next
 //! daemon adopts it. And a clean start logs no warning: the program's BTF loads, so the kernel

@@ -6,7 +6,7 @@
 //! the pinned CPU's, where the window runs from before the first send to after the last delivery
 //! (or the counter read): frames judged on any other CPU fail it ([`check_upper`]), since another
 //! CPU's state would grant an allowance of its own that the bound does not count. Only tests
-//! about CPUs (tests/scope.rs) sum per-CPU bounds ([`check_upper_over`]).
+//! about CPUs (tests/datapath/scope.rs) sum per-CPU bounds ([`check_upper_over`]).
 //!
 //! The lower bound asks for 90% of one CPU's bound over the flood's own
 //! duration (as measured, whatever the machine's speed), less what the sender's own stalls can

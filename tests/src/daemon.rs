@@ -299,7 +299,7 @@ impl Daemon {
         cmd.arg("--socket").arg(&socket);
         // The watch off unless a test turns it on (`--watch-config=true` in `extra`, which comes
         // later and wins): tests of SIGHUP and `limiter-ctl reload` count the reloads their
-        // writes cause, and the watch would add its own (tests/kubernetes.rs tests the watch).
+        // writes cause, and the watch would add its own (tests/packaging/kubernetes.rs tests the watch).
         // No --mode: the default (auto) is what ships; on veth it attaches natively (tests that are
         // about a mode pass --mode in `extra`).
         cmd.args(["daemon", "--iface", &end.iface, "--watch-config=false"]);

@@ -4,7 +4,7 @@
 //! `[package.metadata.deb]`) picks them up from `target/release/dist/`.
 //!
 //! `cargo xtask package --from-commit REV`: the package of an earlier commit of this repository
-//! (tests/packaging.rs upgrades from it), built by that commit's own `cargo xtask package` from a
+//! (tests/packaging/packaging.rs upgrades from it), built by that commit's own `cargo xtask package` from a
 //! `git archive` of it under `target/from-commit/COMMIT/`, with a target directory of its own there
 //! (so it never touches `target/release/`), once: the .deb is kept and reused; the sources and
 //! build products are removed once it is built.
@@ -76,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("`{}` succeeded but printed no .deb path", describe(&deb));
     };
     eprintln!("package: built");
-    // The path alone on stdout, for scripts (and tests/packaging.rs).
+    // The path alone on stdout, for scripts (and tests/packaging/packaging.rs).
     println!("{path}");
     Ok(())
 }

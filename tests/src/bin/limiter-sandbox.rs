@@ -1,6 +1,6 @@
 //! `limiter-sandbox UNIT -- PROGRAM [ARGS...]`: execs PROGRAM under the restrictions the systemd
 //! unit file UNIT puts on its service process, read from the file's `[Service]` section, for the
-//! tests that run the daemon as the unit does (tests/unit_sandbox.rs) on machines where systemd is
+//! tests that run the daemon as the unit does (tests/packaging/unit_sandbox.rs) on machines where systemd is
 //! not PID 1 (`systemd-run` needs it). Applied, in the order systemd applies them:
 //!
 //! - `LimitMEMLOCK=`, `LimitNOFILE=`, `UMask=`;
