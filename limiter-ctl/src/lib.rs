@@ -13,6 +13,7 @@
 //! types. The tests' extras (the probe, benchmark and generator objects, test runs, raw map
 //! access) are behind the `testing` feature.
 
+mod api;
 pub mod cli;
 pub mod config;
 mod daemon;

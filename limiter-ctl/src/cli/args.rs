@@ -8,7 +8,8 @@ use ipnet::IpNet;
 
 use crate::{
     config::{self, BurstEdit, KeySpec, Match, Mode, Name, PolicyEdit, Rate, Scope, Unit, parse_burst},
-    daemon::{self, ipc},
+    api::ipc,
+    daemon,
     kernel::{self, ModeRequest, pins},
 };
 

@@ -20,12 +20,9 @@ use clap::Parser as _;
 use client::ClientError;
 
 use crate::{
+    api::ipc::{PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
     config::{self, List},
-    daemon::{
-        self,
-        ipc::{PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
-        stats, top,
-    },
+    daemon::{self, stats, top},
     kernel::{self, pins},
 };
 

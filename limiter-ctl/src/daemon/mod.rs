@@ -16,7 +16,6 @@
 
 mod error;
 mod health;
-pub(crate) mod ipc;
 mod metrics;
 mod serve;
 pub(crate) mod stats;

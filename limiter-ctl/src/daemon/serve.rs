@@ -31,12 +31,12 @@ use tracing::{error, info, warn};
 use super::{
     Error, Options, Rollback,
     health::Health,
-    ipc::{MAX_REQUEST, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
     stats,
     top::Top,
     watch::{self, ConfigWatch},
 };
 use crate::{
+    api::ipc::{MAX_REQUEST, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
     config::{self, ConfigFile, Entry, PolicyDef, State},
     kernel::{self, Limiter, ModeRequest},
 };

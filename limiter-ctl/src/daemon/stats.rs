@@ -12,8 +12,7 @@ use aya::maps::{MapData, PerCpuArray};
 use limiter_common::{gcra, maps::Counters};
 use serde::{Deserialize, Serialize};
 
-use super::ipc::PolicyCounters;
-use crate::config::State;
+use crate::{api::ipc::PolicyCounters, config::State};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rates {
