@@ -379,9 +379,9 @@ mod tests {
     use std::sync::{Arc, RwLock};
 
     use super::*;
-    use crate::{
-        api::ipc::PolicyCounters,
-        daemon::stats::{PolicyStats, Snapshot},
+    use crate::api::{
+        ipc::PolicyCounters,
+        stats::{PolicyStats, Snapshot},
     };
 
     #[test]

@@ -25,7 +25,7 @@ mod watch;
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
     time::Duration,
 };
 
@@ -37,41 +37,10 @@ use health::Health;
 use serve::{Daemon, Signals, bind};
 
 use crate::{
-    config::{self, BurstEdit, Name, PolicyEdit, Rate, State},
-    kernel::{self, Limiter, MapView, ModeRequest, pins::PinDir},
+    api::start::{MetricsAt, Options},
+    config::{self, BurstEdit, Name, PolicyEdit, State},
+    kernel::{self, Limiter, MapView, pins::PinDir},
 };
-
-/// What `limiter-ctl daemon` was asked to do (its flags, parsed).
-// Fields paired by what they configure (rustfmt would put each on a line of its own).
-#[rustfmt::skip]
-#[derive(Debug)]
-pub(crate) struct Options {
-    /// The interface to protect, how long to wait for it to appear, and how to attach to it.
-    pub iface: String, pub wait_iface: Duration, pub mode: ModeRequest,
-    /// The policies and lists; loaded at start, re-read on SIGHUP, edited in place on every change.
-    pub config: PathBuf,
-    /// Watch the config file's directory and apply a changed file as SIGHUP does.
-    pub watch_config: bool,
-    /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
-    pub rate: Option<Rate>, pub burst: Option<u64>,
-    /// Buckets per generation and CPU, the count-min rows they are split into, and where the
-    /// maps and link are pinned.
-    pub buckets: u32, pub rows: u32, pub pin_dir: PathBuf,
-    /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
-    pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
-    /// The Prometheus endpoint; 1 in N refusals sampled for `top`.
-    pub metrics: MetricsAt, pub sample_refusals: u32,
-}
-
-/// Where the Prometheus endpoint listens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MetricsAt {
-    Off,
-    At(SocketAddr),
-    /// 127.0.0.1 on [`auto_metrics_port`] of the interface: one daemon per interface, each on a
-    /// port of its own without a flag per instance (the template unit uses it).
-    Auto,
-}
 
 /// The port `--metrics auto` listens on for `iface`: 9465 + (FNV-1a-32 of the name mod 535),
 /// 9465-9999. Deterministic, so Prometheus can be told it once; two names that land on the same
@@ -133,7 +102,13 @@ struct Made {
     pins: bool,
 }
 
-pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
+/// `limiter-ctl daemon`: runs the daemon on a runtime of its own until it stops.
+pub(crate) fn main(args: Options, socket: &Path) -> Result<(), Error> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
+    runtime.block_on(run(args, socket))
+}
+
+async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let mut signals = Signals::install()?;
     reserve_descriptors();
     // Everything the operator gave is checked before anything is loaded, bound or waited for.

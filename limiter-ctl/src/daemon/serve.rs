@@ -29,14 +29,18 @@ use tokio::{
 use tracing::{error, info, warn};
 
 use super::{
-    Error, Options, Rollback,
+    Error, Rollback,
     health::Health,
     stats,
     top::Top,
     watch::{self, ConfigWatch},
 };
 use crate::{
-    api::ipc::{MAX_REQUEST, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+    api::{
+        ipc::{MAX_REQUEST, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+        start::Options,
+        stats::Reloads,
+    },
     config::{self, ConfigFile, Entry, PolicyDef, State},
     kernel::{self, Limiter, ModeRequest},
 };
@@ -162,7 +166,7 @@ pub(super) struct Daemon {
     /// grace must cover it (see `Limiter::rotate_salt`).
     longest_window: Duration,
     /// Reloads applied and refused, for `/metrics`.
-    reloads: stats::Reloads,
+    reloads: Reloads,
     /// What `/readyz` and `/livez` answer.
     health: Health,
     /// The config file's text as last loaded, refused or written by the daemon (or why it could
@@ -228,7 +232,7 @@ impl Daemon {
             scanning: Arc::default(),
             top: Top::new(args.sample_refusals.max(1)),
             longest_window,
-            reloads: stats::Reloads::default(),
+            reloads: Reloads::default(),
             health,
             seen: Err(String::new()),
             synced: None,
