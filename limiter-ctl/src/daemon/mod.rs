@@ -280,7 +280,7 @@ async fn start(
     desired: impl Fn(&BTreeMap<Name, u16>) -> Result<State, Error>,
     probes: Probes,
     made: &mut Made,
-) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>), Error> {
+) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<kernel::Refusals>), Error> {
     let Probes { shared, health, metrics_addr } = probes;
     let listener = bind(socket)?;
     made.socket = true;
@@ -299,9 +299,10 @@ async fn start(
     let longest_window = before.max_window().max(state.max_window());
     limiter.apply(&before, &MapView::of(&state))?;
     limiter.set_sampling(args.sample_refusals)?;
-    // SAFETY: the ring owns its descriptor and keeps it open for as long as the AsyncFd lives.
+    // SAFETY: the stream owns its descriptor (the ring's) and keeps it open for as long as the
+    // AsyncFd lives.
     let refusals =
-        unsafe { AsyncFd::register(limiter.take_refusals()?) }.map_err(|e| Error::RefusalRing(e.into_parts().1))?;
+        unsafe { AsyncFd::register(limiter.refusals()?) }.map_err(|e| Error::RefusalRing(e.into_parts().1))?;
     let attached = limiter.attach(&args.iface, args.mode)?;
     if let Some(error) = &attached.mode_unknown {
         warn!(iface = %args.iface, %error, mode = %attached.mode, "could not ask the kernel which mode the replaced limiter's link is in (rtnetlink): stats and metrics assume this one; under systemd, the unit must allow AF_NETLINK");

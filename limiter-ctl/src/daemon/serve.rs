@@ -18,8 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{MapData, RingBuf};
-use limiter_common::maps::{Counters, RefusalSample};
+use limiter_common::maps::Counters;
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader, unix::AsyncFd},
     net::{UnixListener, UnixStream},
@@ -251,7 +250,7 @@ impl Daemon {
     pub(super) async fn serve(
         &mut self,
         listener: UnixListener,
-        mut refusals: AsyncFd<RingBuf<MapData>>,
+        mut refusals: AsyncFd<kernel::Refusals>,
         args: &Options,
         signals: Signals,
     ) -> Result<Exit, Error> {
@@ -303,12 +302,8 @@ impl Daemon {
                 _ = watch::settled(&mut config_watch) => self.file_changed(),
                 ready = refusals.readable_mut() => match ready {
                     Ok(mut guard) => {
-                        let ring = guard.get_inner_mut();
-                        while let Some(item) = ring.next() {
-                            if let Some(sample) = parse_sample(&item) {
-                                self.top.record(&sample);
-                            }
-                        }
+                        let top = &mut self.top;
+                        guard.get_inner_mut().drain(|sample| top.record(sample));
                         guard.clear_ready();
                     }
                     Err(e) => warn!(error = %e, "reading the refusal ring failed"),
@@ -386,16 +381,16 @@ impl Daemon {
         if self.scanning.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (buckets, config) = match (self.limiter.open_buckets(), self.limiter.read_config()) {
-            (Ok(b), Ok(c)) => (b, c),
-            (Err(e), _) | (_, Err(e)) => {
+        let scan = match self.limiter.bucket_scan() {
+            Ok(scan) => scan,
+            Err(e) => {
                 self.scanning.store(false, Ordering::Release);
                 return warn!(error = %e, "measuring bucket occupancy failed");
             }
         };
-        let (count, out, scanning) = (self.limiter.buckets(), self.occupancy.clone(), self.scanning.clone());
+        let (out, scanning) = (self.occupancy.clone(), self.scanning.clone());
         tokio::task::spawn_blocking(move || {
-            let ratio = stats::occupancy(&buckets, config.generation & 1, count, kernel::monotonic_ns());
+            let ratio = scan.occupancy();
             if let Ok(mut o) = out.lock() {
                 *o = ratio;
             }
@@ -765,15 +760,6 @@ async fn tick(interval: &mut Option<tokio::time::Interval>) {
         }
         None => std::future::pending().await,
     }
-}
-
-/// A ring record as a sample; records of another size are not ours.
-fn parse_sample(bytes: &[u8]) -> Option<RefusalSample> {
-    (bytes.len() == std::mem::size_of::<RefusalSample>()).then(|| {
-        // SAFETY: `bytes` holds exactly size_of::<RefusalSample>() bytes (checked above), read
-        // unaligned; RefusalSample is a plain-old-data #[repr(C)] record, valid for any bytes.
-        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<RefusalSample>()) }
-    })
 }
 
 fn print_rates(prev: &(Instant, Counters), now: &(Instant, Counters)) {

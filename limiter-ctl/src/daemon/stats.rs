@@ -1,15 +1,14 @@
-//! What the daemon reports: a snapshot of the kernel's counters, summed over CPUs, with rates
-//! over the last sampling interval. Taken once a second by the daemon's loop; `limiter-ctl
-//! stats` and the Prometheus endpoint read the latest snapshot, never the maps, so they answer
-//! fast whatever the load.
+//! Taking what the daemon reports: a snapshot of the kernel's counters, summed over CPUs, with
+//! rates over the last sampling interval (`api::stats`). Taken once a second by the daemon's
+//! loop; `limiter-ctl stats` and the Prometheus endpoint read the latest snapshot, never the
+//! maps, so they answer fast whatever the load.
 
 use std::{
     sync::{Arc, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use aya::maps::{MapData, PerCpuArray};
-use limiter_common::{gcra, maps::Counters};
+use limiter_common::maps::Counters;
 use crate::{
     api::stats::{ListHits, PolicyStats, Rates, Reloads, Snapshot, Unjudged},
     config::State,
@@ -89,19 +88,4 @@ impl Sampler {
             rotate_every_s: None,
         }
     }
-}
-
-/// Scans the current generation's buckets (on its own thread: it reads every bucket of every
-/// CPU) and returns the fraction whose TAT is ahead of `now`: every bucket that can refuse a
-/// packet (all policies share one clock, whoever wrote the bucket).
-pub fn occupancy(buckets: &PerCpuArray<MapData, u64>, generation: u32, count: u32, now_ns: u64) -> Option<f64> {
-    let (mut ahead, mut total) = (0u64, 0u64);
-    for index in generation * count..(generation + 1) * count {
-        let values = buckets.get(&index, 0).ok()?;
-        for &value in values.iter() {
-            total += 1;
-            ahead += u64::from(gcra::ahead_ns(value, now_ns) > 0);
-        }
-    }
-    (total > 0).then(|| ahead as f64 / total as f64)
 }

@@ -1,0 +1,62 @@
+//! The refusal stream: 1 in N refusals, sampled by the program into its `REFUSALS` ring, for
+//! `limiter-ctl top`. The daemon waits on the stream's descriptor and drains it when readable.
+
+use std::os::fd::{AsRawFd, RawFd};
+
+use aya::maps::{MapData, RingBuf};
+use limiter_common::maps::{Config, MAP_REFUSALS, RefusalSample};
+
+use super::{Error, Limiter};
+
+/// The daemon's default sampling of refusals for `limiter-ctl top` (`--sample-refusals`).
+pub const DEFAULT_SAMPLE_REFUSALS: u32 = 256;
+
+/// The sampled refusals, as the program sends them: readable (its descriptor polls readable)
+/// when samples wait, [`Refusals::drain`] takes them.
+pub struct Refusals(RingBuf<MapData>);
+
+impl Refusals {
+    /// Hands every sample waiting to `each`, oldest first, until none is left; records of
+    /// another size are not ours and are skipped.
+    pub fn drain(&mut self, mut each: impl FnMut(&RefusalSample)) {
+        while let Some(item) = self.0.next() {
+            if let Some(sample) = parse_sample(&item) {
+                each(&sample);
+            }
+        }
+    }
+}
+
+impl AsRawFd for Refusals {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl Limiter {
+    /// Samples 1 in `one_in` refusals (a power of two; 0: none) into the `REFUSALS` ring.
+    pub fn set_sampling(&mut self, one_in: u32) -> Result<(), Error> {
+        let mut config = self.read_config()?;
+        config.flags &= !Config::SAMPLE_REFUSALS;
+        if one_in > 0 {
+            config.flags |= Config::SAMPLE_REFUSALS;
+            config.sample_mask = one_in.next_power_of_two() - 1;
+        }
+        self.store_config(&config)
+    }
+
+    /// The stream of sampled refusals, for the daemon to drain (it can be taken once).
+    pub(crate) fn refusals(&mut self) -> Result<Refusals, Error> {
+        let map = self.ebpf.take_map(MAP_REFUSALS).ok_or(Error::Missing { kind: "map", name: MAP_REFUSALS })?;
+        RingBuf::try_from(map).map(Refusals).map_err(|source| Error::Map { name: MAP_REFUSALS, source })
+    }
+}
+
+/// A ring record as a sample; records of another size are not ours.
+fn parse_sample(bytes: &[u8]) -> Option<RefusalSample> {
+    (bytes.len() == std::mem::size_of::<RefusalSample>()).then(|| {
+        // SAFETY: `bytes` holds exactly size_of::<RefusalSample>() bytes (checked above), read
+        // unaligned; RefusalSample is a plain-old-data #[repr(C)] record, valid for any bytes.
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<RefusalSample>()) }
+    })
+}
