@@ -39,7 +39,7 @@ pub mod objects {
 pub fn main() -> ExitCode {
     match cli::main() {
         cli::Run::Done(code) => code,
-        cli::Run::Daemon { options, socket } => match daemon::main(options, &socket) {
+        cli::Run::Daemon { options, socket } => match daemon::main(*options, &socket) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => cli::report_failure(&e, e.is_bad_input()),
         },

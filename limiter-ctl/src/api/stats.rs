@@ -118,4 +118,3 @@ pub struct ListHits {
     pub allowed_packets: u64,
     pub denied_packets: u64,
 }
-

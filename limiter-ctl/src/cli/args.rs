@@ -7,11 +7,11 @@ use clap::{Args, Parser, Subcommand, ValueHint};
 use ipnet::IpNet;
 
 use crate::{
-    config::{self, BurstEdit, KeySpec, Match, Mode, Name, PolicyEdit, Rate, Scope, Unit, parse_burst},
     api::{
         ipc,
         start::{MetricsAt, Options},
     },
+    config::{self, BurstEdit, KeySpec, Match, Mode, Name, PolicyEdit, Rate, Scope, Unit, parse_burst},
     kernel::{self, ModeRequest, pins},
 };
 

@@ -23,8 +23,8 @@ use client::ClientError;
 
 use crate::{
     api::{
-        start::Options,
         ipc::{PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+        start::Options,
         stats, top,
     },
     config::{self, List},
@@ -128,7 +128,7 @@ pub(crate) enum Run {
     Done(ExitCode),
     /// `limiter-ctl daemon`, its logger installed: `crate::main` hands it to the daemon room (the
     /// CLI reaches a daemon over its socket only), and [`report_failure`] says how it failed.
-    Daemon { options: Options, socket: PathBuf },
+    Daemon { options: Box<Options>, socket: PathBuf },
 }
 
 /// `limiter-ctl`: runs the command its arguments name, or returns the daemon's.
@@ -148,7 +148,7 @@ pub(crate) fn main() -> Run {
     Run::Done(match cli.command {
         Command::Daemon(args) => {
             logs::init(args.log_format);
-            return Run::Daemon { options: args.options(), socket: cli.socket };
+            return Run::Daemon { options: Box::new(args.options()), socket: cli.socket };
         }
         Command::Man { dir } => match man::write(dir.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,

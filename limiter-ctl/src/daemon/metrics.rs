@@ -16,7 +16,7 @@ use prometheus_client::{
 use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
 
-use super::{Error, serve::Throttled, stats::Shared};
+use super::{Error, stats::Shared, throttled::Throttled};
 
 #[derive(Debug)]
 struct Exposition(Shared);

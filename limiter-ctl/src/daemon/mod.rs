@@ -1,40 +1,51 @@
 //! The daemon room: `limiter-ctl daemon`. Validate the config, wait for the interface, claim it
 //! (one daemon per interface), load or adopt the program, make its maps say what the config
-//! says, attach, tell systemd it is ready, then serve the control socket until SIGTERM, SIGINT
-//! or SIGUSR2 (SIGUSR1 is logged and ignored), re-reading the config on SIGHUP and when its file
-//! changes (`serve`, `watch`);
-//! answering the probes (`health`); leave the program attached and pinned
-//! for the next daemon. A start that fails takes away what it made. Beside the loop: the wire types of the control
-//! socket, shared with the CLI (`ipc`), the counters sampled once a second (`stats`), the
-//! Prometheus endpoint (`metrics`) and the most-refused sources (`top`).
+//! says, attach, tell systemd it is ready (this file); then run the loop until SIGTERM,
+//! SIGINT or SIGUSR2 (SIGUSR1 is logged and ignored), and leave the program attached and
+//! pinned for the next daemon. A start that fails takes away what it made.
 //!
-//! Every change is validated whole before anything moves; then the kernel's maps are updated,
-//! then the config file is written (atomically). If the write fails the maps are put back.
-//! One log line per state change. The salt is drawn here and written to the kernel map only.
+//! The loop (`serve`) alone owns the running state (`serve::Daemon`); its other jobs each have
+//! a file:
+//! - `socket`: the control socket's server side: bind, accept, peer checks, a task per
+//!   connection that reads its request and writes the loop's answer;
+//! - `requests`: each request handled on the running rules;
+//! - `commit`: a new state made the running one, the kernel's maps then the file, the maps put
+//!   back if the file cannot be written;
+//! - `reload`: the config file re-read on SIGHUP, `limiter-ctl reload` and when it changes
+//!   (`watch`), and a hand edit caught up with before a change.
 //!
-//! It may use the kernel and config rooms, nothing of the CLI. Its one error type is [`Error`].
+//! Beside the loop: the counters sampled once a second (`stats`), the Prometheus endpoint
+//! (`metrics`), the probes (`health`), the most-refused sources (`top`), and rate-limited
+//! warnings (`throttled`).
+//!
+//! Every change is validated whole before anything moves. One log line per state change. The
+//! salt is drawn here and written to the kernel map only.
+//!
+//! It may use the api room (the wire types it answers with, the options it starts with), the
+//! kernel and config rooms; nothing of the CLI. Its one error type is [`Error`].
 
+mod commit;
 mod error;
 mod health;
 mod metrics;
+mod reload;
+mod requests;
 mod serve;
-pub(crate) mod stats;
-pub(crate) mod top;
+mod socket;
+mod stats;
+mod throttled;
+mod top;
 mod watch;
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    path::Path,
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
 
 use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 pub use error::{Error, Rollback};
 use health::Health;
-use serve::{Daemon, Signals, bind};
+use serve::{Daemon, Signals};
+use socket::bind;
 
 use crate::{
     api::start::{MetricsAt, Options},
@@ -188,7 +199,7 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     // Fail static on purpose, whatever stopped the loop: the next daemon adopts the program, its
     // state and its salt; `limiter-ctl detach` is the one step that takes it off.
     let left = left_behind(daemon.limiter(), &pins, &args.iface, claim.mounted().is_some());
-    result.map(|_| ()).and(left)
+    result.and(left)
 }
 
 /// The exit report, checked rather than assumed: the pins are all there and the program on the

@@ -9,6 +9,7 @@ use std::{
 };
 
 use limiter_common::maps::Counters;
+
 use crate::{
     api::stats::{ListHits, PolicyStats, Rates, Reloads, Snapshot, Unjudged},
     config::State,

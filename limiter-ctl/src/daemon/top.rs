@@ -10,6 +10,7 @@ use std::{
 
 use ipnet::IpNet;
 use limiter_common::{key::FAMILY_V4, maps::RefusalSample};
+
 use crate::{
     api::top::{Entry, Report},
     config::State,

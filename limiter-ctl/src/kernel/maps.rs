@@ -47,8 +47,8 @@ impl Limiter {
         // A duplicate of our own descriptor: reopening the map by id would need CAP_SYS_ADMIN.
         let fd = data.fd().as_fd().try_clone_to_owned()?;
         let data = MapData::from_fd(fd).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
-        let buckets = PerCpuArray::try_from(Map::PerCpuArray(data))
-            .map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
+        let buckets =
+            PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
         let (generation, count) = (self.read_config()?.generation & 1, self.buckets());
         Ok(BucketScan { buckets, first: generation * count, count })
     }
