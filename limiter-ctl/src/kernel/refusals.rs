@@ -60,3 +60,26 @@ fn parse_sample(bytes: &[u8]) -> Option<RefusalSample> {
         unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<RefusalSample>()) }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_of_the_sample_size_is_a_sample_and_any_other_is_skipped() {
+        let mut addr = [0; 16];
+        addr[..4].copy_from_slice(&[198, 18, 5, 0]);
+        let sample = RefusalSample { addr, policy: 3, dport: 53, family: 4, prefix_len: 24, dry_run: 1, _pad: 0 };
+        // SAFETY: RefusalSample is a plain-old-data #[repr(C)] record; its bytes are read only.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&raw const sample).cast::<u8>(), std::mem::size_of::<RefusalSample>())
+        };
+        assert_eq!(parse_sample(bytes), Some(sample));
+        // Unaligned: the ring gives no alignment guarantee.
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(bytes);
+        assert_eq!(parse_sample(&shifted[1..]), Some(sample));
+        assert!(parse_sample(&bytes[1..]).is_none());
+        assert!(parse_sample(&shifted).is_none());
+    }
+}
