@@ -1,5 +1,5 @@
-//! `limiter-ctl`: the daemon and its CLI, one binary over the library (see `cli`).
+//! `limiter-ctl`: the daemon and its CLI, one binary over the library (see `limiter_ctl::main`).
 
 fn main() -> std::process::ExitCode {
-    limiter_ctl::cli::main()
+    limiter_ctl::main()
 }

@@ -7,8 +7,11 @@ use clap::{Args, Parser, Subcommand, ValueHint};
 use ipnet::IpNet;
 
 use crate::{
+    api::{
+        ipc,
+        start::{MetricsAt, Options},
+    },
     config::{self, BurstEdit, KeySpec, Match, Mode, Name, PolicyEdit, Rate, Scope, Unit, parse_burst},
-    daemon::{self, ipc},
     kernel::{self, ModeRequest, pins},
 };
 
@@ -167,13 +170,13 @@ pub(crate) struct DaemonArgs {
 
 /// Where the metrics endpoint listens, if anywhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Metrics(pub daemon::MetricsAt);
+pub(crate) struct Metrics(pub MetricsAt);
 
 fn parse_metrics(s: &str) -> Result<Metrics, String> {
     match s {
-        "off" => Ok(Metrics(daemon::MetricsAt::Off)),
-        "auto" => Ok(Metrics(daemon::MetricsAt::Auto)),
-        _ => s.parse().map(|a| Metrics(daemon::MetricsAt::At(a))).map_err(|_| {
+        "off" => Ok(Metrics(MetricsAt::Off)),
+        "auto" => Ok(Metrics(MetricsAt::Auto)),
+        _ => s.parse().map(|a| Metrics(MetricsAt::At(a))).map_err(|_| {
             format!("invalid metrics address '{s}': expected IP:PORT such as 127.0.0.1:9464, auto, or off")
         }),
     }
@@ -272,8 +275,8 @@ pub(crate) struct PolicySetArgs {
 
 impl DaemonArgs {
     /// The daemon's options, as these flags give them.
-    pub(crate) fn options(self) -> daemon::Options {
-        daemon::Options {
+    pub(crate) fn options(self) -> Options {
+        Options {
             iface: self.iface,
             wait_iface: self.wait_iface,
             config: self.config,

@@ -10,7 +10,7 @@ use std::{
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, setsockopt, socket, sockopt};
 
-use crate::daemon::ipc::{Request, Response};
+use crate::api::ipc::{Request, Response};
 
 /// How long one request may take, from connecting to the end of its answer.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(30);

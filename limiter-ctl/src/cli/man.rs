@@ -10,7 +10,7 @@ use std::{io, path::Path};
 use roff::{Roff, bold, italic, roman};
 
 use super::args::Cli;
-use crate::{config, daemon::ipc, kernel::pins};
+use crate::{api::ipc, config, kernel::pins};
 
 /// The top page to stdout, or (with `dir`) it, a page per subcommand, as the top page's
 /// SUBCOMMANDS section names them (limiter-ctl-policy.1, limiter-ctl-policy-set.1, ...), and

@@ -1,9 +1,11 @@
 //! The CLI room: the argument definitions (`args`), the human and JSON output of the read
 //! commands (`show`), and the client side of the control socket (`client`). `main` runs one
-//! command and maps its error to the exit code by the error's type.
+//! command and maps its error to the exit code by the error's type; `limiter-ctl daemon` it
+//! parses and hands back, for `crate::main` to run in the daemon room.
 //!
-//! It may use the daemon room (which it runs, and whose wire types it speaks), and through it
-//! the kernel and config rooms; nothing uses it. Its one error type is [`Error`].
+//! It may use the api room (the daemon's wire types and start options), the kernel room
+//! (`detach`, `config check --iface`) and the config room; nothing of the daemon, and nothing
+//! uses it. Its one error type is [`Error`].
 
 mod args;
 mod client;
@@ -13,19 +15,19 @@ mod logs;
 mod man;
 mod show;
 
-use std::{io::Write as _, process::ExitCode};
+use std::{io::Write as _, path::PathBuf, process::ExitCode};
 
 use args::{Cli, Command, ConfigCommand, ListCommand, PolicyCommand, SaltCommand};
 use clap::Parser as _;
 use client::ClientError;
 
 use crate::{
-    config::{self, List},
-    daemon::{
-        self,
+    api::{
         ipc::{PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+        start::Options,
         stats, top,
     },
+    config::{self, List},
     kernel::{self, pins},
 };
 
@@ -36,8 +38,9 @@ const FAILED: u8 = 1;
 /// What a command can fail with; [`exit_code`] tells bad input from failures.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Error {
-    #[error(transparent)]
-    Daemon(Box<daemon::Error>),
+    /// `config check --iface`: no such interface.
+    #[error("interface '{0}' does not exist (see `ip link`; --wait-iface waits for a late one)")]
+    NoSuchInterface(String),
     #[error(transparent)]
     Kernel(Box<kernel::Error>),
     #[error(transparent)]
@@ -54,8 +57,6 @@ pub(crate) enum Error {
     Json(serde_json::Error),
     #[error("writing the man pages: {0}")]
     ManPages(std::io::Error),
-    #[error("starting the async runtime failed: {0}")]
-    Runtime(std::io::Error),
     /// `config check`: the file cannot be read or does not parse (the error names the file).
     #[error(transparent)]
     BadFile(config::Error),
@@ -74,65 +75,81 @@ fn place(path: &std::path::Path, at: Option<(usize, usize)>) -> String {
 
 /// The exit code of an error: 2 for bad input, 1 for a failure.
 fn exit_code(e: &Error) -> u8 {
-    use daemon::Error as D;
     match e {
-        Error::Refused(_) | Error::BadFile(_) | Error::Invalid { .. } => BAD_INPUT,
-        Error::Daemon(d) => match **d {
-            D::File(_) | D::Config { .. } | D::DefaultPolicy(_) | D::NoSuchInterface(_) => BAD_INPUT,
-            _ => FAILED,
-        },
+        Error::Refused(_) | Error::BadFile(_) | Error::Invalid { .. } | Error::NoSuchInterface(_) => BAD_INPUT,
         Error::Kernel(_)
         | Error::Client(_)
         | Error::Failed(_)
         | Error::Unexpected(_)
         | Error::Json(_)
-        | Error::ManPages(_)
-        | Error::Runtime(_) => FAILED,
+        | Error::ManPages(_) => FAILED,
     }
 }
 
-/// Reports an error in one line on stderr and gives its exit code. A daemon that fails says
-/// what failed and every cause, each after a colon.
+/// Reports an error in one line on stderr and gives its exit code.
 fn fail(e: &Error) -> ExitCode {
-    let code = exit_code(e);
+    let line = match e {
+        // PATH:LINE:COL first, as compilers put it, for editors to jump to.
+        Error::BadFile(_) | Error::Invalid { .. } => escape::controls(&e.to_string(), true).into_owned(),
+        _ => format!("error: {}", escape::controls(&e.to_string(), true)),
+    };
+    say(exit_code(e), &line)
+}
+
+/// Reports why the daemon stopped, in one line on stderr, and gives its exit code: bad input
+/// (2) as itself; a failure (1) saying what failed and every cause, each after a colon.
+pub(crate) fn report_failure(e: &(dyn std::error::Error + 'static), bad_input: bool) -> ExitCode {
+    if bad_input {
+        return say(BAD_INPUT, &format!("error: {}", escape::controls(&e.to_string(), true)));
+    }
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    say(FAILED, &format!("error: {}", escape::controls(&line, false)))
+}
+
+/// Writes an error's line on stderr; `code` is the exit code.
+fn say(code: u8, line: &str) -> ExitCode {
     // Under systemd (the daemon, ExecReload=): filed in the journal as an error (see `logs`).
     if logs::is_journal(&std::io::stderr()) {
         eprint!("<3>");
     }
-    match e {
-        Error::Daemon(d) if code == FAILED => {
-            let mut line = d.to_string();
-            let mut source = std::error::Error::source(&**d);
-            while let Some(s) = source {
-                line.push_str(": ");
-                line.push_str(&s.to_string());
-                source = s.source();
-            }
-            eprintln!("error: {}", escape::controls(&line, false));
-        }
-        // PATH:LINE:COL first, as compilers put it, for editors to jump to.
-        Error::BadFile(_) | Error::Invalid { .. } => eprintln!("{}", escape::controls(&e.to_string(), true)),
-        _ => eprintln!("error: {}", escape::controls(&e.to_string(), true)),
-    }
+    eprintln!("{line}");
     ExitCode::from(code)
 }
 
-/// `limiter-ctl`: runs the command its arguments name.
-pub fn main() -> ExitCode {
+/// What [`main`] leaves to its caller.
+pub(crate) enum Run {
+    /// The command ran (or the arguments were refused, or were --help): exit with this.
+    Done(ExitCode),
+    /// `limiter-ctl daemon`, its logger installed: `crate::main` hands it to the daemon room (the
+    /// CLI reaches a daemon over its socket only), and [`report_failure`] says how it failed.
+    Daemon { options: Box<Options>, socket: PathBuf },
+}
+
+/// `limiter-ctl`: runs the command its arguments name, or returns the daemon's.
+pub(crate) fn main() -> Run {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
             eprintln!("{}", escape::controls(&one_line(&e.render().to_string()), false));
-            return ExitCode::from(BAD_INPUT);
+            return Run::Done(ExitCode::from(BAD_INPUT));
         }
         Err(e) => {
             // --help, --version (a closed pipe, `| head`, is no error)
             let _ = write!(std::io::stdout(), "{e}");
-            return ExitCode::SUCCESS;
+            return Run::Done(ExitCode::SUCCESS);
         }
     };
-    match cli.command {
-        Command::Daemon(args) => run_daemon(args, &cli.socket),
+    Run::Done(match cli.command {
+        Command::Daemon(args) => {
+            logs::init(args.log_format);
+            return Run::Daemon { options: Box::new(args.options()), socket: cli.socket };
+        }
         Command::Man { dir } => match man::write(dir.as_deref()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&Error::ManPages(e)),
@@ -189,7 +206,7 @@ pub fn main() -> ExitCode {
         }
         Command::Allow(cmd) => list_command(&cli.socket, List::Allow, cmd),
         Command::Deny(cmd) => list_command(&cli.socket, List::Deny, cmd),
-    }
+    })
 }
 
 /// Clap's error up to its first blank line, as one line: the message, and for a missing
@@ -199,18 +216,6 @@ fn one_line(rendered: &str) -> String {
     if text.is_empty() { "error: invalid arguments".into() } else { text.join(" ") }
 }
 
-fn run_daemon(args: args::DaemonArgs, socket: &std::path::Path) -> ExitCode {
-    logs::init(args.log_format);
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => return fail(&Error::Runtime(e)),
-    };
-    match runtime.block_on(daemon::run(args.options(), socket)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(&Error::Daemon(Box::new(e))),
-    }
-}
-
 /// `config check FILE`: the file read, parsed and validated as the daemon reads a config (at
 /// start and on reload), with no daemon and no kernel; a one-line summary.
 fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<String, Error> {
@@ -218,7 +223,7 @@ fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<String, E
         None => config::DEFAULT_MAX_FRAME,
         Some(iface) => kernel::interface_mtu(iface)
             .map(config::max_frame_for_mtu)
-            .ok_or_else(|| Error::Daemon(Box::new(daemon::Error::NoSuchInterface(iface.to_string()))))?,
+            .ok_or_else(|| Error::NoSuchInterface(iface.to_string()))?,
     };
     let text = config::read(path).map_err(Error::BadFile)?;
     let file = config::parse(path, &text).map_err(Error::BadFile)?;

@@ -3,7 +3,7 @@
 use comfy_table::{Cell, CellAlignment, Table, presets::NOTHING};
 use ipnet::IpNet;
 
-use crate::daemon::{ipc::PolicyStatus, stats, top};
+use crate::api::{ipc::PolicyStatus, stats, top};
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();

@@ -1,5 +1,6 @@
 //! What can stop the daemon, or make it refuse a change. Bad input (the config, the flags, the
-//! interface) is told apart from failures by its variant; the CLI maps each to its exit code.
+//! interface) is told apart from failures by its variant ([`Error::is_bad_input`]), which gives
+//! the exit code.
 
 use std::{fmt, io, net::SocketAddr, path::PathBuf};
 
@@ -44,6 +45,8 @@ pub enum Error {
     RestrictSocket { path: PathBuf, source: io::Error },
     #[error("binding the metrics endpoint on {addr} (--metrics off to disable)")]
     Metrics { addr: SocketAddr, source: io::Error },
+    #[error("starting the async runtime failed: {0}")]
+    Runtime(io::Error),
     #[error("installing the {signal} handler")]
     Signal { signal: &'static str, source: io::Error },
     #[error("watching the refusal ring: {0}")]
@@ -56,6 +59,13 @@ pub enum Error {
     UpdateMaps { error: Box<kernel::Error>, rollback: Rollback },
     #[error("{error}{rollback}")]
     SaveChange { error: config::Error, rollback: Rollback },
+}
+
+impl Error {
+    /// Bad input (the config, the flags, the interface): exit 2, where a failure exits 1.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, Self::File(_) | Self::Config { .. } | Self::DefaultPolicy(_) | Self::NoSuchInterface(_))
+    }
 }
 
 impl From<kernel::Error> for Error {

@@ -16,7 +16,7 @@ use prometheus_client::{
 use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
 
-use super::{Error, serve::Throttled, stats::Shared};
+use super::{Error, stats::Shared, throttled::Throttled};
 
 #[derive(Debug)]
 struct Exposition(Shared);
@@ -379,7 +379,7 @@ mod tests {
     use std::sync::{Arc, RwLock};
 
     use super::*;
-    use crate::daemon::{
+    use crate::api::{
         ipc::PolicyCounters,
         stats::{PolicyStats, Snapshot},
     };

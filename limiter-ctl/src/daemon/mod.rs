@@ -1,78 +1,57 @@
 //! The daemon room: `limiter-ctl daemon`. Validate the config, wait for the interface, claim it
 //! (one daemon per interface), load or adopt the program, make its maps say what the config
-//! says, attach, tell systemd it is ready, then serve the control socket until SIGTERM, SIGINT
-//! or SIGUSR2 (SIGUSR1 is logged and ignored), re-reading the config on SIGHUP and when its file
-//! changes (`serve`, `watch`);
-//! answering the probes (`health`); leave the program attached and pinned
-//! for the next daemon. A start that fails takes away what it made. Beside the loop: the wire types of the control
-//! socket, shared with the CLI (`ipc`), the counters sampled once a second (`stats`), the
-//! Prometheus endpoint (`metrics`) and the most-refused sources (`top`).
+//! says, attach, tell systemd it is ready (this file); then run the loop until SIGTERM,
+//! SIGINT or SIGUSR2 (SIGUSR1 is logged and ignored), and leave the program attached and
+//! pinned for the next daemon. A start that fails takes away what it made.
 //!
-//! Every change is validated whole before anything moves; then the kernel's maps are updated,
-//! then the config file is written (atomically). If the write fails the maps are put back.
-//! One log line per state change. The salt is drawn here and written to the kernel map only.
+//! The loop (`serve`) alone owns the running state (`serve::Daemon`); its other jobs each have
+//! a file:
+//! - `socket`: the control socket's server side: bind, accept, peer checks, a task per
+//!   connection that reads its request and writes the loop's answer;
+//! - `requests`: each request handled on the running rules;
+//! - `commit`: a new state made the running one, the kernel's maps then the file, the maps put
+//!   back if the file cannot be written;
+//! - `reload`: the config file re-read on SIGHUP, `limiter-ctl reload` and when it changes
+//!   (`watch`), and a hand edit caught up with before a change.
 //!
-//! It may use the kernel and config rooms, nothing of the CLI. Its one error type is [`Error`].
+//! Beside the loop: the counters sampled once a second (`stats`), the Prometheus endpoint
+//! (`metrics`), the probes (`health`), the most-refused sources (`top`), and rate-limited
+//! warnings (`throttled`).
+//!
+//! Every change is validated whole before anything moves. One log line per state change. The
+//! salt is drawn here and written to the kernel map only.
+//!
+//! It may use the api room (the wire types it answers with, the options it starts with), the
+//! kernel and config rooms; nothing of the CLI. Its one error type is [`Error`].
 
+mod commit;
 mod error;
 mod health;
-pub(crate) mod ipc;
 mod metrics;
+mod reload;
+mod requests;
 mod serve;
-pub(crate) mod stats;
-pub(crate) mod top;
+mod socket;
+mod stats;
+mod throttled;
+mod top;
 mod watch;
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
 
 use tokio::io::unix::AsyncFd;
 use tracing::{info, warn};
 
 pub use error::{Error, Rollback};
 use health::Health;
-use serve::{Daemon, Signals, bind};
+use serve::{Daemon, Signals};
+use socket::bind;
 
 use crate::{
-    config::{self, BurstEdit, Name, PolicyEdit, Rate, State},
-    kernel::{self, Limiter, MapView, ModeRequest, pins::PinDir},
+    api::start::{MetricsAt, Options},
+    config::{self, BurstEdit, Name, PolicyEdit, State},
+    kernel::{self, Limiter, MapView, pins::PinDir},
 };
-
-/// What `limiter-ctl daemon` was asked to do (its flags, parsed).
-// Fields paired by what they configure (rustfmt would put each on a line of its own).
-#[rustfmt::skip]
-#[derive(Debug)]
-pub(crate) struct Options {
-    /// The interface to protect, how long to wait for it to appear, and how to attach to it.
-    pub iface: String, pub wait_iface: Duration, pub mode: ModeRequest,
-    /// The policies and lists; loaded at start, re-read on SIGHUP, edited in place on every change.
-    pub config: PathBuf,
-    /// Watch the config file's directory and apply a changed file as SIGHUP does.
-    pub watch_config: bool,
-    /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
-    pub rate: Option<Rate>, pub burst: Option<u64>,
-    /// Buckets per generation and CPU, the count-min rows they are split into, and where the
-    /// maps and link are pinned.
-    pub buckets: u32, pub rows: u32, pub pin_dir: PathBuf,
-    /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
-    pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
-    /// The Prometheus endpoint; 1 in N refusals sampled for `top`.
-    pub metrics: MetricsAt, pub sample_refusals: u32,
-}
-
-/// Where the Prometheus endpoint listens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MetricsAt {
-    Off,
-    At(SocketAddr),
-    /// 127.0.0.1 on [`auto_metrics_port`] of the interface: one daemon per interface, each on a
-    /// port of its own without a flag per instance (the template unit uses it).
-    Auto,
-}
 
 /// The port `--metrics auto` listens on for `iface`: 9465 + (FNV-1a-32 of the name mod 535),
 /// 9465-9999. Deterministic, so Prometheus can be told it once; two names that land on the same
@@ -134,7 +113,13 @@ struct Made {
     pins: bool,
 }
 
-pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
+/// `limiter-ctl daemon`: runs the daemon on a runtime of its own until it stops.
+pub(crate) fn main(args: Options, socket: &Path) -> Result<(), Error> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(Error::Runtime)?;
+    runtime.block_on(run(args, socket))
+}
+
+async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let mut signals = Signals::install()?;
     reserve_descriptors();
     // Everything the operator gave is checked before anything is loaded, bound or waited for.
@@ -214,7 +199,7 @@ pub(crate) async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     // Fail static on purpose, whatever stopped the loop: the next daemon adopts the program, its
     // state and its salt; `limiter-ctl detach` is the one step that takes it off.
     let left = left_behind(daemon.limiter(), &pins, &args.iface, claim.mounted().is_some());
-    result.map(|_| ()).and(left)
+    result.and(left)
 }
 
 /// The exit report, checked rather than assumed: the pins are all there and the program on the
@@ -306,7 +291,7 @@ async fn start(
     desired: impl Fn(&BTreeMap<Name, u16>) -> Result<State, Error>,
     probes: Probes,
     made: &mut Made,
-) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>), Error> {
+) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<kernel::Refusals>), Error> {
     let Probes { shared, health, metrics_addr } = probes;
     let listener = bind(socket)?;
     made.socket = true;
@@ -325,9 +310,10 @@ async fn start(
     let longest_window = before.max_window().max(state.max_window());
     limiter.apply(&before, &MapView::of(&state))?;
     limiter.set_sampling(args.sample_refusals)?;
-    // SAFETY: the ring owns its descriptor and keeps it open for as long as the AsyncFd lives.
+    // SAFETY: the stream owns its descriptor (the ring's) and keeps it open for as long as the
+    // AsyncFd lives.
     let refusals =
-        unsafe { AsyncFd::register(limiter.take_refusals()?) }.map_err(|e| Error::RefusalRing(e.into_parts().1))?;
+        unsafe { AsyncFd::register(limiter.refusals()?) }.map_err(|e| Error::RefusalRing(e.into_parts().1))?;
     let attached = limiter.attach(&args.iface, args.mode)?;
     if let Some(error) = &attached.mode_unknown {
         warn!(iface = %args.iface, %error, mode = %attached.mode, "could not ask the kernel which mode the replaced limiter's link is in (rtnetlink): stats and metrics assume this one; under systemd, the unit must allow AF_NETLINK");

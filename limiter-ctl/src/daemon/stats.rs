@@ -1,130 +1,19 @@
-//! What the daemon reports: a snapshot of the kernel's counters, summed over CPUs, with rates
-//! over the last sampling interval. Taken once a second by the daemon's loop; `limiter-ctl
-//! stats` and the Prometheus endpoint read the latest snapshot, never the maps, so they answer
-//! fast whatever the load.
+//! Taking what the daemon reports: a snapshot of the kernel's counters, summed over CPUs, with
+//! rates over the last sampling interval (`api::stats`). Taken once a second by the daemon's
+//! loop; `limiter-ctl stats` and the Prometheus endpoint read the latest snapshot, never the
+//! maps, so they answer fast whatever the load.
 
 use std::{
     sync::{Arc, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use aya::maps::{MapData, PerCpuArray};
-use limiter_common::{gcra, maps::Counters};
-use serde::{Deserialize, Serialize};
+use limiter_common::maps::Counters;
 
-use super::ipc::PolicyCounters;
-use crate::config::State;
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Rates {
-    pub admitted_per_s: f64,
-    pub refused_per_s: f64,
-    pub dry_run_per_s: f64,
-    pub allowed_per_s: f64,
-    pub denied_per_s: f64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct PolicyStats {
-    pub name: String,
-    pub id: u16,
-    /// Since the policy was created (they survive daemon restarts).
-    pub totals: PolicyCounters,
-    /// Over the last sampling interval.
-    pub rates: Rates,
-    /// How the policy judges: `enforce` or `dry-run`, `cpu` or `host`, `packets` or `bytes`.
-    #[serde(default)]
-    pub mode: String,
-    #[serde(default)]
-    pub scope: String,
-    #[serde(default)]
-    pub unit: String,
-}
-
-/// Traffic no policy judged, and the limiter's own faults.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Unjudged {
-    pub not_ip: u64,
-    pub malformed: u64,
-    pub unmatched: u64,
-    pub errors: u64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Snapshot {
-    /// Wall-clock time of the snapshot, ms since the Unix epoch.
-    pub taken_at_ms: u64,
-    /// The interval the rates were measured over, in seconds.
-    pub interval_s: f64,
-    pub policies: Vec<PolicyStats>,
-    pub unjudged: Unjudged,
-    /// TCP/UDP whose destination port could not be read (tiny first fragments, over-long IPv6
-    /// extension chains), dropped while port policies exist.
-    #[serde(default)]
-    pub unreadable_ports: u64,
-    /// Every packet the deny list dropped, whether a policy matched it or not (each policy's
-    /// `denied_packets` are its share; `no_policy` has the rest). Removing a policy takes its
-    /// share out.
-    #[serde(default)]
-    pub denied: u64,
-    /// Every packet the allow list passed, whether a policy matched it or not.
-    #[serde(default)]
-    pub allowed: u64,
-    /// Allow and deny list hits of traffic no policy matched (counted in the kernel's slot 0).
-    #[serde(default)]
-    pub no_policy: ListHits,
-    pub attach_mode: String,
-    pub salt_age_s: f64,
-    /// Fraction of buckets (over CPUs) whose TAT is ahead of now: the chance that a newcomer
-    /// shares an allowance with a busy source. None until first measured.
-    pub bucket_occupancy: Option<f64>,
-    /// Config reloads since start (SIGHUP, `limiter-ctl reload`).
-    #[serde(default)]
-    pub reloads: Reloads,
-    /// `--rotate-every` in seconds (None: rotated only on request).
-    #[serde(default)]
-    pub rotate_every_s: Option<f64>,
-}
-
-/// Config reloads since the daemon started, applied and refused.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Reloads {
-    pub applied: u64,
-    pub refused: u64,
-    /// Whether the last reload was applied (true before any: the config loaded at start).
-    pub last_successful: bool,
-    /// When the running config was last loaded (at start or by a reload), ms since the epoch.
-    pub last_success_ms: u64,
-}
-
-impl Default for Reloads {
-    fn default() -> Self {
-        Self { applied: 0, refused: 0, last_successful: true, last_success_ms: now_ms() }
-    }
-}
-
-impl Reloads {
-    pub fn record(&mut self, applied: bool) {
-        if applied {
-            self.applied += 1;
-            self.last_success_ms = now_ms();
-        } else {
-            self.refused += 1;
-        }
-        self.last_successful = applied;
-    }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Packets a list decided, with no policy behind them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ListHits {
-    pub allowed_packets: u64,
-    pub denied_packets: u64,
-}
+use crate::{
+    api::stats::{ListHits, PolicyStats, Rates, Reloads, Snapshot, Unjudged},
+    config::State,
+};
 
 pub type Shared = Arc<RwLock<Snapshot>>;
 
@@ -200,19 +89,4 @@ impl Sampler {
             rotate_every_s: None,
         }
     }
-}
-
-/// Scans the current generation's buckets (on its own thread: it reads every bucket of every
-/// CPU) and returns the fraction whose TAT is ahead of `now`: every bucket that can refuse a
-/// packet (all policies share one clock, whoever wrote the bucket).
-pub fn occupancy(buckets: &PerCpuArray<MapData, u64>, generation: u32, count: u32, now_ns: u64) -> Option<f64> {
-    let (mut ahead, mut total) = (0u64, 0u64);
-    for index in generation * count..(generation + 1) * count {
-        let values = buckets.get(&index, 0).ok()?;
-        for &value in values.iter() {
-            total += 1;
-            ahead += u64::from(gcra::ahead_ns(value, now_ns) > 0);
-        }
-    }
-    (total > 0).then(|| ahead as f64 / total as f64)
 }

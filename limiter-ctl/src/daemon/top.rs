@@ -10,9 +10,11 @@ use std::{
 
 use ipnet::IpNet;
 use limiter_common::{key::FAMILY_V4, maps::RefusalSample};
-use serde::{Deserialize, Serialize};
 
-use crate::config::State;
+use crate::{
+    api::top::{Entry, Report},
+    config::State,
+};
 
 pub const WINDOW: Duration = Duration::from_secs(10);
 const SLOT: Duration = Duration::from_secs(1);
@@ -23,25 +25,6 @@ struct Key {
     net: IpNet,
     dport: u16,
     dry_run: bool,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Entry {
-    pub prefix: IpNet,
-    pub policy: String,
-    /// Present when the policy keys on the destination port.
-    pub dport: Option<u16>,
-    pub dry_run: bool,
-    pub samples: u64,
-    /// Refusals per second this prefix is estimated to cause: samples x N / window.
-    pub refused_per_s: f64,
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Report {
-    pub window_s: u64,
-    pub sample_one_in: u32,
-    pub entries: Vec<Entry>,
 }
 
 pub struct Top {

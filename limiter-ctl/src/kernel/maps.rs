@@ -1,46 +1,56 @@
-//! Reading and writing the program's maps: its config, policies, counters, the refusal ring
-//! and the buckets.
+//! Reading and writing the program's maps: its policies, the counters, and a scan of the
+//! buckets. (Its config is read and written in `load`; the refusal ring is `refusals`.)
 
 use std::os::fd::AsFd as _;
 
-use aya::maps::{Map, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Map, MapData, PerCpuArray};
 use limiter_common::{
     gcra,
-    maps::{Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_POLICIES, MAP_REFUSALS, MAX_POLICIES, Policy},
+    maps::{Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_POLICIES, MAX_POLICIES, Policy},
 };
 
 use super::{Error, Limiter, host};
 
-/// The daemon's default sampling of refusals for `limiter-ctl top` (`--sample-refusals`).
-pub const DEFAULT_SAMPLE_REFUSALS: u32 = 256;
+/// The current generation's buckets, on a handle of their own: the scan reads every bucket of
+/// every CPU, so the daemon runs it on a thread of its own, off its loop.
+pub struct BucketScan {
+    buckets: PerCpuArray<MapData, u64>,
+    /// The current generation's first bucket, and how many it has.
+    first: u32,
+    count: u32,
+}
+
+impl BucketScan {
+    /// The fraction of the buckets (over CPUs) whose TAT is ahead of now: every bucket that can
+    /// refuse a packet (all policies share one clock, whoever wrote the bucket). None when a
+    /// read fails, or there are no buckets.
+    pub fn occupancy(&self) -> Option<f64> {
+        let now_ns = host::monotonic_ns();
+        let (mut ahead, mut total) = (0u64, 0u64);
+        for index in self.first..self.first + self.count {
+            let values = self.buckets.get(&index, 0).ok()?;
+            for &value in values.iter() {
+                total += 1;
+                ahead += u64::from(gcra::ahead_ns(value, now_ns) > 0);
+            }
+        }
+        (total > 0).then(|| ahead as f64 / total as f64)
+    }
+}
 
 impl Limiter {
-    /// Samples 1 in `one_in` refusals (a power of two; 0: none) into the `REFUSALS` ring.
-    pub fn set_sampling(&mut self, one_in: u32) -> Result<(), Error> {
-        let mut config = self.read_config()?;
-        config.flags &= !Config::SAMPLE_REFUSALS;
-        if one_in > 0 {
-            config.flags |= Config::SAMPLE_REFUSALS;
-            config.sample_mask = one_in.next_power_of_two() - 1;
-        }
-        self.store_config(&config)
-    }
-
-    /// The ring of sampled refusals, for the daemon to drain (it can be taken once).
-    pub(crate) fn take_refusals(&mut self) -> Result<RingBuf<MapData>, Error> {
-        let map = self.ebpf.take_map(MAP_REFUSALS).ok_or(Error::Missing { kind: "map", name: MAP_REFUSALS })?;
-        RingBuf::try_from(map).map_err(|source| Error::Map { name: MAP_REFUSALS, source })
-    }
-
-    /// A handle of its own on the buckets, for scanning them off the daemon's loop.
-    pub(crate) fn open_buckets(&self) -> Result<PerCpuArray<MapData, u64>, Error> {
+    /// A scan of the current generation's buckets, to run off the daemon's loop.
+    pub(crate) fn bucket_scan(&self) -> Result<BucketScan, Error> {
         let Map::PerCpuArray(data) = self.map(MAP_BUCKETS)? else {
             return Err(Error::NotPerCpu(MAP_BUCKETS));
         };
         // A duplicate of our own descriptor: reopening the map by id would need CAP_SYS_ADMIN.
         let fd = data.fd().as_fd().try_clone_to_owned()?;
         let data = MapData::from_fd(fd).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
-        PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|source| Error::Map { name: MAP_BUCKETS, source })
+        let buckets =
+            PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|source| Error::Map { name: MAP_BUCKETS, source })?;
+        let (generation, count) = (self.read_config()?.generation & 1, self.buckets());
+        Ok(BucketScan { buckets, first: generation * count, count })
     }
 
     /// Writes a policy slot (an inactive `policy` removes it), carrying the slot's claim over

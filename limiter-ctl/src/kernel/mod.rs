@@ -4,6 +4,10 @@
 //! maps from one state to another, touching only what differs (`view`). One `impl Limiter` per
 //! concern, each in its file. `host` answers what the host is (interfaces, the clock).
 //!
+//! It hands the daemon what it reads, never a map: the counters summed per policy
+//! (`Limiter::counters`), the sampled refusals as a stream to drain ([`Refusals`], `refusals`),
+//! and a scan of the buckets to run off the loop ([`BucketScan`]).
+//!
 //! It may use the config room (the state it compiles into the maps), nothing of the daemon or
 //! the CLI. Its one error type is [`Error`].
 
@@ -14,6 +18,7 @@ mod load;
 mod maps;
 mod objects;
 pub(crate) mod pins;
+mod refusals;
 mod rotate;
 #[cfg(feature = "testing")]
 mod testing;
@@ -22,7 +27,8 @@ mod view;
 pub use attach::{AttachMode, Attached, ModeRequest};
 pub use error::{Error, Incompatible, MapShape};
 pub use load::Limiter;
-pub use maps::DEFAULT_SAMPLE_REFUSALS;
+pub use maps::BucketScan;
+pub use refusals::{DEFAULT_SAMPLE_REFUSALS, Refusals};
 pub use rotate::draw_salt;
 pub use view::MapView;
 

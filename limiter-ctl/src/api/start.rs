@@ -1,0 +1,39 @@
+//! How the daemon is started: `limiter-ctl daemon`'s flags, parsed by the CLI and run by the
+//! daemon (`lib.rs` hands one to the other).
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use crate::{config::Rate, kernel::ModeRequest};
+
+/// What `limiter-ctl daemon` was asked to do (its flags, parsed).
+// Fields paired by what they configure (rustfmt would put each on a line of its own).
+#[rustfmt::skip]
+#[derive(Debug)]
+pub(crate) struct Options {
+    /// The interface to protect, how long to wait for it to appear, and how to attach to it.
+    pub iface: String, pub wait_iface: Duration, pub mode: ModeRequest,
+    /// The policies and lists; loaded at start, re-read on SIGHUP, edited in place on every change.
+    pub config: PathBuf,
+    /// Watch the config file's directory and apply a changed file as SIGHUP does.
+    pub watch_config: bool,
+    /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
+    pub rate: Option<Rate>, pub burst: Option<u64>,
+    /// Buckets per generation and CPU, the count-min rows they are split into, and where the
+    /// maps and link are pinned.
+    pub buckets: u32, pub rows: u32, pub pin_dir: PathBuf,
+    /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
+    pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
+    /// The Prometheus endpoint; 1 in N refusals sampled for `top`.
+    pub metrics: MetricsAt, pub sample_refusals: u32,
+}
+
+/// Where the Prometheus endpoint listens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MetricsAt {
+    Off,
+    At(SocketAddr),
+    /// 127.0.0.1 on a port derived from the interface's name (`daemon::auto_metrics_port`):
+    /// one daemon per interface, each on a port of its own without a flag per instance (the
+    /// template unit uses it).
+    Auto,
+}
