@@ -4,6 +4,7 @@
 //! fast whatever the load.
 
 use std::{
+    collections::BTreeMap,
     sync::{Arc, RwLock},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -13,7 +14,7 @@ use limiter_common::{gcra, maps::Counters};
 use serde::{Deserialize, Serialize};
 
 use super::ipc::PolicyCounters;
-use crate::config::State;
+use crate::config::{FIELDS, State};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rates {
@@ -32,13 +33,22 @@ pub struct PolicyStats {
     pub totals: PolicyCounters,
     /// Over the last sampling interval.
     pub rates: Rates,
-    /// How the policy judges: `enforce` or `dry-run`, `cpu` or `host`, `packets` or `bytes`.
-    #[serde(default)]
-    pub mode: String,
-    #[serde(default)]
-    pub scope: String,
-    #[serde(default)]
-    pub unit: String,
+    /// How the policy judges, beside the fields above: its labels (`"mode": "enforce"`, `"scope":
+    /// "cpu"`, `"unit": "packets"`; see `PolicyDef::labels`).
+    #[serde(flatten, deserialize_with = "labels")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Of the fields the struct does not know, the labels: text under a label's key. Any other
+/// field (from a newer daemon) is left alone, as a struct leaves it.
+fn labels<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let keys: Vec<&str> = FIELDS.iter().filter(|f| !f.words.is_empty()).map(|f| f.key).collect();
+    let all = BTreeMap::<String, serde_json::Value>::deserialize(d)?;
+    Ok(all
+        .into_iter()
+        .filter(|(key, _)| keys.contains(&key.as_str()))
+        .filter_map(|(key, value)| Some((key, value.as_str()?.to_string())))
+        .collect())
 }
 
 /// Traffic no policy judged, and the limiter's own faults.
@@ -167,9 +177,7 @@ impl Sampler {
                         allowed_per_s: rate(id, |c| c.allowed_packets),
                         denied_per_s: rate(id, |c| c.denied_packets),
                     },
-                    mode: e.def.mode.as_str().to_string(),
-                    scope: e.def.scope.as_str().to_string(),
-                    unit: e.def.unit.as_str().to_string(),
+                    labels: e.def.labels().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
                 }
             })
             .collect();
