@@ -224,3 +224,25 @@ pub fn occupancy(buckets: &PerCpuArray<MapData, u64>, generation: u32, count: u3
     }
     (total > 0).then(|| ahead as f64 / total as f64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The labels sit beside the other fields on the wire, as `mode`, `scope` and `unit` did;
+    /// a field a newer daemon adds is left alone, whatever its type.
+    #[test]
+    fn labels_are_flat_on_the_wire() {
+        let labels: BTreeMap<String, String> =
+            [("mode", "dry-run"), ("scope", "host"), ("unit", "bytes")].map(|(k, v)| (k.into(), v.into())).into();
+        let stats = PolicyStats { name: "dns".into(), id: 3, labels, ..PolicyStats::default() };
+        let mut json = serde_json::to_value(&stats).unwrap();
+        assert_eq!(
+            (json["mode"].as_str(), json["scope"].as_str(), json["unit"].as_str()),
+            (Some("dry-run"), Some("host"), Some("bytes"))
+        );
+        assert_eq!(serde_json::from_value::<PolicyStats>(json.clone()).unwrap(), stats);
+        json["newer"] = serde_json::json!(7);
+        assert_eq!(serde_json::from_value::<PolicyStats>(json).unwrap(), stats);
+    }
+}
