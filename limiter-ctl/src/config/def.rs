@@ -453,16 +453,7 @@ pub(crate) mod tests {
     #[test]
     fn an_edit_changes_only_the_fields_given() {
         let name: Name = "dns".parse().unwrap();
-        let existing = PolicyDef {
-            name: name.clone(),
-            matches: "udp:53".parse().unwrap(),
-            rate: "100/s".parse().unwrap(),
-            burst: Some(20),
-            key: "src/24".parse().unwrap(),
-            unit: Unit::Packets,
-            mode: Mode::DryRun,
-            scope: Scope::Host,
-        };
+        let existing = every_field_set();
         let rate = PolicyEdit { rate: Some("500/s".parse().unwrap()), ..PolicyEdit::default() };
         let changed = rate.apply(&name, Some(&existing)).unwrap();
         assert_eq!(changed, PolicyDef { rate: "500/s".parse().unwrap(), ..existing.clone() });
