@@ -6,6 +6,7 @@
 
 pub mod gcra;
 pub mod key;
+pub mod limits;
 pub mod maps;
 pub mod rows;
 pub mod sample;

@@ -21,6 +21,8 @@
 //!
 //! Finding a packet's policy is two array reads whatever the number of policies.
 
+// The maps' sizes and the frame weight cap, beside the layouts they size.
+pub use crate::limits::{MAX_ACL_ENTRIES, MAX_FRAME_WEIGHT, MAX_POLICIES};
 use crate::{gcra::Gcra, siphash::SipInit};
 
 pub const PROGRAM: &str = "limiter";
@@ -47,21 +49,15 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 pub const LAYOUT_VERSION: u64 = 5;
 pub const POLICY_NAME_LEN: usize = 32;
 
-/// Entries per allow/deny trie (each family).
-pub const MAX_ACL_ENTRIES: u32 = 16_384;
 /// ACL values: allowed sources bypass limiting; denied ones are always dropped.
 pub const ACL_ALLOW: u8 = 1;
 pub const ACL_DENY: u8 = 2;
 
-/// Policy ids are 1..MAX_POLICIES; 0 means none.
-pub const MAX_POLICIES: u32 = 256;
 /// Two sets of buckets, so a salt rotation can judge against the old and the new.
 pub const GENERATIONS: u32 = 2;
 pub const DEFAULT_BUCKETS: u32 = 65_536;
 pub const MIN_BUCKETS: u32 = 1 << 4;
 pub const MAX_BUCKETS: u32 = 1 << 24;
-/// Byte-mode weights are capped here (a frame larger than this is charged this much).
-pub const MAX_FRAME_WEIGHT: u64 = 65_535;
 
 /// Protocol classes: port tables exist for the first two.
 pub const CLASS_TCP: usize = 0;

@@ -169,12 +169,8 @@ fn configure(
             .with_policy(PolicyDef {
                 name: format!("p{i}").parse()?,
                 matches: matches.parse()?,
-                rate: rate.parse()?,
-                burst: Some(*burst),
-                key: Default::default(),
-                unit: Default::default(),
-                mode: Default::default(),
                 scope,
+                ..PolicyDef::any(rate.parse()?, *burst)
             })
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }

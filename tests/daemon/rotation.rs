@@ -24,7 +24,8 @@ use limiter_common::{
 };
 use limiter_ctl::{
     Limiter,
-    config::{PolicySpec, Rate},
+    config::{PolicyDef, Rate},
+    kernel::compile,
 };
 use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper, nanos, since, stall_cost},
@@ -744,7 +745,7 @@ fn a_hot_path_fault_passes_and_is_counted() {
     // BPF_PROG_TEST_RUN runs on the calling CPU; the counters are per CPU.
     pin_current_thread(flood_cpu()).expect("pinning");
     let rate: Rate = "1/s".parse().expect("rate");
-    let policy = PolicySpec::any(rate, 1).compile(1).expect("policy");
+    let policy = compile::policy(&PolicyDef::any(rate, 1), 1).expect("policy");
     let mut limiter =
         udp_limiter(BUCKETS, limiter_common::SipKey { k0: 1, k1: 2 }, &policy).expect("loading the limiter");
     let config = limiter.config().expect("config");

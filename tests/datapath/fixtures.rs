@@ -15,7 +15,8 @@ use limiter_common::{
 };
 use limiter_ctl::{
     Limiter,
-    config::{KeySpec, Mode, PolicySpec, Rate, Unit},
+    config::{KeySpec, Mode, PolicyDef, Rate, Unit},
+    kernel::compile,
 };
 use limiter_tests::{
     cpu::pin_current_thread,
@@ -232,8 +233,8 @@ fn frames_shorter_than_ethernet_never_reach_the_program() {
 /// A policy of 10 per minute with a burst of 5: slow enough that no refill happens between
 /// packets sent microseconds apart, even on a loaded machine.
 fn burst_policy(id: u16) -> Policy {
-    let spec = PolicySpec::any(Rate { count: 10, period_ns: 60_000_000_000 }, 5);
-    spec.compile(id).expect("10/min burst 5 is representable")
+    let spec = PolicyDef::any(Rate { count: 10, period_ns: 60_000_000_000 }, 5);
+    compile::policy(&spec, id).expect("10/min burst 5 is representable")
 }
 
 #[test]
@@ -305,7 +306,8 @@ fn a_memo_refusal_ends_when_the_allowance_returns() {
     const T: Duration = Duration::from_millis(100);
     const CYCLES: usize = 4;
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
-    let policy = PolicySpec::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1).compile(1).expect("10/s burst 1");
+    let policy =
+        compile::policy(&PolicyDef::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1), 1).expect("10/s burst 1");
     for rows in [1, 4] {
         let limiter = judging_all_by(
             Limiter::load_rows_without_tick_refusal(BUCKETS, rows).expect("loading the limiter"),
@@ -364,7 +366,7 @@ fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
     let slack = Duration::from_nanos(limiter_common::tick::SLACK_NS);
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
     let rate = Rate { count: 1000, period_ns: 1000 * T.as_nanos() as u64 };
-    let policy = PolicySpec::any(rate, 1).compile(1).expect("1000 per 100.37 s, burst 1");
+    let policy = compile::policy(&PolicyDef::any(rate, 1), 1).expect("1000 per 100.37 s, burst 1");
     for rows in [1, 4] {
         let limiter = judging_all_by(Limiter::load_rows(BUCKETS, rows).expect("loading the limiter"), &policy);
         let timed = || timed_run(&limiter, &frame);
@@ -414,8 +416,8 @@ fn a_tick_refused_flood_keeps_its_allowance() {
     const RUN: Duration = Duration::from_millis(1200);
     let slack_ns = limiter_common::tick::SLACK_NS;
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
-    let spec = PolicySpec::any(Rate { count: 1000, period_ns: 1_000_000_000 }, 100);
-    let policy = spec.compile(1).expect("1000/s burst 100");
+    let spec = PolicyDef::any(Rate { count: 1000, period_ns: 1_000_000_000 }, 100);
+    let policy = compile::policy(&spec, 1).expect("1000/s burst 100");
     let shape = limiter_tests::kernel_programs::Shape::DAEMON;
     let mut limiter = Limiter::load_rows(BUCKETS, shape.rows).expect("loading the limiter");
     limiter.set_sampling(shape.sample_refusals).expect("refusal sampling");
@@ -470,11 +472,11 @@ fn an_at_rate_source_is_never_refused_beside_a_memo_refused_flood() {
     const RUN: Duration = Duration::from_millis(600);
     let datagram = |s| ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(s, 10)).datagram(&udp(1000, 53, 16)));
     let (flood, steady) = (datagram(0), datagram(1));
-    let spec = PolicySpec::any(Rate { count: 20, period_ns: 1_000_000_000 }, 2);
+    let spec = PolicyDef::any(Rate { count: 20, period_ns: 1_000_000_000 }, 2);
     for rows in [1, 4] {
         let mut limiter = Limiter::load_rows(BUCKETS, rows).expect("loading the limiter");
         limiter.set_salt(SALT).expect("salt");
-        limiter.set_policy(&spec.compile(1).expect("20/s burst 2")).expect("policy");
+        limiter.set_policy(&compile::policy(&spec, 1).expect("20/s burst 2")).expect("policy");
         limiter.set_default_policy(1).expect("default policy");
         let run = |frame: &[u8]| limiter.test_run(frame).expect("test run");
         let start = Instant::now();
@@ -500,7 +502,7 @@ fn an_at_rate_source_is_never_refused_beside_a_memo_refused_flood() {
             }
         }
         let elapsed = start.elapsed();
-        let gcra = spec.compile(1).expect("policy").gcra;
+        let gcra = compile::policy(&spec, 1).expect("policy").gcra;
         let bound = gcra.bound(elapsed.as_nanos() as u64);
         assert!(flood_admitted <= bound, "rows {rows}: the flood got {flood_admitted}, bound {bound}");
         assert!(
@@ -707,8 +709,8 @@ fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
         limiter.set_salt(SALT).expect("salt");
         for &(id, dport, unit, mode) in shape.policies {
             let key = KeySpec { dport, ..KeySpec::default() };
-            let spec = PolicySpec { unit, mode, ..permissive(key) };
-            limiter.set_policy(&spec.compile(id).expect("policy")).expect("policy");
+            let spec = PolicyDef { unit, mode, ..permissive(key) };
+            limiter.set_policy(&compile::policy(&spec, id).expect("policy")).expect("policy");
         }
         let old = limiter.read_view().expect("view");
         let mut new = old.clone();

@@ -18,7 +18,8 @@ use limiter_common::{
 };
 use limiter_ctl::{
     ModeRequest,
-    config::{PolicySpec, Rate},
+    config::{PolicyDef, Rate},
+    kernel::compile,
 };
 use limiter_tests::{
     bounds::Judged,
@@ -56,7 +57,7 @@ impl Loss {
 /// `rows` rows, then sends one packet from each of `innocents` others (198.18.0.0/16).
 fn measure(net: &TestNet, buckets: u32, rows: u32, flooders: u32, innocents: u32) -> Loss {
     let rate: Rate = "10/min".parse().expect("rate");
-    let policy = PolicySpec::any(rate, 5).compile(POLICY).expect("policy");
+    let policy = compile::policy(&PolicyDef::any(rate, 5), POLICY).expect("policy");
     let mut limiter = udp_limiter(buckets, SALT, &policy).expect("loading the limiter");
     let mut config = limiter.config().expect("config");
     config.rows = rows;

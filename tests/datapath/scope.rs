@@ -22,7 +22,8 @@ use limiter_common::{
 };
 use limiter_ctl::{
     Limiter, ModeRequest,
-    config::{PolicySpec, Rate, Scope},
+    config::{PolicyDef, Rate, Scope},
+    kernel::compile,
 };
 use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper_over, first},
@@ -68,10 +69,10 @@ fn two_cpus_for(test: &str) -> Option<[usize; 2]> {
 /// of `rate` and `burst`.
 fn load(rate: &str, burst: u64) -> anyhow::Result<(Limiter, Gcra)> {
     let rate: Rate = rate.parse()?;
-    let compile = |scope, id| {
-        PolicySpec { scope, ..PolicySpec::any(rate, burst) }.compile(id).map_err(|e| anyhow!("{rate}: {e}"))
+    let record = |scope, id| {
+        compile::policy(&PolicyDef { scope, ..PolicyDef::any(rate, burst) }, id).map_err(|e| anyhow!("{rate}: {e}"))
     };
-    let (host, cpu) = (compile(Scope::Host, HOST)?, compile(Scope::Cpu, CPU)?);
+    let (host, cpu) = (record(Scope::Host, HOST)?, record(Scope::Cpu, CPU)?);
     ensure!(host.flags & Policy::SCOPE_HOST != 0 && cpu.flags & Policy::SCOPE_HOST == 0, "scopes compiled wrong");
     let mut limiter = Limiter::load(BUCKETS).context("loading the limiter")?;
     limiter.set_salt(SALT)?;

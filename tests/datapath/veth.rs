@@ -18,7 +18,8 @@ use anyhow::{Context as _, anyhow};
 use limiter_common::{FlowKey, Gcra, SipKey, key::FAMILY_V4, maps::Counters};
 use limiter_ctl::{
     Limiter, ModeRequest,
-    config::{PolicySpec, Rate},
+    config::{PolicyDef, Rate},
+    kernel::compile,
 };
 use limiter_tests::{
     bounds::{Judged, check_bounds, check_overload, first},
@@ -253,8 +254,8 @@ fn auto_mode_falls_back_to_skb_on_a_bridge_and_still_limits() {
 
 fn policy(rate: &str, burst: u64) -> anyhow::Result<limiter_common::maps::Policy> {
     let rate: Rate = rate.parse()?;
-    let spec = PolicySpec::any(rate, burst);
-    spec.compile(POLICY).map_err(|e| anyhow!("{rate} burst {burst}: {e}"))
+    let spec = PolicyDef::any(rate, burst);
+    compile::policy(&spec, POLICY).map_err(|e| anyhow!("{rate} burst {burst}: {e}"))
 }
 
 /// Packets per second of a rate written in this file.

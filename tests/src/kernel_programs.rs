@@ -18,7 +18,8 @@ use limiter_common::{
 };
 use limiter_ctl::{
     Limiter,
-    config::{KeySpec, PolicySpec, Rate},
+    config::{KeySpec, PolicyDef, Rate},
+    kernel::compile,
     objects,
 };
 
@@ -32,8 +33,8 @@ const PROBE_MAP: &str = "PROBE";
 const PROBE_POLICY_MAP: &str = "PROBE_POLICY";
 
 /// A policy no test refuses anything under: 10^9 per second, burst 10^6.
-pub fn permissive(key: KeySpec) -> PolicySpec {
-    PolicySpec { key, ..PolicySpec::any(Rate { count: 1_000_000_000, period_ns: 1_000_000_000 }, 1_000_000) }
+pub fn permissive(key: KeySpec) -> PolicyDef {
+    PolicyDef { key, ..PolicyDef::any(Rate { count: 1_000_000_000, period_ns: 1_000_000_000 }, 1_000_000) }
 }
 
 /// The real limiter loaded in-process with `salt` and `policy` (compiled under its own id),
@@ -98,7 +99,7 @@ impl Probe {
             .try_into()
             .context("limiter_probe is not XDP")?;
         program.load().context("the verifier rejected limiter_probe")?;
-        let policy = permissive(PROBE_KEY).compile(ParseProbe::POLICY_ID).map_err(|e| anyhow!("{e}"))?;
+        let policy = compile::policy(&permissive(PROBE_KEY), ParseProbe::POLICY_ID).map_err(|e| anyhow!("{e}"))?;
         let map = ebpf.map_mut(PROBE_POLICY_MAP).context("no PROBE_POLICY map")?;
         Array::<_, Policy>::try_from(map)?.set(0, policy, 0).context("writing PROBE_POLICY")?;
         Ok(Self { ebpf })
@@ -160,7 +161,7 @@ impl Judge {
         let mut limiter = Limiter::load(buckets).context("loading the limiter")?;
         limiter.set_salt(salt)?;
         for id in 1..=Self::PORT_POLICY {
-            let policy = permissive(key).compile(id).map_err(|e| anyhow!("{e}"))?;
+            let policy = compile::policy(&permissive(key), id).map_err(|e| anyhow!("{e}"))?;
             limiter.set_policy(&policy)?;
         }
         let old = limiter.read_view()?;

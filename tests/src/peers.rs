@@ -140,12 +140,7 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
             let def = PolicyDef {
                 name: "flood".parse()?,
                 matches: "udp:9".parse()?,
-                rate: format!("{}/s", policy.rate_per_s).parse()?,
-                burst: Some(u64::from(policy.burst)),
-                key: Default::default(),
-                unit: Default::default(),
-                mode: Default::default(),
-                scope: Default::default(),
+                ..PolicyDef::any(format!("{}/s", policy.rate_per_s).parse()?, u64::from(policy.burst))
             };
             let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!("{e}"))?;
             limiter.sync(&State::default(), &state)?;

@@ -2,11 +2,15 @@
 //! with rates over the last sampling interval (the daemon's `stats` takes it; `/metrics`
 //! exposes the same).
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::{
+    collections::BTreeMap,
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 use serde::{Deserialize, Serialize};
 
 use super::ipc::PolicyCounters;
+use crate::config::FIELDS;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rates {
@@ -25,13 +29,22 @@ pub struct PolicyStats {
     pub totals: PolicyCounters,
     /// Over the last sampling interval.
     pub rates: Rates,
-    /// How the policy judges: `enforce` or `dry-run`, `cpu` or `host`, `packets` or `bytes`.
-    #[serde(default)]
-    pub mode: String,
-    #[serde(default)]
-    pub scope: String,
-    #[serde(default)]
-    pub unit: String,
+    /// How the policy judges, beside the fields above: its labels (`"mode": "enforce"`, `"scope":
+    /// "cpu"`, `"unit": "packets"`; see `PolicyDef::labels`).
+    #[serde(flatten, deserialize_with = "labels")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Of the fields the struct does not know, the labels: text under a label's key. Any other
+/// field (from a newer daemon) is left alone, as a struct leaves it.
+fn labels<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    let keys: Vec<&str> = FIELDS.iter().filter(|f| !f.words.is_empty()).map(|f| f.key).collect();
+    let all = BTreeMap::<String, serde_json::Value>::deserialize(d)?;
+    Ok(all
+        .into_iter()
+        .filter(|(key, _)| keys.contains(&key.as_str()))
+        .filter_map(|(key, value)| Some((key, value.as_str()?.to_string())))
+        .collect())
 }
 
 /// Traffic no policy judged, and the limiter's own faults.
@@ -117,4 +130,26 @@ fn now_ms() -> u64 {
 pub struct ListHits {
     pub allowed_packets: u64,
     pub denied_packets: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The labels sit beside the other fields on the wire, as `mode`, `scope` and `unit` did;
+    /// a field a newer daemon adds is left alone, whatever its type.
+    #[test]
+    fn labels_are_flat_on_the_wire() {
+        let labels: BTreeMap<String, String> =
+            [("mode", "dry-run"), ("scope", "host"), ("unit", "bytes")].map(|(k, v)| (k.into(), v.into())).into();
+        let stats = PolicyStats { name: "dns".into(), id: 3, labels, ..PolicyStats::default() };
+        let mut json = serde_json::to_value(&stats).unwrap();
+        assert_eq!(
+            (json["mode"].as_str(), json["scope"].as_str(), json["unit"].as_str()),
+            (Some("dry-run"), Some("host"), Some("bytes"))
+        );
+        assert_eq!(serde_json::from_value::<PolicyStats>(json.clone()).unwrap(), stats);
+        json["newer"] = serde_json::json!(7);
+        assert_eq!(serde_json::from_value::<PolicyStats>(json).unwrap(), stats);
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand, ValueHint};
+use clap::{Arg, ArgAction, ArgMatches, Args, Parser, Subcommand, ValueHint, builder::PossibleValuesParser};
 use ipnet::IpNet;
 
 use crate::{
@@ -11,7 +11,7 @@ use crate::{
         ipc,
         start::{MetricsAt, Options},
     },
-    config::{self, BurstEdit, KeySpec, Match, Mode, Name, PolicyEdit, Rate, Scope, Unit, parse_burst},
+    config::{self, Dash, FIELDS, Flag, Name, PolicyEdit, Rate, parse_burst},
     kernel::{self, ModeRequest, pins},
 };
 
@@ -237,40 +237,93 @@ pub(crate) enum PolicyCommand {
     },
 }
 
-#[derive(Debug, Args)]
-#[command(after_help = "On an existing policy only the fields given change; the others keep their values (leaving \
-dry-run takes --enforce). A new policy needs --rate; the fields not given take the defaults shown.")]
+/// `policy set NAME` and a flag per policy field, built from the fields' declaration
+/// (`config::FIELDS`): the flag is the field's key, `--KEY VALUE`, or one flag per word.
+#[derive(Debug)]
 pub(crate) struct PolicySetArgs {
-    /// 1-32 of A-Z a-z 0-9 _ . -
     pub name: Name,
-    /// any, tcp, udp or icmp, optionally with a destination port or range: udp:53, tcp:8000-8999
-    /// [new policy: any].
-    #[arg(long = "match", value_name = "MATCH")]
-    pub matches: Option<Match>,
-    /// Rate per key: N/s, N/min or N/h (required for a new policy).
-    #[arg(long, allow_hyphen_values = true)]
-    pub rate: Option<Rate>,
-    /// Burst in the policy's unit, or `default`: one second's worth of the rate (in bytes at least
-    /// 65535), following the rate when it changes [new policy: default].
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    pub burst: Option<BurstEdit>,
-    /// Sources sharing an allowance: src/V4LEN,/V6LEN, optionally +dport [new policy: src/32,/64].
-    #[arg(long, value_name = "KEY")]
-    pub key: Option<KeySpec>,
-    /// What the rate counts [new policy: packets].
-    #[arg(long, value_enum)]
-    pub unit: Option<Unit>,
-    /// Pass everything; count what would have been refused.
-    #[arg(long, conflicts_with = "enforce")]
-    pub dry_run: bool,
-    /// Drop what is over the rate (the default for a new policy; ends a dry run).
-    #[arg(long)]
-    pub enforce: bool,
-    /// Whose allowance the rate is: each CPU's (cpu: a source spread over k CPUs can get k
-    /// times the rate; no atomics) or the whole host's (host: one allowance, updated by
-    /// compare-and-exchange on admission) [new policy: cpu].
-    #[arg(long, value_enum)]
-    pub scope: Option<Scope>,
+    /// The fields given.
+    pub edit: PolicyEdit,
+}
+
+impl clap::Args for PolicySetArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        let name = Arg::new("name")
+            .value_name("NAME")
+            .required(true)
+            .help("1-32 of A-Z a-z 0-9 _ . -")
+            .value_parser(|s: &str| s.parse::<Name>());
+        let mut cmd = cmd.arg(name).after_help(
+            "On an existing policy only the fields given change; the others keep their values (leaving dry-run \
+             takes --enforce). A new policy needs --rate; the fields not given take the defaults shown.",
+        );
+        for field in FIELDS {
+            match field.flag {
+                Flag::Value { value_name, help, dash } => {
+                    let key = field.key;
+                    let arg = Arg::new(key).long(key).value_name(value_name).help(help).action(ArgAction::Set);
+                    let arg = match field.words {
+                        [] => {
+                            arg.value_parser(move |s: &str| PolicyEdit::default().set(key, s).map(|()| s.to_string()))
+                        }
+                        words => arg.value_parser(PossibleValuesParser::new(words)),
+                    };
+                    cmd = cmd.arg(match dash {
+                        Dash::None => arg,
+                        Dash::Numbers => arg.allow_negative_numbers(true),
+                        Dash::Any => arg.allow_hyphen_values(true),
+                    });
+                }
+                Flag::Words(words) => {
+                    for (i, (word, help)) in words.iter().enumerate() {
+                        let later = words[i + 1..].iter().map(|(w, _)| *w);
+                        cmd = cmd.arg(
+                            Arg::new(*word)
+                                .long(*word)
+                                .help(*help)
+                                .action(ArgAction::SetTrue)
+                                .conflicts_with_all(later),
+                        );
+                    }
+                }
+            }
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl clap::FromArgMatches for PolicySetArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let missing = || clap::Error::new(clap::error::ErrorKind::MissingRequiredArgument);
+        let name = m.get_one::<Name>("name").ok_or_else(missing)?.clone();
+        let mut edit = PolicyEdit::default();
+        // Checked by the flags' parsers already: a field refused here is a bug, said as such.
+        let invalid = |e: String| clap::Error::raw(clap::error::ErrorKind::ValueValidation, e);
+        for field in FIELDS {
+            match field.flag {
+                Flag::Value { .. } => {
+                    if let Some(text) = m.get_one::<String>(field.key) {
+                        edit.set(field.key, text).map_err(invalid)?;
+                    }
+                }
+                Flag::Words(words) => {
+                    for (word, _) in words.iter().filter(|(word, _)| m.get_flag(word)) {
+                        edit.set(field.key, word).map_err(invalid)?;
+                    }
+                }
+            }
+        }
+        Ok(Self { name, edit })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
 }
 
 impl DaemonArgs {
@@ -298,19 +351,7 @@ impl DaemonArgs {
 impl PolicySetArgs {
     /// The fields given, as the daemon applies them (see [`PolicyEdit::apply`]).
     pub(crate) fn edit(&self) -> PolicyEdit {
-        PolicyEdit {
-            matches: self.matches,
-            rate: self.rate,
-            burst: self.burst,
-            key: self.key,
-            unit: self.unit,
-            mode: match (self.dry_run, self.enforce) {
-                (true, _) => Some(Mode::DryRun),
-                (_, true) => Some(Mode::Enforce),
-                _ => None,
-            },
-            scope: self.scope,
-        }
+        self.edit.clone()
     }
 }
 
@@ -382,4 +423,55 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         return Err(err());
     }
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory as _, Parser as _};
+
+    use super::*;
+
+    /// Each declared field has its `policy set` flag (or a flag per word), and what the flag
+    /// gives is what the field's text gives (see `config::def`'s test for the other forms).
+    #[test]
+    fn every_field_has_its_flag() {
+        let top = Cli::command();
+        let policy = top.find_subcommand("policy").unwrap();
+        let set_cmd = policy.find_subcommand("set").unwrap();
+        let longs: Vec<&str> = set_cmd.get_arguments().filter_map(|a| a.get_long()).collect();
+        let sample = crate::config::def_tests::every_field_set();
+        for (field, (key, text)) in FIELDS.iter().zip(sample.fields()) {
+            let mut want = PolicyEdit::default();
+            want.set(key, &text).unwrap();
+            let flags: Vec<String> = match field.flag {
+                Flag::Value { .. } => vec![format!("--{key}"), text.clone()],
+                Flag::Words(words) => {
+                    assert!(words.iter().any(|(w, _)| *w == text), "{key}: no flag for {text}");
+                    assert!(words.iter().all(|(w, _)| field.words.contains(w)), "{key}: {words:?}");
+                    vec![format!("--{text}")]
+                }
+            };
+            assert!(longs.contains(&flags[0].trim_start_matches('-')), "{key}: no {} in {longs:?}", flags[0]);
+            let argv = ["limiter-ctl", "policy", "set", "dns"].into_iter().map(String::from).chain(flags.clone());
+            let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+            let Command::Policy(PolicyCommand::Set(args)) = cli.command else { panic!("{flags:?}") };
+            assert_eq!((args.name.as_str(), args.edit()), ("dns", want), "{flags:?}");
+        }
+        // No flag a field does not declare, but the name's and the global ones.
+        for long in longs {
+            let declared = FIELDS.iter().any(|f| match f.flag {
+                Flag::Value { .. } => f.key == long,
+                Flag::Words(words) => words.iter().any(|(w, _)| *w == long),
+            });
+            assert!(declared || ["socket", "help"].contains(&long), "--{long} is no field");
+        }
+    }
+
+    #[test]
+    fn words_of_one_field_exclude_each_other() {
+        let err = Cli::try_parse_from(["limiter-ctl", "policy", "set", "p", "--dry-run", "--enforce"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+        let err = Cli::try_parse_from(["limiter-ctl", "policy", "set", "p", "--unit", "frames"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
 }

@@ -318,31 +318,9 @@ fn config_page() -> String {
     ];
     items(&mut roff, "KEYS", &top.map(|(k, v)| (k, v.to_string())));
     roff.control("SS", ["Policy keys"]);
-    for (key, text) in [
-        ("name", "Required. 1 to 32 of A-Z a-z 0-9 _ . -, unique."),
-        (
-            "match",
-            "What traffic: any, tcp, udp or icmp, optionally with a destination port or range (udp:53, tcp:8000-8999). Default: any.",
-        ),
-        ("rate", "Required. The allowance per key: N/s, N/min or N/h, in the policy's unit."),
-        (
-            "burst",
-            "How much may pass at once, in the policy's unit. Default: one second's worth of the rate (in bytes at least 65535), following the rate when it changes. A byte burst must hold the interface's largest frame.",
-        ),
-        (
-            "key",
-            "Which sources share an allowance: src/V4LEN,/V6LEN, optionally +dport to key on the destination port too. Default: src/32,/64.",
-        ),
-        ("unit", "What the rate counts: packets or bytes. Default: packets."),
-        (
-            "mode",
-            "enforce drops what is over the rate; dry-run passes everything and counts what would have been dropped. Default: enforce.",
-        ),
-        (
-            "scope",
-            "Whose allowance: cpu (each CPU its own; a source spread over k CPUs may get k times the rate) or host (one for the whole host). Default: cpu.",
-        ),
-    ] {
+    // The name, then each field as declared (`config::FIELDS`).
+    let name = ("name", "Required. 1 to 32 of A-Z a-z 0-9 _ . -, unique.");
+    for (key, text) in [name].into_iter().chain(config::FIELDS.iter().map(|f| (f.key, f.about))) {
         roff.control("TP", []).text([bold(key)]).text([roman(text)]);
     }
     roff.control("SH", ["APPLYING CHANGES"]).text([roman(

@@ -3,7 +3,10 @@
 use comfy_table::{Cell, CellAlignment, Table, presets::NOTHING};
 use ipnet::IpNet;
 
-use crate::api::{ipc::PolicyStatus, stats, top};
+use crate::{
+    api::{ipc::PolicyStatus, stats, top},
+    config::{FIELDS, Field},
+};
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -16,40 +19,39 @@ fn right(v: u64) -> Cell {
 }
 
 pub(super) fn policies(all: &[PolicyStatus]) -> String {
-    let mut t =
-        table(&["NAME", "MATCH", "RATE", "BURST", "KEY", "UNIT", "MODE", "SCOPE", "ADMITTED", "REFUSED", "DRY-RUN"]);
+    // NAME, then a column per field (see `config::FIELDS`), then the counters.
+    let fields = FIELDS.iter().map(|f| f.key.to_uppercase());
+    let header: Vec<String> = ["NAME".to_string()]
+        .into_iter()
+        .chain(fields)
+        .chain(["ADMITTED", "REFUSED", "DRY-RUN"].map(String::from))
+        .collect();
+    let mut t = table(&header.iter().map(String::as_str).collect::<Vec<_>>());
     for p in all {
         let d = &p.def;
-        t.add_row(vec![
-            Cell::new(&d.name),
-            Cell::new(d.matches),
-            Cell::new(d.rate),
-            right(d.burst.unwrap_or_default()),
-            Cell::new(d.key),
-            Cell::new(d.unit.as_str()),
-            Cell::new(d.mode.as_str()),
-            Cell::new(d.scope.as_str()),
-            right(p.counters.admitted_packets),
-            right(p.counters.refused_packets),
-            right(p.counters.dry_run_packets),
-        ]);
+        let fields = d.fields().into_iter().zip(FIELDS).map(|((_, text), f)| field_cell(f, text));
+        t.add_row(
+            [Cell::new(&d.name)]
+                .into_iter()
+                .chain(fields)
+                .chain([p.counters.admitted_packets, p.counters.refused_packets, p.counters.dry_run_packets].map(right))
+                .collect::<Vec<_>>(),
+        );
     }
     t.trim_fmt() + "\n"
+}
+
+/// A field's cell: numbers to the right.
+fn field_cell(field: &Field, text: String) -> Cell {
+    let cell = Cell::new(text);
+    if field.number { cell.set_alignment(CellAlignment::Right) } else { cell }
 }
 
 pub(super) fn policy(p: &PolicyStatus) -> String {
     let d = &p.def;
     let c = &p.counters;
-    let rows = [
-        ("name", d.name.to_string()),
-        ("id", p.id.to_string()),
-        ("match", d.matches.to_string()),
-        ("rate", d.rate.to_string()),
-        ("burst", d.burst.unwrap_or_default().to_string()),
-        ("key", d.key.to_string()),
-        ("unit", d.unit.as_str().into()),
-        ("mode", d.mode.as_str().into()),
-        ("scope", d.scope.as_str().into()),
+    let head = [("name", d.name.to_string()), ("id", p.id.to_string())];
+    let counters = [
         ("admitted", format!("{} packets, {} bytes", c.admitted_packets, c.admitted_bytes)),
         ("refused", format!("{} packets, {} bytes", c.refused_packets, c.refused_bytes)),
         ("dry-run", format!("{} packets, {} bytes would have been refused", c.dry_run_packets, c.dry_run_bytes)),
@@ -58,7 +60,7 @@ pub(super) fn policy(p: &PolicyStatus) -> String {
     ];
     let mut t = Table::new();
     t.load_style(NOTHING);
-    for (k, v) in rows {
+    for (k, v) in head.into_iter().chain(d.fields()).chain(counters) {
         t.add_row(vec![Cell::new(k), Cell::new(v)]);
     }
     t.trim_fmt() + "\n"

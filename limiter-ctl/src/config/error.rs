@@ -35,8 +35,8 @@ pub enum Error {
     DefinedTwice(Name),
     #[error("no policy named '{0}' (see `limiter-ctl policy list`)")]
     NoSuchPolicy(Name),
-    #[error("no policy named '{0}' to change; a new policy needs --rate (see `limiter-ctl policy list`)")]
-    NewPolicyNeedsRate(Name),
+    #[error("no policy named '{name}' to change; a new policy needs --{flag} (see `limiter-ctl policy list`)")]
+    NewPolicyNeeds { name: Name, flag: &'static str },
     #[error("too many policies: at most {max} (remove one first)")]
     TooManyPolicies { max: u32 },
     #[error(

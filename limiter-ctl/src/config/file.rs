@@ -21,60 +21,17 @@ use std::{fs, io, path::Path};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Error,
-    policy::{KeySpec, Match, Mode, Name, PolicySpec, Scope, Unit},
-    rate::Rate,
-};
+use super::{Error, def::PolicyDef, field::net_serde, policy::Name};
 
 pub const DEFAULT_PATH: &str = "/etc/limiter/limiter.toml";
-
-/// A named policy as the file, the socket and `policy show` carry it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PolicyDef {
-    pub name: Name,
-    #[serde(rename = "match", default)]
-    pub matches: Match,
-    pub rate: Rate,
-    /// None: one second's worth of the rate (see [`PolicySpec::default_burst`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub burst: Option<u64>,
-    #[serde(default)]
-    pub key: KeySpec,
-    #[serde(default)]
-    pub unit: Unit,
-    #[serde(default)]
-    pub mode: Mode,
-    #[serde(default)]
-    pub scope: Scope,
-}
-
-impl PolicyDef {
-    pub fn spec(&self) -> PolicySpec {
-        PolicySpec {
-            rate: self.rate,
-            burst: self.burst_or_default(),
-            key: self.key,
-            unit: self.unit,
-            mode: self.mode,
-            matches: self.matches,
-            scope: self.scope,
-        }
-    }
-
-    pub fn burst_or_default(&self) -> u64 {
-        self.burst.unwrap_or_else(|| PolicySpec::default_burst(self.rate, self.unit))
-    }
-}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     // Through the config's own parser: ipnet's reads `010.1.1.1/32` as 10.1.1.1.
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "super::net_serde::deserialize_vec")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "net_serde::deserialize_vec")]
     pub allow: Vec<IpNet>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "super::net_serde::deserialize_vec")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "net_serde::deserialize_vec")]
     pub deny: Vec<IpNet>,
     #[serde(default, rename = "policy", skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<PolicyDef>,
@@ -219,6 +176,7 @@ pub fn position(text: &str, error: &Error) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Match, Mode, Scope, Unit};
 
     const EXAMPLE: &str = r#"
 allow = ["198.18.7.0/24"]

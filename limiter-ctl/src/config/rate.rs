@@ -24,7 +24,7 @@ impl FromStr for Rate {
         let err = || RateError(s.to_string());
         let (count, unit) = s.trim().split_once('/').ok_or_else(err)?;
         // One form, as for every number: `+100/s` and `0100/s` are refused.
-        let count = super::policy::decimal(count.trim()).filter(|&n| n >= 1).ok_or_else(err)?;
+        let count = super::field::decimal(count.trim()).filter(|&n| n >= 1).ok_or_else(err)?;
         let period_ns = match unit.trim() {
             "s" | "sec" | "second" => NS_PER_SEC,
             "m" | "min" | "minute" => 60 * NS_PER_SEC,

@@ -1,41 +1,29 @@
 //! The daemon's desired state (policies with their ids, allow and deny lists), validated as a
-//! whole before anything changes, and compiled into what the kernel reads: policy records, the
-//! port table and the per-protocol fallbacks.
+//! whole before anything changes: each policy representable, no two matching one packet, no
+//! more of anything than the kernel can hold. The kernel room compiles it into what the XDP
+//! program reads (`kernel::compile`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::IpNet;
-use limiter_common::maps::{
-    CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, MAX_ACL_ENTRIES, MAX_FRAME_WEIGHT, MAX_POLICIES,
-    PORT_POLICY_ENTRIES, Policy,
+use limiter_common::{
+    Gcra,
+    limits::{MAX_ACL_ENTRIES, MAX_FRAME_WEIGHT, MAX_POLICIES},
 };
 
 use super::{
-    ConfigFile, Error, PolicyDef,
-    policy::{Match, Name, Ports, Proto, Unit},
+    Error,
+    def::PolicyDef,
+    file::ConfigFile,
+    policy::{List, Match, Name, Ports, Proto, Unit},
 };
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum List {
-    Allow,
-    Deny,
-}
-
-impl List {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::Deny => "deny",
-        }
-    }
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
     pub id: u16,
     pub def: PolicyDef,
-    pub kernel: Policy,
+    /// The definition's rate and burst as the kernel judges them (see [`PolicyDef::gcra`]).
+    pub gcra: Gcra,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -46,8 +34,6 @@ pub struct State {
     /// The largest frame the program can meet (bytes): a byte policy's burst must hold it, or
     /// such frames would be refused forever.
     max_frame: u64,
-    /// What the policies compile to, kept in step with them (so a valid state has its routes).
-    routes: Routes,
 }
 
 /// The largest frame on an Ethernet interface with a 1500-byte MTU and two VLAN tags: what a
@@ -58,13 +44,7 @@ pub const L2_OVERHEAD: u64 = 14 + 8;
 
 impl Default for State {
     fn default() -> Self {
-        Self {
-            policies: BTreeMap::new(),
-            allow: BTreeSet::new(),
-            deny: BTreeSet::new(),
-            max_frame: DEFAULT_MAX_FRAME,
-            routes: Routes { ports: vec![0; PORT_POLICY_ENTRIES as usize], class_policy: [0; CLASSES] },
-        }
+        Self { policies: BTreeMap::new(), allow: BTreeSet::new(), deny: BTreeSet::new(), max_frame: DEFAULT_MAX_FRAME }
     }
 }
 
@@ -74,33 +54,21 @@ pub fn max_frame_for_mtu(mtu: u64) -> u64 {
     (mtu + L2_OVERHEAD).min(MAX_FRAME_WEIGHT)
 }
 
-/// The longest burst window of these policies.
-pub fn longest_window<'a>(policies: impl Iterator<Item = &'a Policy>) -> std::time::Duration {
-    std::time::Duration::from_nanos(policies.map(|p| p.gcra.window_ns()).max().unwrap_or(0))
-}
-
-/// Where each packet class goes: what `PORT_POLICY` and `Config::class_policy` hold.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Routes {
-    /// `class * 65536 + port` -> policy id, for TCP then UDP.
-    pub ports: Vec<u16>,
-    pub class_policy: [u16; CLASSES],
-}
-
-impl Routes {
-    pub fn has_ports(&self) -> bool {
-        self.ports.iter().any(|&id| id != 0)
-    }
+/// The longest burst window of these policies' GCRAs.
+pub fn longest_window<'a>(gcras: impl Iterator<Item = &'a Gcra>) -> std::time::Duration {
+    std::time::Duration::from_nanos(gcras.map(|g| g.window_ns()).max().unwrap_or(0))
 }
 
 impl State {
-    /// Validates a whole config. Policies named in `ids` keep those ids (and so their buckets and
-    /// counters); new names take free ones.
+    /// Test-only: [`State::build_for`] an interface of a 1500-byte MTU.
+    #[cfg(any(test, feature = "testing"))]
     pub fn build(config: &ConfigFile, ids: &BTreeMap<Name, u16>) -> Result<State, Error> {
         Self::build_for(config, ids, DEFAULT_MAX_FRAME)
     }
 
-    /// [`State::build`] for an interface whose largest frame is `max_frame` bytes.
+    /// Validates a whole config, for an interface whose largest frame is `max_frame` bytes.
+    /// Policies named in `ids` keep those ids (and so their buckets and counters); new names
+    /// take free ones.
     pub fn build_for(config: &ConfigFile, ids: &BTreeMap<Name, u16>, max_frame: u64) -> Result<State, Error> {
         let mut state = State { max_frame, ..State::default() };
         for net in &config.allow {
@@ -121,14 +89,14 @@ impl State {
             let id = ids.get(&def.name).map_or_else(|| state.free_id(), |id| Ok(*id))?;
             state.insert(def.clone(), id)?;
         }
-        state.routes = state.compile_routes()?;
+        state.check_matches()?;
         Ok(state)
     }
 
     /// The longest burst window of any policy: how long a TAT can stay ahead of now, so how
     /// long a salt rotation must keep consulting the old buckets.
     pub fn max_window(&self) -> std::time::Duration {
-        longest_window(self.policies.values().map(|e| &e.kernel))
+        longest_window(self.policies.values().map(|e| &e.gcra))
     }
 
     pub fn ids(&self) -> BTreeMap<Name, u16> {
@@ -163,14 +131,13 @@ impl State {
         let mut next = self.clone();
         let id = self.policies.get(&def.name).map_or_else(|| self.free_id(), |e| Ok(e.id))?;
         next.insert(def, id)?;
-        next.routes = next.compile_routes()?;
+        next.check_matches()?;
         Ok(next)
     }
 
     pub fn without_policy(&self, name: &Name) -> Result<State, Error> {
         let mut next = self.clone();
         next.policies.remove(name).ok_or_else(|| Error::NoSuchPolicy(name.clone()))?;
-        next.routes = next.compile_routes()?;
         Ok(next)
     }
 
@@ -198,16 +165,12 @@ impl State {
     }
 
     fn insert(&mut self, def: PolicyDef, id: u16) -> Result<(), Error> {
-        let spec = def.spec();
-        if spec.unit == Unit::Bytes && spec.burst < self.max_frame {
-            return Err(Error::BurstBelowFrame {
-                name: def.name.clone(),
-                burst: spec.burst,
-                max_frame: self.max_frame,
-            });
+        let burst = def.burst_or_default();
+        if def.unit == Unit::Bytes && burst < self.max_frame {
+            return Err(Error::BurstBelowFrame { name: def.name.clone(), burst, max_frame: self.max_frame });
         }
-        let kernel = spec.compile(id).map_err(|error| Error::Policy { name: def.name.clone(), error })?;
-        self.policies.insert(def.name.clone(), Entry { id, def, kernel });
+        let gcra = def.gcra().map_err(|error| Error::Policy { name: def.name.clone(), error })?;
+        self.policies.insert(def.name.clone(), Entry { id, def, gcra });
         Ok(())
     }
 
@@ -240,15 +203,10 @@ impl State {
         Ok(())
     }
 
-    /// Where each packet class goes, as the kernel's routing says it (compiled with the policies).
-    pub fn routes(&self) -> &Routes {
-        &self.routes
-    }
-
-    /// Compiles the matches into the kernel's routing, rejecting clashes: two policies on the same
-    /// port, overlapping ranges of one protocol, two policies for one protocol, or two `any`.
-    fn compile_routes(&self) -> Result<Routes, Error> {
-        let mut ports = vec![0u16; PORT_POLICY_ENTRIES as usize];
+    /// Refuses clashing matches: two policies on the same port, overlapping ranges of one
+    /// protocol, two policies for one protocol, or two `any`. Each packet then has one policy:
+    /// its exact port's, else its range's, else its protocol's, else `any`'s.
+    fn check_matches(&self) -> Result<(), Error> {
         let mut claimed: BTreeMap<(Proto, Option<Ports>), &Entry> = BTreeMap::new();
         let mut ranges: Vec<(&Entry, Proto, u16, u16)> = Vec::new();
         for entry in self.policies.values() {
@@ -269,30 +227,7 @@ impl State {
                 ranges.push((entry, m.proto, lo, hi));
             }
         }
-        let index = |proto: Proto, port: u16| {
-            let class = if proto == Proto::Tcp { CLASS_TCP } else { CLASS_UDP };
-            (class << 16) | usize::from(port)
-        };
-        // Ranges first, then exact ports over them: an exact port wins.
-        for &(entry, proto, lo, hi) in &ranges {
-            for port in lo..=hi {
-                ports[index(proto, port)] = entry.id;
-            }
-        }
-        for ((proto, p), entry) in &claimed {
-            if let Some(Ports::Exact(port)) = p {
-                ports[index(*proto, *port)] = entry.id;
-            }
-        }
-        let proto_policy = |proto| claimed.get(&(proto, None)).map_or(0, |e| e.id);
-        let any = proto_policy(Proto::Any);
-        let or_any = |id: u16| if id == 0 { any } else { id };
-        let mut class_policy = [0u16; CLASSES];
-        class_policy[CLASS_TCP] = or_any(proto_policy(Proto::Tcp));
-        class_policy[CLASS_UDP] = or_any(proto_policy(Proto::Udp));
-        class_policy[CLASS_ICMP] = or_any(proto_policy(Proto::Icmp));
-        class_policy[CLASS_OTHER] = any;
-        Ok(Routes { ports, class_policy })
+        Ok(())
     }
 }
 
@@ -301,16 +236,8 @@ mod tests {
     use super::*;
 
     fn def(name: &str, m: &str) -> PolicyDef {
-        PolicyDef {
-            name: name.parse().unwrap(),
-            matches: m.parse().unwrap(),
-            rate: "10/s".parse().unwrap(),
-            burst: None,
-            key: Default::default(),
-            unit: Default::default(),
-            mode: Default::default(),
-            scope: Default::default(),
-        }
+        let (name, matches) = (name.parse().unwrap(), m.parse().unwrap());
+        PolicyDef { name, matches, burst: None, ..PolicyDef::any("10/s".parse().unwrap(), 1) }
     }
 
     fn with(defs: &[(&str, &str)]) -> Result<State, Error> {
@@ -319,23 +246,6 @@ mod tests {
 
     fn id(s: &State, name: &str) -> u16 {
         s.policy(&name.parse().unwrap()).unwrap().id
-    }
-
-    #[test]
-    fn precedence_is_port_then_range_then_protocol_then_any() {
-        let s = with(&[("any", "any"), ("udp", "udp"), ("range", "udp:50-60"), ("dns", "udp:53"), ("web", "tcp:80")])
-            .unwrap();
-        let r = s.routes();
-        let udp = |p: usize| r.ports[(CLASS_UDP << 16) | p];
-        assert_eq!(udp(53), id(&s, "dns"));
-        assert_eq!(udp(54), id(&s, "range"));
-        assert_eq!(udp(61), 0, "falls through to the protocol");
-        assert_eq!(r.class_policy[CLASS_UDP], id(&s, "udp"));
-        assert_eq!(r.class_policy[CLASS_TCP], id(&s, "any"));
-        assert_eq!(r.class_policy[CLASS_ICMP], id(&s, "any"));
-        assert_eq!(r.class_policy[CLASS_OTHER], id(&s, "any"));
-        assert_eq!(r.ports[(CLASS_TCP << 16) | 80], id(&s, "web"));
-        assert!(r.has_ports());
     }
 
     #[test]

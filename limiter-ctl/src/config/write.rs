@@ -19,9 +19,10 @@ use ipnet::IpNet;
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table, Value};
 
 use super::{
-    ConfigFile, Error, PolicyDef,
-    policy::{KeySpec, Match, Mode, Scope, Unit, parse_net},
-    rate::Rate,
+    Error,
+    def::{FieldValue, PolicyDef, Visit},
+    field::parse_net,
+    file::ConfigFile,
 };
 
 /// The top of a file the daemon creates.
@@ -222,38 +223,27 @@ fn set_policies(doc: &mut DocumentMut, defs: &[PolicyDef]) {
 
 /// Sets each field of `table` to what `def` says, where it says something else.
 fn set_fields(table: &mut Table, def: &PolicyDef) {
-    fn parsed<T: std::str::FromStr>(item: &Item) -> Option<T> {
-        item.as_str().and_then(|s| s.parse().ok())
-    }
-    let is = |want: &'static str| move |i: &Item| i.as_str() == Some(want);
-    set(table, "match", def.matches.to_string(), def.matches == Match::default(), |i| {
-        parsed::<Match>(i) == Some(def.matches)
-    });
-    set(table, "rate", def.rate.to_string(), false, |i| parsed::<Rate>(i) == Some(def.rate));
-    match def.burst {
-        Some(n) if table.get("burst").and_then(Item::as_integer).and_then(|v| u64::try_from(v).ok()) == Some(n) => {}
-        // Beyond i64 TOML has no integer (and no valid policy has such a burst): written as text,
-        // the next load names it.
-        Some(n) => {
-            replace_value(table, "burst", i64::try_from(n).map_or_else(|_| Value::from(n.to_string()), Value::from))
-        }
-        None => {
-            table.remove("burst");
-        }
-    }
-    set(table, "key", def.key.to_string(), def.key == KeySpec::default(), |i| parsed::<KeySpec>(i) == Some(def.key));
-    set(table, "unit", def.unit.as_str().to_string(), def.unit == Unit::default(), is(def.unit.as_str()));
-    set(table, "mode", def.mode.as_str().to_string(), def.mode == Mode::default(), is(def.mode.as_str()));
-    set(table, "scope", def.scope.as_str().to_string(), def.scope == Scope::default(), is(def.scope.as_str()));
+    def.visit(&mut SetField(table));
 }
 
-/// One string field: left as written if it already means `want`, left out if absent and `want`
-/// is the default, else set (keeping the old value's comment).
-fn set(table: &mut Table, key: &str, want: String, is_default: bool, same: impl Fn(&Item) -> bool) {
-    match table.get(key) {
-        Some(item) if same(item) => {}
-        None if is_default => {}
-        _ => replace_value(table, key, Value::from(want)),
+/// One field: left as written if it already says the value (in any spelling), left out if
+/// absent and the value is the default, else set (keeping the old value's comment) or, for a
+/// value the file says by leaving the key out, removed.
+struct SetField<'t>(&'t mut Table);
+
+impl Visit for SetField<'_> {
+    fn field<T: FieldValue>(&mut self, key: &'static str, want: &T) {
+        let table = &mut *self.0;
+        match table.get(key) {
+            Some(item) if want.said_by(item) => {}
+            None if T::new_default().as_ref() == Some(want) => {}
+            _ => match want.to_toml() {
+                Some(value) => replace_value(table, key, value),
+                None => {
+                    table.remove(key);
+                }
+            },
+        }
     }
 }
 
@@ -321,7 +311,7 @@ mod tests {
     use std::os::unix::fs::{FileTypeExt as _, symlink};
 
     use super::*;
-    use crate::config::{PolicyEdit, load};
+    use crate::config::{Mode, PolicyEdit, load};
 
     const OPERATOR: &str = r#"# Site limits. Ask ops before changing.
 deny = [

@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
 
 use super::{Error, stats::Shared, throttled::Throttled};
+use crate::config::{FIELDS, Field};
 
 #[derive(Debug)]
 struct Exposition(Shared);
@@ -127,19 +128,19 @@ impl Collector for Exposition {
                 ("layout", limiter_common::maps::LAYOUT_VERSION.to_string()),
             ]],
         )?;
+        // The policies' labels, by key: the fields of words (see `PolicyDef::labels`).
+        let mut judging: Vec<&Field> = FIELDS.iter().filter(|f| !f.words.is_empty()).collect();
+        judging.sort_by_key(|f| f.key);
+        let described: Vec<String> = judging.iter().map(|f| format!("{} ({})", f.key, f.words.join(", "))).collect();
         info(
             &mut encoder,
             "limiter_policy_info",
-            "1 per policy, labelled with how it judges: mode (enforce, dry-run), scope (cpu, host), unit (packets, bytes).",
+            &format!("1 per policy, labelled with how it judges: {}.", described.join(", ")),
             s.policies
                 .iter()
                 .map(|p| {
-                    vec![
-                        ("policy", p.name.clone()),
-                        ("mode", p.mode.clone()),
-                        ("scope", p.scope.clone()),
-                        ("unit", p.unit.clone()),
-                    ]
+                    let labels = judging.iter().filter_map(|f| Some((f.key, p.labels.get(f.key)?.clone())));
+                    [("policy", p.name.clone())].into_iter().chain(labels).collect()
                 })
                 .collect(),
         )?;
@@ -392,9 +393,9 @@ mod tests {
                 id: 1,
                 totals: PolicyCounters { admitted_packets: 7, refused_packets: 3, ..Default::default() },
                 rates: Default::default(),
-                mode: "dry-run".into(),
-                scope: "host".into(),
-                unit: "bytes".into(),
+                labels: [("mode", "dry-run"), ("scope", "host"), ("unit", "bytes")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into(),
             }],
             attach_mode: "native".into(),
             bucket_occupancy: Some(0.25),
@@ -428,9 +429,9 @@ mod tests {
         Arc::new(RwLock::new(Snapshot {
             policies: vec![PolicyStats {
                 name: "dns".into(),
-                mode: "enforce".into(),
-                scope: "cpu".into(),
-                unit: "packets".into(),
+                labels: [("mode", "enforce"), ("scope", "cpu"), ("unit", "packets")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into(),
                 ..Default::default()
             }],
             attach_mode: "skb".into(),

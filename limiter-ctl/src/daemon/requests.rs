@@ -74,17 +74,7 @@ impl Daemon {
                     Ok(policy) => policy,
                     Err(error) => return Response::Usage { error: error.to_string() },
                 };
-                let what = format!(
-                    "name={} match={} rate={} burst={} key={} unit={} mode={} scope={}",
-                    policy.name,
-                    policy.matches,
-                    policy.rate,
-                    policy.burst_or_default(),
-                    policy.key,
-                    policy.unit.as_str(),
-                    policy.mode.as_str(),
-                    policy.scope.as_str()
-                );
+                let what = policy.summary();
                 let next = self.state.with_policy(policy);
                 self.change(next, "policy set", what)
             }

@@ -56,9 +56,7 @@ impl Sampler {
                         allowed_per_s: rate(id, |c| c.allowed_packets),
                         denied_per_s: rate(id, |c| c.denied_packets),
                     },
-                    mode: e.def.mode.as_str().to_string(),
-                    scope: e.def.scope.as_str().to_string(),
-                    unit: e.def.unit.as_str().to_string(),
+                    labels: e.def.labels().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
                 }
             })
             .collect();

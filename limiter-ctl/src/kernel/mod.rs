@@ -1,8 +1,9 @@
 //! The kernel room: the handle on the XDP program and its maps, [`Limiter`]. It loads the
 //! program or adopts a pinned one (`load`), pins it on bpffs (`pins`), attaches and detaches it
 //! (`attach`), rotates its salt (`rotate`), reads and writes its maps (`maps`), and brings the
-//! maps from one state to another, touching only what differs (`view`). One `impl Limiter` per
-//! concern, each in its file. `host` answers what the host is (interfaces, the clock).
+//! maps from one state to another, touching only what differs (`view`), in the kernel's terms
+//! of the validated state (`compile`: policy records, routes). One `impl Limiter` per concern,
+//! each in its file. `host` answers what the host is (interfaces, the clock).
 //!
 //! It hands the daemon what it reads, never a map: the counters summed per policy
 //! (`Limiter::counters`), the sampled refusals as a stream to drain ([`Refusals`], `refusals`),
@@ -12,6 +13,7 @@
 //! the CLI. Its one error type is [`Error`].
 
 mod attach;
+pub mod compile;
 mod error;
 mod host;
 mod load;
@@ -25,6 +27,7 @@ mod testing;
 mod view;
 
 pub use attach::{AttachMode, Attached, ModeRequest};
+pub use compile::Routes;
 pub use error::{Error, Incompatible, MapShape};
 pub use load::Limiter;
 pub use maps::BucketScan;

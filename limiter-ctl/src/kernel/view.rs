@@ -9,12 +9,15 @@ use std::{collections::BTreeMap, net::IpAddr};
 use aya::maps::{Array, LpmTrie, Map, MapData, PerCpuArray, PerCpuValues, lpm_trie::Key};
 use ipnet::IpNet;
 use limiter_common::maps::{
-    ACL_ALLOW, ACL_DENY, Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES,
-    MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
+    Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES, MAP_POLICY_NAMES,
+    MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
 };
 
-use super::{Error, Limiter};
-use crate::config::{List, Name, Routes, State, longest_window};
+use super::{
+    Error, Limiter,
+    compile::{self, Routes},
+};
+use crate::config::{Name, State, longest_window};
 
 type NameBytes = [u8; POLICY_NAME_LEN];
 
@@ -35,20 +38,13 @@ fn name_bytes(name: &Name) -> NameBytes {
 
 impl MapView {
     pub fn of(state: &State) -> Self {
-        let routes = state.routes().clone();
-        let policies = state.policies().map(|e| (e.id, (e.kernel, name_bytes(&e.def.name)))).collect();
-        let acl = state
-            .list(List::Allow)
-            .iter()
-            .map(|n| (*n, ACL_ALLOW))
-            .chain(state.list(List::Deny).iter().map(|n| (*n, ACL_DENY)))
-            .collect();
-        Self { policies, routes, acl }
+        let policies = state.policies().map(|e| (e.id, (compile::entry(e), name_bytes(&e.def.name)))).collect();
+        Self { policies, routes: compile::routes(state), acl: compile::acl(state).collect() }
     }
 
     /// The longest burst window of the policies in this view.
     pub fn max_window(&self) -> std::time::Duration {
-        longest_window(self.policies.values().map(|(p, _)| p))
+        longest_window(self.policies.values().map(|(p, _)| &p.gcra))
     }
 
     /// Policy ids by name, for keeping ids (and so buckets and counters) across a restart.

@@ -1,0 +1,10 @@
+//! What the kernel side can hold, which userspace validates a config against before anything
+//! moves: the maps are sized by these (see `maps`, which re-exports them), and the XDP program
+//! caps a frame's weight at [`MAX_FRAME_WEIGHT`].
+
+/// Entries per allow/deny trie (each family).
+pub const MAX_ACL_ENTRIES: u32 = 16_384;
+/// Policy ids are 1..MAX_POLICIES; 0 means none.
+pub const MAX_POLICIES: u32 = 256;
+/// Byte-mode weights are capped here (a frame larger than this is charged this much).
+pub const MAX_FRAME_WEIGHT: u64 = 65_535;
