@@ -1,6 +1,7 @@
 //! The maps the XDP program and userspace share: their names, sizes and value layouts.
 //!
 //! Layout (per interface):
+//! ```text
 //! - `CONFIG`      Array[1] of [`Config`]: salt(s), bucket mask, per-protocol fallback policies.
 //! - `POLICIES`    Array[MAX_POLICIES] of [`Policy`]; id 0 is "no policy".
 //! - `PORT_POLICY` Array[2 * 65536] of u16 policy ids, indexed `class * 65536 + dport`
@@ -18,6 +19,7 @@
 //! - `ACL_V4`, `ACL_V6` LPM tries of source prefixes to [`ACL_ALLOW`] or [`ACL_DENY`]; the
 //!                 longest prefix decides. Consulted only while `Config::HAS_ACL_*` is set, so an
 //!                 empty list costs one branch.
+//! ```
 //!
 //! Finding a packet's policy is two array reads whatever the number of policies.
 

@@ -266,6 +266,8 @@ fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 10] {
     ]
 }
 
+// The magic's type is the C library's `fsword_t`: i64 here, i32 on some targets.
+#[allow(clippy::useless_conversion)]
 fn is_bpffs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path).is_ok_and(|s| i64::from(s.filesystem_type().0) == BPF_FS_MAGIC)
 }
