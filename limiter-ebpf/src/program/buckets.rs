@@ -1,7 +1,9 @@
-//! The decide step: the verdict against the key's buckets. Per-CPU scope reads the key's row
-//! buckets in `BUCKETS` (unless the memo's standing refusal answers first); host scope, its one
-//! bucket in `HOST_BUCKETS`, shared by every CPU (`limiter_ebpf::scope`). During a salt
-//! rotation the previous generation's buckets are read too and a later TAT carries over.
+//! The decide step: the verdict for a key of `family` (its `words`) under `policy`, against its
+//! buckets, for a frame of `len` bytes; None on a failed lookup. Per-CPU scope ([`per_cpu`])
+//! reads the key's row buckets in `BUCKETS` (unless the memo's standing refusal answers first);
+//! host scope ([`host`]), its one bucket in `HOST_BUCKETS`, shared by every CPU
+//! (`limiter_ebpf::scope`). During a salt rotation the previous generation's buckets are read
+//! too and a later TAT carries over.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use limiter_common::{
@@ -13,54 +15,31 @@ use limiter_common::{
 use limiter_ebpf::{
     decide::{Verdict, decide as judge, refusal},
     memo::{self, KeyMemo, Shortcuts},
-    parse::Packet,
     scope,
 };
 
 use super::{BUCKETS, HOST_BUCKETS, KEY_MEMO, POLICIES};
 
-/// The verdict for the packet of `words` under `policy`. None on a failed lookup.
-#[inline(always)]
-pub fn decide<S: Shortcuts>(
-    cfg: &Config,
-    pkt: &Packet,
-    policy: &Policy,
-    words: &[u64; 3],
-    frame_len: u64,
-) -> Option<Verdict> {
-    if policy.flags & Policy::SCOPE_HOST != 0 {
-        decide_host::<S>(cfg, pkt, policy, words, frame_len)
-    } else {
-        decide_per_cpu::<S>(cfg, pkt, policy, words, frame_len)
-    }
-}
-
 /// A per-CPU policy: the memo's standing refusal, else the key's bucket in each row, judged
 /// and written back where it changes; the memo then records how long a refusal stands.
 #[inline(always)]
-fn decide_per_cpu<S: Shortcuts>(
-    cfg: &Config,
-    pkt: &Packet,
-    policy: &Policy,
-    words: &[u64; 3],
-    frame_len: u64,
-) -> Option<Verdict> {
+pub fn per_cpu<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
-    let (rows, len) = row_shape(cfg);
+    let (rows, row_len) = row_shape(cfg);
     let mut memo = key_memo::<S>();
-    let hash = memo::hash(memo.as_deref_mut(), &cfg.salts[generation], pkt.family, words);
+    let hash = memo::hash(memo.as_deref_mut(), &cfg.salts[generation], family, words);
     if let Some(m) = memo.as_deref_mut() {
         if memo::refusal_stands::<S>(m, cfg, policy, rows) {
             return Some(refusal(policy));
         }
     }
-    let current = bucket_rows(cfg, generation, hash, rows, len);
+    let current = bucket_rows(cfg, generation, hash, rows, row_len);
     let now = unsafe { bpf_ktime_get_ns() };
     let mut values = read_rows(&current, rows)?;
     if now < cfg.grace_until_ns {
         // Salt rotation: each of the source's rows under the previous salt may be further ahead.
-        let old_hash = key_hash(&cfg.salts[generation ^ 1], pkt.family, words);
-        let previous = bucket_rows(cfg, generation ^ 1, old_hash, rows, len);
+        let old_hash = key_hash(&cfg.salts[generation ^ 1], family, words);
+        let previous = bucket_rows(cfg, generation ^ 1, old_hash, rows, row_len);
         let old = read_rows(&previous, rows)?;
         let mut i = 0;
         while i < MAX_ROWS && i < rows {
@@ -68,7 +47,7 @@ fn decide_per_cpu<S: Shortcuts>(
             i += 1;
         }
     }
-    let (verdict, store) = judge(policy, &values, rows, now, frame_len, |id| claim(id, now));
+    let (verdict, store) = judge(policy, &values, rows, now, len, |id| claim(id, now));
     write_rows(&current, rows, &store);
     if let Some(m) = memo {
         memo::remember(m, cfg, policy, &values, rows, now, verdict);
@@ -80,17 +59,10 @@ fn decide_per_cpu<S: Shortcuts>(
 /// written only by compare-and-exchange when the judgement changes it (`limiter_ebpf::scope`).
 /// During a salt rotation the old generation's bucket is read too and a later TAT carries over,
 /// as for per-CPU buckets; it is never written (every write goes to the current generation).
-/// None on a failed lookup.
 #[inline(always)]
-fn decide_host<S: Shortcuts>(
-    cfg: &Config,
-    pkt: &Packet,
-    policy: &Policy,
-    words: &[u64; 3],
-    frame_len: u64,
-) -> Option<Verdict> {
+pub fn host<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
-    let hash = memo::hash(key_memo::<S>(), &cfg.salts[generation], pkt.family, words);
+    let hash = memo::hash(key_memo::<S>(), &cfg.salts[generation], family, words);
     let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
     // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
     Some(unsafe {
@@ -103,7 +75,7 @@ fn decide_host<S: Shortcuts>(
             if now < cfg.grace_until_ns {
                 // Salt rotation: the key's bucket under the previous salt may be further ahead
                 // (never written: every write goes to the current generation).
-                let old_hash = key_hash(&cfg.salts[generation ^ 1], pkt.family, words);
+                let old_hash = key_hash(&cfg.salts[generation ^ 1], family, words);
                 if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, old_hash)) {
                     value = gcra::later(current, scope::load(old), now, policy.gcra.capacity, |id| claim(id, now));
                 }
@@ -111,7 +83,7 @@ fn decide_host<S: Shortcuts>(
             // One row: the host array is not split (count-min rows are for per-CPU buckets).
             let mut values = [0u64; MAX_ROWS];
             values[0] = value;
-            let (verdict, store) = judge(policy, &values, 1, now, frame_len, |id| claim(id, now));
+            let (verdict, store) = judge(policy, &values, 1, now, len, |id| claim(id, now));
             (verdict, store[0])
         })
     })

@@ -76,7 +76,12 @@ pub fn limiter<S: Shortcuts>(ctx: &XdpContext) -> u32 {
         Selected::Done(action) => return action,
     };
     let words = key_words(&pkt, policy);
-    let Some(verdict) = buckets::decide::<S>(cfg, &pkt, policy, &words, frame_len) else {
+    let verdict = if policy.flags & Policy::SCOPE_HOST != 0 {
+        buckets::host::<S>(cfg, pkt.family, policy, &words, frame_len)
+    } else {
+        buckets::per_cpu::<S>(cfg, pkt.family, policy, &words, frame_len)
+    };
+    let Some(verdict) = verdict else {
         return act::fault();
     };
     act::act(cfg, &pkt, policy, &words, verdict, frame_len)
