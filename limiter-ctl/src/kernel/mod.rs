@@ -32,7 +32,7 @@ pub(crate) use host::{
 
 /// Test-only: the BPF objects only the tests and benchmarks load.
 #[cfg(feature = "testing")]
-pub use objects::{BENCH, GEN, PROBE, SWITCHABLE};
+pub use objects::{BENCH, GEN, PROBE};
 /// Test-only: the names of the maps pinned beside the link.
 #[cfg(feature = "testing")]
 pub use pins::map_names;
