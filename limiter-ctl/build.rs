@@ -1,5 +1,7 @@
 //! Builds the XDP programs (limiter-ebpf's binaries) with the nightly toolchain and bpf-linker,
-//! into OUT_DIR, where `src/objects.rs` embeds them. `cargo xtask setup` installs the tools.
+//! into OUT_DIR, where `src/kernel/objects.rs` embeds them. `cargo xtask setup` installs the
+//! tools. Only the limiter itself unless this build has the `testing` feature (limiter-tests):
+//! then the test programs too (limiter-ebpf's bins that require its own `testing` feature).
 use anyhow::Context as _;
 
 fn main() -> anyhow::Result<()> {
@@ -9,7 +11,8 @@ fn main() -> anyhow::Result<()> {
     // aya-build relays the inner cargo's stderr as warnings: keep it to what matters.
     // SAFETY: build scripts are single-threaded here.
     unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
-    let package = aya_build::Package { name: "limiter-ebpf", root_dir, ..Default::default() };
+    let features: &[&str] = if std::env::var_os("CARGO_FEATURE_TESTING").is_some() { &["testing"] } else { &[] };
+    let package = aya_build::Package { name: "limiter-ebpf", root_dir, features, ..Default::default() };
     aya_build::build_ebpf([package], aya_build::Toolchain::default()).context(
         "building the XDP programs failed; run `cargo xtask setup` to install bpf-linker and the nightly rust-src",
     )

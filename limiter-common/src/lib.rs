@@ -11,6 +11,8 @@ pub mod maps;
 pub mod rows;
 pub mod sample;
 pub mod siphash;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tick;
 
 pub use gcra::Gcra;

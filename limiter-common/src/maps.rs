@@ -223,58 +223,13 @@ pub struct RefusalSample {
     pub _pad: u8,
 }
 
-/// The flood generator's settings (test and benchmark program `limiter_gen`): each run writes
-/// `base + i` (i cycling through `count`) as 4 big-endian bytes at `src_offset` and fixes the
-/// checksums at the given offsets (0: none).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GenConfig {
-    pub base: u32,
-    pub count: u32,
-    pub src_offset: u32,
-    pub ip_csum_offset: u32,
-    pub l4_csum_offset: u32,
-    pub _pad: u32,
-}
-
-/// What the parser made of one frame (test-only probe program).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ParseProbe {
-    /// One of the `CLASS_*` below.
-    pub verdict: u32,
-    pub family: u8,
-    pub proto: u8,
-    /// 1 when the L4 header was present and parsed (ports valid for TCP/UDP).
-    pub has_l4: u8,
-    /// 1 when the datagram carries a port the parser could not read (`Packet::ports_hidden`).
-    pub ports_hidden: u8,
-    pub sport: u16,
-    pub dport: u16,
-    pub _pad2: u32,
-    pub src: [u8; 16],
-    /// Key words for the probe's fixed policy (id 1, /24 and /48, with dport).
-    pub key: [u64; 3],
-}
-
-impl ParseProbe {
-    pub const NOT_IP: u32 = 1;
-    pub const MALFORMED: u32 = 2;
-    pub const IP: u32 = 3;
-    pub const POLICY_ID: u16 = 1;
-    pub const V4_PREFIX: u8 = 24;
-    pub const V6_PREFIX: u8 = 48;
-}
-
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all are repr(C), Copy, made only of integers, with explicit padding fields.
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::Policy {}
     unsafe impl aya::Pod for super::Counters {}
-    unsafe impl aya::Pod for super::ParseProbe {}
     unsafe impl aya::Pod for super::RefusalSample {}
-    unsafe impl aya::Pod for super::GenConfig {}
 }
 
 #[cfg(test)]
@@ -288,7 +243,6 @@ mod tests {
         assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 4);
         assert_eq!(size_of::<Policy>(), 16 + 8 + 16 + 8 + 4 + 2 + 2);
         assert_eq!(size_of::<Counters>(), 13 * 8);
-        assert_eq!(size_of::<ParseProbe>(), 4 + 4 + 4 + 4 + 16 + 24);
         assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4);
     }
 }

@@ -33,14 +33,13 @@ pub fn decide(
     };
     // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
     let j = judge_rows(&policy.gcra, policy.id as u8, values, rows, now_ns, weight, claim);
-    let verdict = if j.admit {
-        Verdict::Admit
-    } else if policy.flags & Policy::DRY_RUN != 0 {
-        Verdict::WouldRefuse
-    } else {
-        Verdict::Refuse
-    };
-    (verdict, j.store)
+    (if j.admit { Verdict::Admit } else { refusal(policy) }, j.store)
+}
+
+/// The verdict for a packet the policy refuses (dry-run: would refuse).
+#[inline(always)]
+pub fn refusal(policy: &Policy) -> Verdict {
+    if policy.flags & Policy::DRY_RUN != 0 { Verdict::WouldRefuse } else { Verdict::Refuse }
 }
 
 #[inline(always)]

@@ -1,12 +1,19 @@
-//! The kernel side of the limiter, split the way a packet flows: [`parse`] the headers,
-//! build the [`key`], [`decide`] against the bucket (a per-CPU one, or a shared one: [`scope`]). The programs themselves (and their maps)
-//! live in the binaries: `main.rs` (the limiter), `bin/probe.rs` and `bin/bench.rs` (tests).
+//! The kernel side of the limiter, split the way a packet flows: [`parse`] the headers, build
+//! the [`key`] (its hash and standing refusal from this CPU's [`memo`]), [`decide`] against the
+//! bucket (a per-CPU one, or a shared one: [`scope`]).
+//!
+//! The programs and their maps live in the binaries: `main.rs`, the limiter, whose maps and steps
+//! are in `program/` (not part of this library: each object that holds the limiter compiles it,
+//! with its own maps); and the test programs in `bin/` (limiter-ebpf's `testing` feature):
+//! `probe.rs`, `bench.rs`, `gen.rs`, and `switchable.rs`, the limiter with its memo's shortcuts
+//! set at load.
 #![no_std]
 // The compare-and-exchange intrinsic (`scope::compare_exchange`): nightly, as the BPF build is.
 #![cfg_attr(target_arch = "bpf", allow(internal_features), feature(core_intrinsics))]
 
 pub mod decide;
 pub mod key;
+pub mod memo;
 pub mod parse;
 pub mod scope;
 

@@ -23,7 +23,7 @@
 //!    so class OTHER).
 //! 3. **Ports hidden** (`ports_hidden`, judged by class; dropped by the limiter while a policy
 //!    could miss it: any port policy, for class OTHER a TCP or UDP policy other than `any`, or
-//!    a judging policy keyed on the port, `main.rs`'s `hides_from_a_policy`): the datagram the
+//!    a judging policy keyed on the port, `program/policy.rs`'s `hides_from_a_policy`): the datagram the
 //!    stack will reassemble carries a port this parser cannot
 //!    see. Tiny-fragment attacks (RFC 1858) split the L4 header over fragments so that the first
 //!    one carries no port; Linux reassembles them and delivers the ports. Concretely:

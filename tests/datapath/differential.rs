@@ -8,7 +8,7 @@
 //! The generator is a seeded `StdRng`: the seed is printed, and `LIMITER_DIFF_SEED=<n>` replays
 //! (or varies) a run.
 
-use limiter_common::{SipKey, key::FAMILY_V4, maps::ParseProbe};
+use limiter_common::{SipKey, key::FAMILY_V4, testing::ParseProbe};
 use limiter_tests::{
     frames::{self, ETH_LEN, Fixture, TAG_LEN, hex, set_u16},
     kernel_programs::{Judge, Landed, Probe, errno},

@@ -11,7 +11,8 @@ use etherparse::EtherType;
 use limiter_common::{
     SipKey,
     key::{FAMILY_V4, FAMILY_V6},
-    maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Counters, GENERATIONS, ParseProbe, Policy},
+    maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Counters, GENERATIONS, Policy},
+    testing::ParseProbe,
 };
 use limiter_ctl::{
     Limiter,

@@ -12,7 +12,7 @@ use etherparse::{
     Icmpv6Type, IpFragOffset, IpNumber, Ipv4Header, Ipv4Options, Ipv6FlowLabel, Ipv6FragmentHeader, Ipv6Header,
     Ipv6RawExtHeader, SingleVlanHeader, TcpHeader, UdpHeader, VlanId, VlanPcp,
 };
-use limiter_common::maps::ParseProbe;
+use limiter_common::testing::ParseProbe;
 
 pub const ETH_LEN: usize = 14;
 pub const TAG_LEN: usize = 4;

@@ -14,7 +14,8 @@ use aya::{
 };
 use limiter_common::{
     SipKey,
-    maps::{CLASS_TCP, CLASS_UDP, Counters, ParseProbe, Policy},
+    maps::{CLASS_TCP, CLASS_UDP, Counters, Policy},
+    testing::ParseProbe,
 };
 use limiter_ctl::{
     Limiter,

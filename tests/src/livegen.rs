@@ -18,7 +18,7 @@ use aya::{
     maps::Array,
     programs::{TestRun, TestRunAttrs, TestRunOptions, Xdp},
 };
-use limiter_common::maps::GenConfig;
+use limiter_common::testing::GenConfig;
 use limiter_ctl::objects;
 
 use crate::flood::{FrameSpec, L4, Report, Throttle, ifindex, log_flood};

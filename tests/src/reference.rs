@@ -34,7 +34,8 @@ use etherparse::{
 use limiter_common::{
     FlowKey,
     key::{FAMILY_V4, FAMILY_V6},
-    maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, ParseProbe},
+    maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP},
+    testing::ParseProbe,
 };
 use limiter_ctl::config::KeySpec;
 

@@ -26,52 +26,29 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// Loads the program with `buckets` buckets per generation (a power of two), unpinned: it
-    /// goes when the handle goes. Nothing is attached and no policy set: it passes everything.
-    pub fn load(buckets: u32) -> Result<Self, Error> {
-        Self::open(buckets, 1, None)
-    }
-
-    /// [`Limiter::load`] with the buckets split into `rows` count-min rows (1..=4).
-    pub fn load_rows(buckets: u32, rows: u32) -> Result<Self, Error> {
-        Self::open(buckets, rows, None)
-    }
-
-    /// Test-only: [`Limiter::load_rows`] with the program's per-CPU key memo off (every packet
-    /// hashes its key), for the benchmark to measure the memo against no memo in one run.
-    #[cfg(feature = "testing")]
-    pub fn load_rows_without_key_memo(buckets: u32, rows: u32) -> Result<Self, Error> {
-        Self::open_with(buckets, rows, None, Switches { key_memo: false, tick_refusal: false })
-    }
-
-    /// Test-only: [`Limiter::load_rows`] with the tick refusal off (a flooding key's standing
-    /// refusal is checked on the precise clock on every packet), for the benchmark's A/B and
-    /// for tests of exact refusal timing.
-    #[cfg(feature = "testing")]
-    pub fn load_rows_without_tick_refusal(buckets: u32, rows: u32) -> Result<Self, Error> {
-        Self::open_with(buckets, rows, None, Switches { key_memo: true, tick_refusal: false })
-    }
-
     /// Loads the program with its maps pinned in `pins`. When a limiter was left there (its
     /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
     /// they are what this build expects; [`Limiter::adopted`] says so.
     pub(crate) fn open(buckets: u32, rows: u32, pins: Option<PinDir>) -> Result<Self, Error> {
-        Self::open_with(buckets, rows, pins, Switches::ALL)
+        Self::open_object(objects::LIMITER, EbpfLoader::new(), buckets, rows, pins)
     }
 
-    fn open_with(buckets: u32, rows: u32, pins: Option<PinDir>, switches: Switches) -> Result<Self, Error> {
+    /// [`Limiter::open`] of `object` (the shipped program, or a test build of it with the same
+    /// maps), with `loader` as the caller prepared it.
+    pub(super) fn open_object(
+        object: &[u8],
+        mut loader: EbpfLoader<'_>,
+        buckets: u32,
+        rows: u32,
+        pins: Option<PinDir>,
+    ) -> Result<Self, Error> {
         check_buckets(buckets)?;
         check_rows(rows)?;
-        let key_memo = u8::from(switches.key_memo);
-        let tick_refusal = u8::from(switches.tick_refusal);
-        let mut loader = EbpfLoader::new();
-        loader.override_global("USE_KEY_MEMO", &key_memo, true);
-        loader.override_global("USE_TICK_REFUSAL", &tick_refusal, true);
         loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
         loader.map_max_entries(MAP_HOST_BUCKETS, GENERATIONS * buckets);
         let mut adopted = false;
         let mut stale = None;
-        let pin_paths: Vec<(&str, PathBuf)> = match &pins {
+        let pin_paths: Vec<(&'static str, PathBuf)> = match &pins {
             None => Vec::new(),
             Some(p) if p.has_link() => match Self::check_adoptable(p, buckets, rows) {
                 Ok(()) => {
@@ -95,10 +72,10 @@ impl Limiter {
                 super::pins::map_names().map(|m| (m, p.map(m))).collect()
             }
         };
-        for (name, path) in &pin_paths {
-            loader.map_pin_path(name, path.as_path());
+        for (name, path) in pin_paths {
+            loader.map_pin_path(name, path);
         }
-        let mut ebpf = loader.load(objects::LIMITER).map_err(Error::Load)?;
+        let mut ebpf = loader.load(object).map_err(Error::Load)?;
         let program: &mut Xdp = ebpf
             .program_mut(PROGRAM)
             .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
@@ -196,18 +173,4 @@ impl Limiter {
             .set(0, config, 0)
             .map_err(|source| Error::Map { name: MAP_CONFIG, source })
     }
-}
-
-/// The program's shortcuts that tests and benchmarks turn off to measure or time them (both on
-/// in production).
-#[derive(Clone, Copy)]
-struct Switches {
-    /// The per-CPU key memo (`KeyMemo`): hash and standing refusal of the last key.
-    key_memo: bool,
-    /// A flooding key refused for the rest of the tick without the clock (`limiter_common::tick`).
-    tick_refusal: bool,
-}
-
-impl Switches {
-    const ALL: Self = Self { key_memo: true, tick_refusal: true };
 }

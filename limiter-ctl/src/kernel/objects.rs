@@ -5,7 +5,11 @@ pub static LIMITER: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// Test-only: the parser and key builder, recording what they derived (`limiter_probe`).
 #[cfg(feature = "testing")]
 pub static PROBE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-probe"));
-/// Test-only: the benchmark baselines `bench_pass` and `bench_floor`.
+/// Test-only: the limiter with its memo's shortcuts set at load (`USE_KEY_MEMO`,
+/// `USE_TICK_REFUSAL`), for the benchmark's A/B rows and exact-timing tests.
+#[cfg(feature = "testing")]
+pub static SWITCHABLE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-switchable"));
+/// Test-only: the benchmark baselines `bench_pass`, `bench_drop` and `bench_floor`.
 #[cfg(feature = "testing")]
 pub static BENCH: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-bench"));
 /// Test-only: the flood generator (`limiter_gen`), for BPF_PROG_TEST_RUN live frames.

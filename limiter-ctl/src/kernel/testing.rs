@@ -1,16 +1,53 @@
-//! Test-only accessors (the `testing` feature, which limiter-tests enables): running the
-//! program on a frame, reaching into its maps below the level the daemon works at, and reading
-//! another process's maps through the daemon's own [`MapView`].
+//! Test-only accessors (the `testing` feature, which limiter-tests enables): loading the program
+//! unpinned (or its test build, with the memo's shortcuts off), running it on a frame, reaching
+//! into its maps below the level the daemon works at, and reading another process's maps
+//! through the daemon's own [`MapView`].
 
 use aya::{
+    EbpfLoader,
     maps::Map,
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
 use limiter_common::maps::{CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_HOST_BUCKETS, PROGRAM, Policy};
 
-use super::{Error, Limiter, MapView};
+use super::{Error, Limiter, MapView, objects};
 
 impl Limiter {
+    /// Loads the program with `buckets` buckets per generation (a power of two), unpinned: it
+    /// goes when the handle goes. Nothing is attached and no policy set: it passes everything.
+    pub fn load(buckets: u32) -> Result<Self, Error> {
+        Self::open(buckets, 1, None)
+    }
+
+    /// [`Limiter::load`] with the buckets split into `rows` count-min rows (1..=4).
+    pub fn load_rows(buckets: u32, rows: u32) -> Result<Self, Error> {
+        Self::open(buckets, rows, None)
+    }
+
+    /// [`Limiter::load_rows`] with the program's per-CPU key memo off (every packet hashes its
+    /// key; the tick refusal, which lives in the memo, goes with it), for the benchmark to
+    /// measure the memo against no memo in one run.
+    pub fn load_rows_without_key_memo(buckets: u32, rows: u32) -> Result<Self, Error> {
+        Self::load_switchable(buckets, rows, false, false)
+    }
+
+    /// [`Limiter::load_rows`] with the tick refusal off (a flooding key's standing refusal is
+    /// checked on the precise clock on every packet), for the benchmark's A/B and for tests of
+    /// exact refusal timing.
+    pub fn load_rows_without_tick_refusal(buckets: u32, rows: u32) -> Result<Self, Error> {
+        Self::load_switchable(buckets, rows, true, false)
+    }
+
+    /// The test build of the program whose memo shortcuts are globals (`objects::SWITCHABLE`;
+    /// the shipped one has them compiled in), with them set as asked.
+    fn load_switchable(buckets: u32, rows: u32, key_memo: bool, tick_refusal: bool) -> Result<Self, Error> {
+        let (key_memo, tick_refusal) = (u8::from(key_memo), u8::from(tick_refusal));
+        let mut loader = EbpfLoader::new();
+        loader.override_global("USE_KEY_MEMO", &key_memo, true);
+        loader.override_global("USE_TICK_REFUSAL", &tick_refusal, true);
+        Self::open_object(objects::SWITCHABLE, loader, buckets, rows, None)
+    }
+
     pub fn program(&self) -> Result<&Xdp, Error> {
         self.ebpf
             .program(PROGRAM)

@@ -13,7 +13,7 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray},
     programs::XdpContext,
 };
-use limiter_common::maps::GenConfig;
+use limiter_common::testing::GenConfig;
 
 #[map]
 static GEN_CONFIG: Array<GenConfig> = Array::with_max_entries(1, 0);

@@ -9,7 +9,7 @@ use aya_ebpf::{
     maps::Array,
     programs::XdpContext,
 };
-use limiter_common::maps::{ParseProbe, Policy};
+use limiter_common::{maps::Policy, testing::ParseProbe};
 use limiter_ebpf::{
     key::key_words,
     parse::{Skip, parse},

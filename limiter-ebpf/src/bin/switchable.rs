@@ -1,0 +1,44 @@
+//! Test-only: the limiter program (`program/`, compiled again here) with the key memo's
+//! shortcuts read from globals the loader sets, so the benchmark can measure each against its
+//! absence in one run and tests can time refusals on the precise clock. Same program and map
+//! names as the shipped object, which has the shortcuts compiled in (`main.rs`).
+#![no_std]
+#![no_main]
+
+#[path = "../program/mod.rs"]
+mod program;
+
+use aya_ebpf::{macros::xdp, programs::XdpContext};
+use limiter_ebpf::memo::Shortcuts;
+
+/// 0 turns the key memo off (and with it the tick refusal): every packet hashes its key.
+/// Read-only data, so the verifier drops the untaken branch.
+#[unsafe(no_mangle)]
+static USE_KEY_MEMO: u8 = 1;
+
+/// 0 turns the tick refusal off (`limiter_common::tick`): a standing refusal is checked on the
+/// precise clock on every packet.
+#[unsafe(no_mangle)]
+static USE_TICK_REFUSAL: u8 = 1;
+
+/// The shortcuts as the loader set them.
+struct AtLoad;
+
+impl Shortcuts for AtLoad {
+    #[inline(always)]
+    fn key_memo() -> bool {
+        unsafe { core::ptr::read_volatile(&USE_KEY_MEMO) != 0 }
+    }
+
+    #[inline(always)]
+    fn tick_refusal() -> bool {
+        unsafe { core::ptr::read_volatile(&USE_TICK_REFUSAL) != 0 }
+    }
+}
+
+#[xdp]
+pub fn limiter(ctx: XdpContext) -> u32 {
+    program::limiter::<AtLoad>(&ctx)
+}
+
+limiter_ebpf::program_object!();

@@ -1,0 +1,175 @@
+//! The decide step: the verdict for a key of `family` (its `words`) under `policy`, against its
+//! buckets, for a frame of `len` bytes; None on a failed lookup. Per-CPU scope ([`per_cpu`])
+//! reads the key's row buckets in `BUCKETS` (unless the memo's standing refusal answers first);
+//! host scope ([`host`]), its one bucket in `HOST_BUCKETS`, shared by every CPU
+//! (`limiter_ebpf::scope`). During a salt rotation the previous generation's buckets are read
+//! too and a later TAT carries over.
+
+use aya_ebpf::helpers::bpf_ktime_get_ns;
+use limiter_common::{
+    gcra,
+    key::{key_hash, row0_index},
+    maps::{Config, Policy},
+    rows::{MAX_ROWS, row_indexes},
+};
+use limiter_ebpf::{
+    decide::{Verdict, decide as judge, refusal},
+    memo::{self, KeyMemo, Shortcuts},
+    scope,
+};
+
+use super::{BUCKETS, HOST_BUCKETS, KEY_MEMO, POLICIES};
+
+/// A per-CPU policy: the memo's standing refusal, else the key's bucket in each row, judged
+/// and written back where it changes; the memo then records how long a refusal stands.
+#[inline(always)]
+pub fn per_cpu<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], len: u64) -> Option<Verdict> {
+    let generation = (cfg.generation & 1) as usize;
+    let (rows, row_len) = row_shape(cfg);
+    let mut memo = key_memo::<S>();
+    let hash = memo::hash(memo.as_deref_mut(), &cfg.salts[generation], family, words);
+    if let Some(m) = memo.as_deref_mut() {
+        if memo::refusal_stands::<S>(m, cfg, policy, rows) {
+            return Some(refusal(policy));
+        }
+    }
+    let current = bucket_rows(cfg, generation, hash, rows, row_len);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let mut values = read_rows(&current, rows)?;
+    if now < cfg.grace_until_ns {
+        // Salt rotation: each of the source's rows under the previous salt may be further ahead.
+        let old_hash = key_hash(&cfg.salts[generation ^ 1], family, words);
+        let previous = bucket_rows(cfg, generation ^ 1, old_hash, rows, row_len);
+        let old = read_rows(&previous, rows)?;
+        let mut i = 0;
+        while i < MAX_ROWS && i < rows {
+            values[i] = gcra::later(values[i], old[i], now, policy.gcra.capacity, |id| claim(id, now));
+            i += 1;
+        }
+    }
+    let (verdict, store) = judge(policy, &values, rows, now, len, |id| claim(id, now));
+    write_rows(&current, rows, &store);
+    if let Some(m) = memo {
+        memo::remember(m, cfg, policy, &values, rows, now, verdict);
+    }
+    Some(verdict)
+}
+
+/// A host-scope policy: the key's bucket in `HOST_BUCKETS`, one for every CPU, read plainly and
+/// written only by compare-and-exchange when the judgement changes it (`limiter_ebpf::scope`).
+/// During a salt rotation the old generation's bucket is read too and a later TAT carries over,
+/// as for per-CPU buckets; it is never written (every write goes to the current generation).
+#[inline(always)]
+pub fn host<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], len: u64) -> Option<Verdict> {
+    let generation = (cfg.generation & 1) as usize;
+    let hash = memo::hash(key_memo::<S>(), &cfg.salts[generation], family, words);
+    let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
+    // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+    Some(unsafe {
+        scope::judge_shared(bucket, refusal(policy), |current| {
+            // The clock is read after the bucket, on every try: a TAT another CPU wrote was
+            // written at an earlier time than this one, so no CPU judges a newer TAT with an
+            // older clock (which would read it further ahead than its writer's claim: a ghost, idle).
+            let now = bpf_ktime_get_ns();
+            let mut value = current;
+            if now < cfg.grace_until_ns {
+                // Salt rotation: the key's bucket under the previous salt may be further ahead
+                // (never written: every write goes to the current generation).
+                let old_hash = key_hash(&cfg.salts[generation ^ 1], family, words);
+                if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, old_hash)) {
+                    value = gcra::later(current, scope::load(old), now, policy.gcra.capacity, |id| claim(id, now));
+                }
+            }
+            // One row: the host array is not split (count-min rows are for per-CPU buckets).
+            let mut values = [0u64; MAX_ROWS];
+            values[0] = value;
+            let (verdict, store) = judge(policy, &values, 1, now, len, |id| claim(id, now));
+            (verdict, store[0])
+        })
+    })
+}
+
+/// This CPU's key memo, None when `S` turns it off.
+#[inline(always)]
+fn key_memo<S: Shortcuts>() -> Option<&'static mut KeyMemo> {
+    if !S::key_memo() {
+        return None;
+    }
+    // SAFETY: a map value, valid for the program's run; only this CPU touches it.
+    KEY_MEMO.get_ptr_mut(0).map(|m| unsafe { &mut *m })
+}
+
+/// The key's bucket in `HOST_BUCKETS` for `generation`, from the key's hash under that
+/// generation's salt: one index over the generation's whole half, laid out as `BUCKETS` is.
+#[inline(always)]
+fn host_index(cfg: &Config, generation: usize, hash: u64) -> u32 {
+    let base = (generation as u32) * (cfg.bucket_mask + 1);
+    base + row0_index(hash, cfg.bucket_mask)
+}
+
+/// The number of rows and their length (a zero `rows` or `row_len` reads as one row of all).
+#[inline(always)]
+fn row_shape(cfg: &Config) -> (usize, u32) {
+    let rows = if cfg.rows == 0 {
+        1
+    } else if cfg.rows as usize > MAX_ROWS {
+        MAX_ROWS
+    } else {
+        cfg.rows as usize
+    };
+    let len = if cfg.row_len == 0 { cfg.bucket_mask.wrapping_add(1) } else { cfg.row_len };
+    (rows, len)
+}
+
+/// The source's bucket in each row of `generation`, from its hash under that generation's salt.
+#[inline(always)]
+fn bucket_rows(cfg: &Config, generation: usize, hash: u64, rows: usize, len: u32) -> [u32; MAX_ROWS] {
+    let base = (generation as u32) * (cfg.bucket_mask + 1);
+    let mut idx = row_indexes(hash, rows, len);
+    let mut i = 0;
+    while i < MAX_ROWS {
+        idx[i] += base;
+        i += 1;
+    }
+    idx
+}
+
+/// The buckets' values; None on a failed lookup (an index beyond the map).
+#[inline(always)]
+fn read_rows(idx: &[u32; MAX_ROWS], rows: usize) -> Option<[u64; MAX_ROWS]> {
+    let mut values = [0u64; MAX_ROWS];
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        values[i] = unsafe { *BUCKETS.get_ptr(idx[i])? };
+        i += 1;
+    }
+    Some(values)
+}
+
+/// Writes the rows whose value changes (read above, so the lookups succeed).
+#[inline(always)]
+fn write_rows(idx: &[u32; MAX_ROWS], rows: usize, store: &[Option<u64>; MAX_ROWS]) {
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        if let Some(v) = store[i] {
+            if let Some(bucket) = BUCKETS.get_ptr_mut(idx[i]) {
+                unsafe { *bucket = v };
+            }
+        }
+        i += 1;
+    }
+}
+
+/// Policy `id`'s claim at `now_ns` (`limiter_common::gcra::claim`): its window while active, or
+/// what is left of its hold. Asked only for a TAT beyond the reader's own window (is it owed to a
+/// live source of its writer, or a ghost of the clock's wrap?). A failed lookup claims all.
+#[inline(always)]
+fn claim(id: u8, now_ns: u64) -> u64 {
+    match POLICIES.get(u32::from(id)) {
+        Some(p) => {
+            let capacity = if p.flags & Policy::ACTIVE != 0 { p.gcra.capacity } else { 0 };
+            gcra::claim(capacity, p.hold_until_ns, now_ns)
+        }
+        None => gcra::Gcra::LIMIT,
+    }
+}

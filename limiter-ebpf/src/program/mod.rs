@@ -1,0 +1,88 @@
+//! The limiter program: its maps and its steps, parse → policy → key → decide → act
+//! ([`limiter`]). Anything it cannot judge, and any fault of its own, passes and is counted.
+//!
+//! Not part of limiter-ebpf's library: the shipped object (`main.rs`, every shortcut on) and the
+//! test object `limiter-switchable` (`bin/switchable.rs`, shortcuts set at load) each compile it,
+//! so each holds its own maps, under the same names.
+
+mod act;
+mod buckets;
+mod policy;
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, LpmTrie, PerCpuArray, RingBuf},
+    programs::XdpContext,
+};
+use limiter_common::maps::{
+    Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN,
+    PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
+};
+use limiter_ebpf::{
+    key::key_words,
+    memo::{KeyMemo, Shortcuts},
+    parse::parse,
+};
+
+use self::policy::Selected;
+
+#[map]
+static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
+#[map]
+static POLICIES: Array<Policy> = Array::with_max_entries(MAX_POLICIES, 0);
+#[map]
+static PORT_POLICY: Array<u16> = Array::with_max_entries(PORT_POLICY_ENTRIES, 0);
+/// Resized at load to GENERATIONS x the bucket count the operator chose.
+#[map]
+static BUCKETS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GENERATIONS * DEFAULT_BUCKETS, 0);
+/// Host-scope policies' buckets: one copy shared by every CPU, same size and generations as
+/// `BUCKETS` (resized at load with it).
+#[map]
+static HOST_BUCKETS: Array<u64> = Array::with_max_entries(GENERATIONS * DEFAULT_BUCKETS, 0);
+#[map]
+static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_POLICIES, 0);
+#[map]
+static ACL_V4: LpmTrie<[u8; 4], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES, 0);
+#[map]
+static ACL_V6: LpmTrie<[u8; 16], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES, 0);
+// Read and written by userspace only; defined here so they are created and pinned with the rest.
+#[map]
+static POLICY_NAMES: Array<[u8; POLICY_NAME_LEN]> = Array::with_max_entries(MAX_POLICIES, 0);
+#[map]
+static LAYOUT: Array<u64> = Array::with_max_entries(1, 0);
+#[map]
+static REFUSALS: RingBuf = RingBuf::with_byte_size(REFUSALS_BYTES, 0);
+/// Each CPU's last key and its hash (`KeyMemo`). Not pinned: a cache, empty after a reload.
+#[map]
+static KEY_MEMO: PerCpuArray<KeyMemo> = PerCpuArray::with_max_entries(1, 0);
+/// Each CPU's refusal sampler state (`limiter_common::sample`). Not pinned: reseeded after a
+/// reload.
+#[map]
+static SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The XDP program's body, with the memo's shortcuts `S`.
+#[inline(always)]
+pub fn limiter<S: Shortcuts>(ctx: &XdpContext) -> u32 {
+    let frame_len = (ctx.data_end() - ctx.data()) as u64;
+    let pkt = match parse(ctx) {
+        Ok(pkt) => pkt,
+        Err(skip) => return act::skipped(skip),
+    };
+    let Some(cfg) = CONFIG.get(0) else {
+        return act::fault();
+    };
+    let policy = match policy::select(cfg, &pkt) {
+        Selected::Judge(policy) => policy,
+        Selected::Done(action) => return action,
+    };
+    let words = key_words(&pkt, policy);
+    let verdict = if policy.flags & Policy::SCOPE_HOST != 0 {
+        buckets::host::<S>(cfg, pkt.family, policy, &words, frame_len)
+    } else {
+        buckets::per_cpu::<S>(cfg, pkt.family, policy, &words, frame_len)
+    };
+    let Some(verdict) = verdict else {
+        return act::fault();
+    };
+    act::act(cfg, &pkt, policy, &words, verdict, frame_len)
+}

@@ -1,0 +1,112 @@
+//! The policy step: which policy judges the packet, after the allow and deny lists and the
+//! hidden-port rule have had their say.
+
+use aya_ebpf::{
+    bindings::xdp_action::{XDP_DROP, XDP_PASS},
+    maps::lpm_trie::Key,
+};
+use limiter_common::{
+    key::FAMILY_V4,
+    maps::{ACL_ALLOW, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Config, Policy},
+};
+use limiter_ebpf::parse::Packet;
+
+use super::{ACL_V4, ACL_V6, POLICIES, PORT_POLICY, act};
+
+/// What the policy step made of a packet.
+pub enum Selected {
+    /// This active policy judges it.
+    Judge(&'static Policy),
+    /// No policy judges it: this XDP action, already counted (a listed source, a hidden port,
+    /// no active policy, a fault).
+    Done(u32),
+}
+
+/// The policy that judges `pkt`, or what becomes of a packet none judges.
+#[inline(always)]
+pub fn select(cfg: &Config, pkt: &Packet) -> Selected {
+    let Some(id) = policy_id(cfg, pkt) else {
+        return Selected::Done(act::fault());
+    };
+    if cfg.flags & (Config::HAS_ACL_V4 | Config::HAS_ACL_V6) != 0 {
+        if let Some(action) = acl(cfg, pkt) {
+            // Counted under the policy the packet would have met, so hits show per policy.
+            return Selected::Done(if action == ACL_ALLOW {
+                act::bump(u32::from(id), |c| c.allowed_packets += 1);
+                XDP_PASS
+            } else {
+                act::bump(u32::from(id), |c| c.denied_packets += 1);
+                XDP_DROP
+            });
+        }
+    }
+    if pkt.ports_hidden && hides_from_a_policy(cfg, pkt) {
+        act::bump(0, |c| c.unreadable_ports += 1);
+        return Selected::Done(XDP_DROP);
+    }
+    if id == 0 {
+        return Selected::Done(act::unmatched());
+    }
+    let Some(policy) = POLICIES.get(u32::from(id)) else {
+        return Selected::Done(act::fault());
+    };
+    if policy.flags & Policy::ACTIVE == 0 {
+        return Selected::Done(act::unmatched());
+    }
+    Selected::Judge(policy)
+}
+
+/// The packet's policy id (0: none): exact port or range, then protocol, then `any`, all folded
+/// by userspace into two array reads. None on a failed lookup.
+#[inline(always)]
+fn policy_id(cfg: &Config, pkt: &Packet) -> Option<u16> {
+    if pkt.has_l4 && cfg.flags & Config::HAS_PORT_POLICIES != 0 && (pkt.class == CLASS_TCP || pkt.class == CLASS_UDP) {
+        let index = (pkt.class as u32) << 16 | u32::from(pkt.dport);
+        let id = *PORT_POLICY.get(index)?;
+        if id != 0 {
+            return Some(id);
+        }
+    }
+    Some(cfg.class_policy[pkt.class & 3])
+}
+
+/// A datagram that hides its port (or, past the extension headers walked, its protocol) might
+/// be meant for a policy that cannot see it: a port policy (RFC 1858), or, when even the
+/// protocol is unknown, a TCP or UDP policy other than `any`. And the policy that would judge
+/// it must not key on the port: its key would be port 0's, a second allowance beside the one of
+/// the port the stack delivers it to. Such datagrams are dropped, whatever the policy's mode
+/// (like a port policy's); otherwise they are judged like any packet of their class, under the
+/// very key of the datagram they start.
+#[inline(always)]
+fn hides_from_a_policy(cfg: &Config, pkt: &Packet) -> bool {
+    let judged_by = cfg.class_policy[pkt.class & 3];
+    let any = cfg.class_policy[CLASS_OTHER];
+    cfg.flags & Config::HAS_PORT_POLICIES != 0
+        || (pkt.class == CLASS_OTHER && (cfg.class_policy[CLASS_TCP] != any || cfg.class_policy[CLASS_UDP] != any))
+        || match POLICIES.get(u32::from(judged_by)) {
+            // For class OTHER, `judged_by` is `any`, which is then also the TCP and UDP policy.
+            Some(p) => p.flags & (Policy::ACTIVE | Policy::KEY_DPORT) == Policy::ACTIVE | Policy::KEY_DPORT,
+            // Id 0 (no policy) reads as an inactive entry; a failed lookup cannot happen for
+            // an id below MAX_POLICIES, and is not a reason to drop.
+            None => false,
+        }
+}
+
+/// The allow/deny verdict for the packet's source, if a listed prefix covers it.
+#[inline(always)]
+fn acl(cfg: &Config, pkt: &Packet) -> Option<u8> {
+    if pkt.family == FAMILY_V4 {
+        if cfg.flags & Config::HAS_ACL_V4 == 0 {
+            return None;
+        }
+        ACL_V4.get(Key::new(32, (pkt.src[0] as u32).to_le_bytes())).copied()
+    } else {
+        if cfg.flags & Config::HAS_ACL_V6 == 0 {
+            return None;
+        }
+        let mut addr = [0u8; 16];
+        addr[..8].copy_from_slice(&pkt.src[0].to_le_bytes());
+        addr[8..].copy_from_slice(&pkt.src[1].to_le_bytes());
+        ACL_V6.get(Key::new(128, addr)).copied()
+    }
+}
