@@ -97,7 +97,10 @@ fn unit(filter: &[String]) -> anyhow::Result<()> {
             .args(["--exclude", "limiter-common", "--"])
             .args(filter),
     )?;
-    exec(cargo().args(["test", "--package", "limiter-ebpf", "--lib", "--"]).args(filter))
+    exec(cargo().args(["test", "--package", "limiter-ebpf", "--lib", "--"]).args(filter))?;
+    // The test harness's own unit tests (the reference GCRA, the bounds, frame building, the
+    // flood generator's pacing): plain functions, no root; the integration targets run apart.
+    exec(cargo().args(["test", "--package", "limiter-tests", "--lib", "--bins", "--"]).args(filter))
 }
 
 /// Which tests of a target run.
