@@ -140,6 +140,12 @@ impl Policy {
     /// Host scope: one allowance per key for the whole host, in `HOST_BUCKETS` (shared by every
     /// CPU, updated by compare-and-exchange), instead of one per CPU in `BUCKETS`.
     pub const SCOPE_HOST: u32 = 1 << 4;
+    /// A predicate, checked after the policy is selected: the policy judges only TCP segments
+    /// with SYN set and ACK clear (connection openings). Any other packet it would have judged
+    /// is judged as if the policy were absent: by its protocol's policy, else `any`'s, else by
+    /// none. A new bit: records written before it existed never set it, so the layout keeps its
+    /// version.
+    pub const SYN_ONLY: u32 = 1 << 5;
 }
 
 /// Host scope: how many times a packet tries to compare-and-exchange its bucket before it is
@@ -171,7 +177,7 @@ pub struct Counters {
     /// dropped whatever the policy's mode while a policy could need the port: any port policy
     /// exists; the protocol is unknown and `tcp` or `udp` has a policy other than `any`; or the
     /// policy that would judge it keys on the port (its key would be port 0's, a second
-    /// allowance beside the real port's). Otherwise it is judged by its class, under the very
+    /// allowance beside the real port's) or is SYN-only (the flags are hidden too). Otherwise it is judged by its class, under the very
     /// key of the datagram it starts (docs/DESIGN.md, Hidden ports).
     pub unreadable_ports: u64,
 }

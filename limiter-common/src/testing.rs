@@ -29,7 +29,9 @@ pub struct ParseProbe {
     pub ports_hidden: u8,
     pub sport: u16,
     pub dport: u16,
-    pub _pad2: u32,
+    /// 1 for a TCP segment with SYN set and ACK clear (`Packet::syn`).
+    pub syn: u8,
+    pub _pad2: [u8; 3],
     pub src: [u8; 16],
     /// Key words for the probe's fixed policy (id 1, /24 and /48, with dport).
     pub key: [u64; 3],

@@ -23,7 +23,7 @@
 //!    so class OTHER).
 //! 3. **Ports hidden** (`ports_hidden`, judged by class; dropped by the limiter while a policy
 //!    could miss it: any port policy, for class OTHER a TCP or UDP policy other than `any`, or
-//!    a judging policy keyed on the port, `program/policy.rs`'s `hides_from_a_policy`): the datagram the
+//!    a judging policy keyed on the port or SYN-only, `program/policy.rs`'s `hides_from_a_policy`): the datagram the
 //!    stack will reassemble carries a port this parser cannot
 //!    see. Tiny-fragment attacks (RFC 1858) split the L4 header over fragments so that the first
 //!    one carries no port; Linux reassembles them and delivers the ports. Concretely:
@@ -126,6 +126,9 @@ pub struct Packet {
     pub proto: u8,
     pub sport: u16,
     pub dport: u16,
+    /// A TCP segment with SYN set and ACK clear (a connection opening), read from the flags
+    /// byte of the 20 bytes `has_l4` checked; false for anything else, TCP without L4 included.
+    pub syn: bool,
     /// `CLASS_TCP`, `CLASS_UDP`, `CLASS_ICMP` or `CLASS_OTHER`.
     pub class: usize,
     /// The source address as two little-endian words (IPv4: low 32 bits of the first).
@@ -195,6 +198,7 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
         ports_hidden: false,
         sport: 0,
         dport: 0,
+        syn: false,
         src: [u64::from(src), 0],
     };
     let frags = u16::from_be_bytes(unsafe { (*ip).frags });
@@ -250,6 +254,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
         ports_hidden: false,
         sport: 0,
         dport: 0,
+        syn: false,
         src: unsafe { core::ptr::read_unaligned(src) },
     };
     let pkt = walk_v6_chain(ctx, pkt, l3 + Ipv6Hdr::LEN, end)?;
@@ -362,6 +367,8 @@ fn parse_l4(ctx: &XdpContext, mut pkt: Packet, l4: usize, end: usize, first_frag
         if doff < 20 || l4 + doff > end {
             return Ok(cut);
         }
+        // Within the 20 bytes `ptr_at` checked: SYN (0x02) set, ACK (0x10) clear.
+        pkt.syn = unsafe { (*hdr)[13] } & 0x12 == 0x02;
     }
     if pkt.class != CLASS_ICMP {
         let ports: *const [u8; 4] = hdr.cast();

@@ -744,3 +744,102 @@ fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
     }
     assert_none(&failures, "hidden or later fragments judged wrong");
 }
+
+/// A SYN-only policy (`tcp:443,syn`, `tcp,syn`) judges SYNs without ACK only; every other
+/// segment (SYN-ACK, ACK, RST, FIN) is judged as if it were absent: by the protocol's policy,
+/// else `any`'s, else by none. IPv4 and IPv6 alike.
+#[test]
+fn syn_only_policies_judge_connection_openings_only() {
+    use Went::{Judged as J, Unmatched as N};
+    use frames::Segment;
+    require_root!();
+    const ANY: u16 = 1;
+    const TCP: u16 = 2;
+    const PORT: u16 = 4;
+    // (name, policies (id, match), class policies (`any` folded in), the port 443 policy, where a
+    // SYN goes, where every other segment goes).
+    type Case = (&'static str, &'static [(u16, &'static str)], [u16; 4], u16, Went, Went);
+    let cases: [Case; 6] = [
+        ("tcp:443,syn", &[(PORT, "tcp:443,syn")], [0; 4], PORT, J(PORT), N),
+        ("tcp:443,syn, tcp", &[(PORT, "tcp:443,syn"), (TCP, "tcp")], [TCP, 0, 0, 0], PORT, J(PORT), J(TCP)),
+        ("tcp:443,syn, any", &[(PORT, "tcp:443,syn"), (ANY, "any")], [ANY; 4], PORT, J(PORT), J(ANY)),
+        (
+            "tcp:443,syn, tcp, any",
+            &[(PORT, "tcp:443,syn"), (TCP, "tcp"), (ANY, "any")],
+            [TCP, ANY, ANY, ANY],
+            PORT,
+            J(PORT),
+            J(TCP),
+        ),
+        ("tcp,syn", &[(TCP, "tcp,syn")], [TCP, 0, 0, 0], 0, J(TCP), N),
+        ("tcp,syn, any", &[(TCP, "tcp,syn"), (ANY, "any")], [TCP, ANY, ANY, ANY], 0, J(TCP), J(ANY)),
+    ];
+    let v4 = frames::v4(1, 1);
+    let v6 = frames::v6(1, 1);
+    let segments: Vec<(String, Segment, Vec<u8>)> = Segment::ALL
+        .iter()
+        .flat_map(|&seg| {
+            let l4 = frames::tcp_segment(40_000, 443, seg);
+            [
+                (format!("v4 {seg:?}"), seg, ethernet(&[], EtherType::IPV4, &V4::from(v4).datagram(&l4))),
+                (format!("v6 {seg:?}"), seg, ethernet(&[], EtherType::IPV6, &ipv6(v6, &[], &l4))),
+            ]
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for (name, policies, classes, port, syn_went, other_went) in cases {
+        let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
+        limiter.set_salt(SALT).expect("salt");
+        for &(id, matches) in policies {
+            let spec = PolicyDef { matches: matches.parse().expect("a match"), ..permissive(KeySpec::default()) };
+            let record = compile::policy(&spec, id).expect("policy");
+            assert_eq!(record.flags & Policy::SYN_ONLY != 0, matches.ends_with(",syn"), "{matches}");
+            limiter.set_policy(&record).expect("policy");
+        }
+        let old = limiter.read_view().expect("view");
+        let mut new = old.clone();
+        new.routes.class_policy = classes;
+        new.routes.ports[(CLASS_TCP << 16) | 443] = port;
+        limiter.apply(&old, &new).expect("routes");
+        for (frame_name, seg, frame) in &segments {
+            let before = counters(&limiter);
+            let action = limiter.test_run(frame).expect("test run");
+            let after = counters(&limiter);
+            let moved = differences(&after, &before);
+            let went = if after[0].unmatched == before[0].unmatched + 1 {
+                Some(N)
+            } else {
+                (1..after.len())
+                    .find(|&id| after[id].admitted_packets == before[id].admitted_packets + 1)
+                    .map(|id| J(id as u16))
+            };
+            let want = if *seg == Segment::Syn { syn_went } else { other_went };
+            if went != Some(want) || action != XDP_PASS || moved.len() != 1 {
+                failures.push(format!(
+                    "{name}: {frame_name}: went {went:?} with action {action}, want {want:?}; moved {moved:?}"
+                ));
+            }
+        }
+    }
+    assert_none(&failures, "segments judged wrong under SYN-only policies");
+
+    // A first fragment hiding its TCP header hides its flags too: under `tcp,syn` (no port policy,
+    // no `+dport`) it is dropped, not passed by as if it were no SYN (a tiny-fragment SYN flood).
+    let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
+    limiter.set_salt(SALT).expect("salt");
+    let spec = PolicyDef { matches: "tcp,syn".parse().expect("a match"), ..permissive(KeySpec::default()) };
+    limiter.set_policy(&compile::policy(&spec, TCP).expect("policy")).expect("policy");
+    let old = limiter.read_view().expect("view");
+    let mut new = old.clone();
+    new.routes.class_policy = [TCP, 0, 0, 0];
+    limiter.apply(&old, &new).expect("routes");
+    let all = frames::fixtures();
+    for name in ["v4_first_fragment_8_bytes_of_tcp", "v6_first_fragment_doff_past_fragment"] {
+        let frame = &all.iter().find(|f| f.name == name).unwrap_or_else(|| panic!("no fixture {name}")).frame;
+        let before = counters(&limiter);
+        let action = limiter.test_run(frame).expect("test run");
+        let after = counters(&limiter);
+        assert_eq!(action, XDP_DROP, "{name} under tcp,syn");
+        assert_eq!(after[0].unreadable_ports, before[0].unreadable_ports + 1, "{name} under tcp,syn");
+    }
+}

@@ -95,6 +95,35 @@ pub fn tcp_with_options(sport: u16, dport: u16, options: usize) -> L4 {
     L4 { proto: IpNumber::TCP, bytes }
 }
 
+/// The TCP flags a segment of a connection carries, for SYN-only policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Segment {
+    Syn,
+    SynAck,
+    Ack,
+    Rst,
+    FinAck,
+}
+
+impl Segment {
+    pub const ALL: [Segment; 5] = [Segment::Syn, Segment::SynAck, Segment::Ack, Segment::Rst, Segment::FinAck];
+}
+
+/// A TCP segment with `segment`'s flags and a little payload.
+pub fn tcp_segment(sport: u16, dport: u16, segment: Segment) -> L4 {
+    let mut header = TcpHeader::new(sport, dport, 0x0102_0304, 64_240);
+    match segment {
+        Segment::Syn => header.syn = true,
+        Segment::SynAck => (header.syn, header.ack) = (true, true),
+        Segment::Ack => header.ack = true,
+        Segment::Rst => header.rst = true,
+        Segment::FinAck => (header.fin, header.ack) = (true, true),
+    }
+    let mut bytes = header.to_bytes().to_vec();
+    bytes.extend_from_slice(b"data");
+    L4 { proto: IpNumber::TCP, bytes }
+}
+
 pub fn udp(sport: u16, dport: u16, payload: usize) -> L4 {
     let header = UdpHeader { source_port: sport, destination_port: dport, length: (8 + payload) as u16, checksum: 0 };
     let mut bytes = header.to_bytes().to_vec();

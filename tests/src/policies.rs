@@ -115,6 +115,8 @@ impl PolicyRig for Rig {
         assert_eq!(kernel.gcra, pol.gcra(), "policy '{}' (id {id}) in the kernel", pol.name);
         assert_eq!(kernel.flags & Policy::BYTES != 0, pol.bytes, "'{}' byte flag", pol.name);
         assert_eq!(kernel.flags & Policy::DRY_RUN != 0, pol.dry_run, "'{}' dry-run flag", pol.name);
+        let syn = pol.matches.ends_with(",syn");
+        assert_eq!(kernel.flags & Policy::SYN_ONLY != 0, syn, "'{}' SYN-only flag", pol.name);
     }
 
     /// A flood of `streams` (interleaved) under `limits`, with every policy's counters read

@@ -88,7 +88,8 @@ struct Ip {
 /// A parsed L4 header: ports for TCP and UDP, none for ICMP.
 #[derive(Clone, Copy)]
 enum L4 {
-    Ports { sport: u16, dport: u16 },
+    /// `syn`: TCP with SYN set and ACK clear.
+    Ports { sport: u16, dport: u16, syn: bool },
     Icmp,
 }
 
@@ -217,10 +218,10 @@ enum L4Read {
 fn read_l4(family: u8, proto: IpNumber, payload: &[u8]) -> L4Read {
     let parsed = match proto {
         IpNumber::TCP => TcpHeader::from_slice(payload)
-            .map(|(h, _)| L4::Ports { sport: h.source_port, dport: h.destination_port })
+            .map(|(h, _)| L4::Ports { sport: h.source_port, dport: h.destination_port, syn: h.syn && !h.ack })
             .ok(),
         IpNumber::UDP => UdpHeader::from_slice(payload)
-            .map(|(h, _)| L4::Ports { sport: h.source_port, dport: h.destination_port })
+            .map(|(h, _)| L4::Ports { sport: h.source_port, dport: h.destination_port, syn: false })
             .ok(),
         // Only the 8-byte fixed part counts (etherparse's ICMPv4 parser wants more for
         // timestamp messages, the spec does not).
@@ -259,9 +260,9 @@ impl Ip {
     }
 
     fn probe(&self) -> ParseProbe {
-        let (sport, dport) = match self.l4 {
-            Some(L4::Ports { sport, dport }) => (sport, dport),
-            Some(L4::Icmp) | None => (0, 0),
+        let (sport, dport, syn) = match self.l4 {
+            Some(L4::Ports { sport, dport, syn }) => (sport, dport, syn),
+            Some(L4::Icmp) | None => (0, 0, false),
         };
         let key = flow_key(ParseProbe::POLICY_ID, &PROBE_KEY, self.family, &self.src, dport);
         ParseProbe {
@@ -272,6 +273,7 @@ impl Ip {
             ports_hidden: u8::from(self.ports_hidden),
             sport,
             dport,
+            syn: u8::from(syn),
             src: self.src,
             key: key.words(),
             ..ParseProbe::default()

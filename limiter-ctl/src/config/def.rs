@@ -228,12 +228,16 @@ policy_fields! {
     matches: Match => "match" {
         flag: Flag::Value {
             value_name: "MATCH",
-            help: "any, tcp, udp or icmp, optionally with a destination port or range: udp:53, tcp:8000-8999 \
+            help: "any, tcp, udp or icmp, optionally with a destination port or range: udp:53, tcp:8000-8999; \
+                   tcp with ,syn judges connection openings only (SYN without ACK): tcp:443,syn \
                    [new policy: any]",
             dash: Dash::None,
         },
         about: "What traffic: any, tcp, udp or icmp, optionally with a destination port or range (udp:53, \
-                tcp:8000-8999). Default: any.",
+                tcp:8000-8999). For tcp, a trailing ,syn (tcp,syn, tcp:443,syn) judges connection openings \
+                only, segments with SYN set and ACK clear: established traffic never meets the policy, and \
+                is judged by the tcp policy if there is one, else by any's, else passes. It still claims its \
+                port: tcp:443 beside tcp:443,syn is a clash. Default: any.",
     }
     rate: Rate => "rate" {
         flag: Flag::Value {

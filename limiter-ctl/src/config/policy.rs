@@ -74,28 +74,39 @@ pub enum Ports {
     Range(u16, u16),
 }
 
-/// Which packets a policy judges: `any`, `tcp`, `udp`, `icmp`, `tcp:80`, `udp:8000-8999`.
+/// Which packets a policy judges: `any`, `tcp`, `udp`, `icmp`, `tcp:80`, `udp:8000-8999`, and
+/// for TCP, connection openings only: `tcp,syn`, `tcp:443,syn`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Match {
     pub proto: Proto,
     pub ports: Option<Ports>,
+    /// `,syn`: only TCP segments with SYN set and ACK clear; the others are judged as if the
+    /// policy were absent (`Policy::SYN_ONLY`). It claims its port like any match: beside
+    /// `tcp:443`, `tcp:443,syn` clashes.
+    pub syn: bool,
 }
 
 const MATCH_FORM: &str = "expected any, tcp, udp or icmp, optionally tcp:PORT or udp:LOW-HIGH with ports 1-65535, \
-                          without sign or leading zeros (e.g. udp:53, tcp:8000-8999)";
+                          without sign or leading zeros, and for tcp optionally ,syn for connection openings \
+                          only (e.g. udp:53, tcp:8000-8999, tcp:443,syn)";
 
 impl FromStr for Match {
     type Err = FieldError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || field_err("match", s, MATCH_FORM);
-        let (proto, ports) = match s.split_once(':') {
+        let (rest, syn) = match s.strip_suffix(",syn") {
+            Some(rest) => (rest, true),
+            None => (s, false),
+        };
+        let (proto, ports) = match rest.split_once(':') {
             Some((p, ports)) => (p, Some(ports)),
             None => (s, None),
         };
         let proto = match proto {
             "tcp" => Proto::Tcp,
+            _ if syn => return Err(err()),
             "udp" => Proto::Udp,
             "icmp" => Proto::Icmp,
             "any" => Proto::Any,
@@ -116,7 +127,7 @@ impl FromStr for Match {
                 None => Ports::Exact(port(range)?),
             }),
         };
-        Ok(Self { proto, ports })
+        Ok(Self { proto, ports, syn })
     }
 }
 
@@ -124,16 +135,17 @@ impl fmt::Display for Match {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.proto.as_str())?;
         match self.ports {
-            None => Ok(()),
-            Some(Ports::Exact(p)) => write!(f, ":{p}"),
-            Some(Ports::Range(lo, hi)) => write!(f, ":{lo}-{hi}"),
+            Some(Ports::Exact(p)) => write!(f, ":{p}")?,
+            Some(Ports::Range(lo, hi)) => write!(f, ":{lo}-{hi}")?,
+            None => {}
         }
+        if self.syn { f.write_str(",syn") } else { Ok(()) }
     }
 }
 
 impl Default for Match {
     fn default() -> Self {
-        Self { proto: Proto::Any, ports: None }
+        Self { proto: Proto::Any, ports: None, syn: false }
     }
 }
 
@@ -343,7 +355,19 @@ mod tests {
 
     #[test]
     fn matches_parse_and_print_back() {
-        for s in ["any", "tcp", "udp", "icmp", "tcp:80", "udp:53", "tcp:8000-8999", "udp:1-65535"] {
+        for s in [
+            "any",
+            "tcp",
+            "udp",
+            "icmp",
+            "tcp:80",
+            "udp:53",
+            "tcp:8000-8999",
+            "udp:1-65535",
+            "tcp,syn",
+            "tcp:443,syn",
+            "tcp:8000-8999,syn",
+        ] {
             assert_eq!(s.parse::<Match>().map(|m| m.to_string()), Ok(s.to_string()));
         }
         for bad in [
@@ -367,10 +391,24 @@ mod tests {
             "tcp:+80-90",
             "udp: 53",
             "udp:53 ",
+            "udp:53,syn",
+            "udp,syn",
+            "icmp,syn",
+            "any,syn",
+            "tcp:443,SYN",
+            "tcp:443,syn,syn",
+            "tcp:443,ack",
+            "tcp:443, syn",
+            "tcp,syn:443",
+            ",syn",
+            "syn",
         ] {
             let err = bad.parse::<Match>().unwrap_err();
             assert_eq!(err.field, "match", "{bad}");
         }
+        let syn = "tcp:443,syn".parse::<Match>();
+        assert_eq!(syn, Ok(Match { proto: Proto::Tcp, ports: Some(Ports::Exact(443)), syn: true }));
+        assert_eq!("tcp:443".parse::<Match>().map(|m| m.syn), Ok(false));
     }
 
     #[test]

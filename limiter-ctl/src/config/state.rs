@@ -250,14 +250,25 @@ mod tests {
 
     #[test]
     fn clashes_name_the_other_policy() {
-        for (first, second) in
-            [("udp:53", "udp:53"), ("udp:50-60", "udp:60-70"), ("tcp", "tcp"), ("any", "any"), ("tcp:1-100", "tcp:5-6")]
-        {
+        for (first, second) in [
+            ("udp:53", "udp:53"),
+            ("udp:50-60", "udp:60-70"),
+            ("tcp", "tcp"),
+            ("any", "any"),
+            ("tcp:1-100", "tcp:5-6"),
+            // Both would judge a SYN: one policy per packet.
+            ("tcp:443", "tcp:443,syn"),
+            ("tcp:443,syn", "tcp:443"),
+            ("tcp", "tcp,syn"),
+            ("tcp:1-100,syn", "tcp:50-60"),
+        ] {
             let err = with(&[("a", first), ("b", second)]).unwrap_err();
             assert!(err.to_string().contains("'a'") && err.to_string().contains("'b'"), "{first} vs {second}: {err}");
         }
         // Different protocols, or a port inside a range, are fine.
         with(&[("a", "udp:50-60"), ("b", "tcp:50-60"), ("c", "udp:55")]).unwrap();
+        // A SYN-only policy beside its protocol's: what it does not judge falls through to it.
+        with(&[("a", "tcp:443,syn"), ("b", "tcp"), ("c", "any")]).unwrap();
     }
 
     #[test]

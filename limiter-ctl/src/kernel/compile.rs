@@ -37,6 +37,9 @@ pub fn record(def: &PolicyDef, gcra: Gcra, id: u16) -> Policy {
     if def.scope == Scope::Host {
         flags |= Policy::SCOPE_HOST;
     }
+    if def.matches.syn {
+        flags |= Policy::SYN_ONLY;
+    }
     Policy {
         gcra,
         // The slot's, set when it is stored (`kernel::maps::store_policy`).
@@ -141,6 +144,21 @@ mod tests {
         assert!(!routes(&with(&[("any", "any")])).has_ports());
     }
 
+    /// A SYN-only policy is routed like any other: its predicate is checked in the program, which
+    /// falls through to `class_policy` (the protocol's, `any` folded in) when it fails.
+    #[test]
+    fn syn_only_policies_take_their_routes() {
+        let s = with(&[("any", "any"), ("opens", "tcp:443,syn"), ("tcp-opens", "tcp,syn"), ("udp", "udp")]);
+        let r = routes(&s);
+        assert_eq!(r.ports[(CLASS_TCP << 16) | 443], id(&s, "opens"));
+        assert_eq!(r.class_policy[CLASS_TCP], id(&s, "tcp-opens"));
+        assert_eq!(r.class_policy[CLASS_OTHER], id(&s, "any"));
+        let flags = |name: &str| entry(s.policy(&name.parse().unwrap()).unwrap()).flags;
+        assert_ne!(flags("opens") & Policy::SYN_ONLY, 0);
+        assert_ne!(flags("tcp-opens") & Policy::SYN_ONLY, 0);
+        assert_eq!(flags("any") & Policy::SYN_ONLY, 0);
+    }
+
     #[test]
     fn each_field_lands_in_the_kernel_policy() {
         let rate = Rate { count: 10, period_ns: 1_000_000_000 };
@@ -158,6 +176,8 @@ mod tests {
         let keyed = policy(&key, 3).unwrap();
         assert_eq!(keyed.flags, cpu.flags | Policy::KEY_DPORT);
         assert_eq!((keyed.v4_prefix, keyed.v6_prefix, keyed.v4_mask), (24, 56, prefix_mask_words(24)[0]));
+        let syn = policy(&PolicyDef { matches: "tcp:443,syn".parse().unwrap(), ..plain.clone() }, 3).unwrap();
+        assert_eq!(syn.flags, cpu.flags | Policy::SYN_ONLY);
         // A validated entry compiles to what its definition does.
         let state = State::default().with_policy(key.clone()).unwrap();
         let e = state.policy(&key.name).unwrap();

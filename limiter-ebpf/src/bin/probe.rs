@@ -34,6 +34,7 @@ pub fn limiter_probe(ctx: XdpContext) -> u32 {
             rec.ports_hidden = u8::from(pkt.ports_hidden);
             rec.sport = pkt.sport;
             rec.dport = pkt.dport;
+            rec.syn = u8::from(pkt.syn);
             let mut src = [0u8; 16];
             src[0..8].copy_from_slice(&pkt.src[0].to_le_bytes());
             src[8..16].copy_from_slice(&pkt.src[1].to_le_bytes());

@@ -1,5 +1,5 @@
-//! The policy step: which policy judges the packet, after the allow and deny lists and the
-//! hidden-port rule have had their say.
+//! The policy step: which policy judges the packet (its match, then the policy's predicate),
+//! after the allow and deny lists and the hidden-port rule have had their say.
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
@@ -28,6 +28,9 @@ pub fn select(cfg: &Config, pkt: &Packet) -> Selected {
     let Some(id) = policy_id(cfg, pkt) else {
         return Selected::Done(act::fault());
     };
+    let Some((id, policy)) = predicates_hold(cfg, pkt, id) else {
+        return Selected::Done(act::fault());
+    };
     if cfg.flags & (Config::HAS_ACL_V4 | Config::HAS_ACL_V6) != 0 {
         if let Some(action) = acl(cfg, pkt) {
             // Counted under the policy the packet would have met, so hits show per policy.
@@ -44,12 +47,7 @@ pub fn select(cfg: &Config, pkt: &Packet) -> Selected {
         act::bump(0, |c| c.unreadable_ports += 1);
         return Selected::Done(XDP_DROP);
     }
-    if id == 0 {
-        return Selected::Done(act::unmatched());
-    }
-    let Some(policy) = POLICIES.get(u32::from(id)) else {
-        return Selected::Done(act::fault());
-    };
+    // Id 0's entry is never active.
     if policy.flags & Policy::ACTIVE == 0 {
         return Selected::Done(act::unmatched());
     }
@@ -70,11 +68,32 @@ fn policy_id(cfg: &Config, pkt: &Packet) -> Option<u16> {
     Some(cfg.class_policy[pkt.class & 3])
 }
 
+/// The policy `id` and its record, or, when its predicate (SYN-only) fails for `pkt`, the one
+/// that judges as if it were absent: the protocol's (`Config::class_policy`, `any` folded in),
+/// and when that is SYN-only too (`tcp,syn`), `any`'s, which has no predicate. None on a failed
+/// lookup. A policy without a predicate costs one branch on flags already read.
+#[inline(always)]
+fn predicates_hold(cfg: &Config, pkt: &Packet, id: u16) -> Option<(u16, &'static Policy)> {
+    let policy = POLICIES.get(u32::from(id))?;
+    if policy.flags & Policy::SYN_ONLY == 0 || pkt.syn {
+        return Some((id, policy));
+    }
+    let id = cfg.class_policy[pkt.class & 3];
+    let policy = POLICIES.get(u32::from(id))?;
+    if policy.flags & Policy::SYN_ONLY == 0 {
+        return Some((id, policy));
+    }
+    let id = cfg.class_policy[CLASS_OTHER];
+    Some((id, POLICIES.get(u32::from(id))?))
+}
+
 /// A datagram that hides its port (or, past the extension headers walked, its protocol) might
 /// be meant for a policy that cannot see it: a port policy (RFC 1858), or, when even the
 /// protocol is unknown, a TCP or UDP policy other than `any`. And the policy that would judge
 /// it must not key on the port: its key would be port 0's, a second allowance beside the one of
-/// the port the stack delivers it to. Such datagrams are dropped, whatever the policy's mode
+/// the port the stack delivers it to. Nor may it be SYN-only: the flags are in the part of the
+/// header the datagram hides, so a tiny-fragment SYN would otherwise fall through past the
+/// policy meant for it. Such datagrams are dropped, whatever the policy's mode
 /// (like a port policy's); otherwise they are judged like any packet of their class, under the
 /// very key of the datagram they start.
 #[inline(always)]
@@ -85,7 +104,7 @@ fn hides_from_a_policy(cfg: &Config, pkt: &Packet) -> bool {
         || (pkt.class == CLASS_OTHER && (cfg.class_policy[CLASS_TCP] != any || cfg.class_policy[CLASS_UDP] != any))
         || match POLICIES.get(u32::from(judged_by)) {
             // For class OTHER, `judged_by` is `any`, which is then also the TCP and UDP policy.
-            Some(p) => p.flags & (Policy::ACTIVE | Policy::KEY_DPORT) == Policy::ACTIVE | Policy::KEY_DPORT,
+            Some(p) => p.flags & Policy::ACTIVE != 0 && p.flags & (Policy::KEY_DPORT | Policy::SYN_ONLY) != 0,
             // Id 0 (no policy) reads as an inactive entry; a failed lookup cannot happen for
             // an id below MAX_POLICIES, and is not a reason to drop.
             None => false,

@@ -77,6 +77,7 @@ pub const TARGETS: &[Target] = &[
     },
     root("scope", &[Kernel]),
     root("policy_fields", &[Kernel]),
+    root("syn", &[Kernel]),
     root("lists", &[Kernel]),
     root("traps", &[Kernel]),
     root("fragments", &[Kernel]),
