@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use limiter_common::maps::Policy;
+use limiter_common::maps::{Counters, Policy};
 use limiter_tests::{
     bounds::check_overload,
     cpu::{flood_cpu, pin_current_thread},
@@ -82,7 +82,8 @@ fn a_bulk_transfer_under_a_syn_only_policy_keeps_its_speed() {
     let guarded = format!("tcp:{GUARDED},syn");
     rig.ctl_ok(&["policy", "set", "opens", "--match", &guarded, "--rate", "10/s", "--burst", "10"]);
     let id = rig.policy_id("opens");
-    let kernel = rig.snapshot().rules.policy(id).unwrap_or_else(|e| panic!("{e:#}"));
+    let snapshot = rig.snapshot();
+    let kernel = snapshot.rules.policy(id).unwrap_or_else(|e| panic!("{e:#}"));
     assert_ne!(kernel.flags & Policy::SYN_ONLY, 0, "the kernel record of 'opens' is not SYN-only");
     let before = rig.daemon.all_counters().expect("counters");
 
@@ -109,8 +110,8 @@ fn a_bulk_transfer_under_a_syn_only_policy_keeps_its_speed() {
 
     // What the policy judged: each connection's SYN (a resent one at most once more), all of it
     // admitted; everything else of the transfers went unmatched.
-    let sum = |all: &Vec<Vec<limiter_common::maps::Counters>>, id: usize| {
-        all[id].iter().fold(limiter_common::maps::Counters::default(), |mut t, c| {
+    let sum = |all: &[Vec<Counters>], id: usize| {
+        all[id].iter().fold(Counters::default(), |mut t, c| {
             t.add(c);
             t
         })

@@ -102,7 +102,7 @@ impl FromStr for Match {
         };
         let (proto, ports) = match rest.split_once(':') {
             Some((p, ports)) => (p, Some(ports)),
-            None => (s, None),
+            None => (rest, None),
         };
         let proto = match proto {
             "tcp" => Proto::Tcp,
