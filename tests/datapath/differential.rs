@@ -211,6 +211,8 @@ struct Coverage {
     with_l4: usize,
     /// IP with L4 by class: TCP, UDP, ICMP/ICMPv6.
     tcp: usize,
+    /// TCP with SYN set and ACK clear (`Packet::syn`).
+    tcp_syn: usize,
     udp: usize,
     icmp: usize,
     /// IP without an L4 header (another protocol, a later fragment, a cut header).
@@ -264,7 +266,10 @@ impl Coverage {
         }
         self.with_l4 += 1;
         match p.proto {
-            6 => self.tcp += 1,
+            6 => {
+                self.tcp += 1;
+                self.tcp_syn += usize::from(p.syn != 0);
+            }
             17 => self.udp += 1,
             _ => self.icmp += 1,
         }
@@ -280,6 +285,8 @@ impl Coverage {
             ("IPv6", self.ip_v6),
             ("  with L4", self.with_l4),
             ("    TCP", self.tcp),
+            ("      SYN", self.tcp_syn),
+            ("      not SYN", self.tcp - self.tcp_syn),
             ("    UDP", self.udp),
             ("    ICMP/ICMPv6", self.icmp),
             ("  no L4", self.no_l4),
@@ -308,6 +315,9 @@ impl Coverage {
         at_least("IPv4", self.ip_v4, 0.05);
         at_least("IPv6", self.ip_v6, 0.05);
         at_least("TCP", self.tcp, 0.03);
+        at_least("TCP SYN", self.tcp_syn, 0.03);
+        // The fixtures' TCP is SYNs: other flags come from mutated bytes only.
+        at_least("TCP not SYN", self.tcp - self.tcp_syn, 0.0003);
         at_least("UDP", self.udp, 0.03);
         at_least("ICMP", self.icmp, 0.005);
         at_least("IP without L4", self.no_l4, 0.05);
