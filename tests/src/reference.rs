@@ -89,7 +89,11 @@ struct Ip {
 #[derive(Clone, Copy)]
 enum L4 {
     /// `syn`: TCP with SYN set and ACK clear.
-    Ports { sport: u16, dport: u16, syn: bool },
+    Ports {
+        sport: u16,
+        dport: u16,
+        syn: bool,
+    },
     Icmp,
 }
 
