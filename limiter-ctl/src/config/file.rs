@@ -196,6 +196,11 @@ rate = "50/min"
 unit = "bytes"
 mode = "dry-run"
 scope = "host"
+
+[[policy]]
+name = "opens"
+match = "tcp:443,syn"
+rate = "10/s"
 "#;
 
     #[test]
@@ -203,7 +208,8 @@ scope = "host"
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sub/limiter.toml");
         let config = parse(&path, EXAMPLE).unwrap();
-        assert_eq!(config.policies.len(), 2);
+        assert_eq!(config.policies.len(), 3);
+        assert!(config.policies[2].matches.syn && !config.policies[1].matches.syn);
         assert_eq!(config.policies[1].unit, Unit::Bytes);
         assert_eq!(config.policies[1].mode, Mode::DryRun);
         assert_eq!(config.policies[1].burst, None);
@@ -221,6 +227,7 @@ scope = "host"
         let cases = [
             ("[[policy]]\nname = \"dns\"\nrate = \"100/d\"\n", 3, "invalid rate"),
             ("[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nmatch = \"udp:0\"\n", 4, "invalid match"),
+            ("[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nmatch = \"udp:53,syn\"\n", 4, "invalid match"),
             ("[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nspeed = 3\n", 4, "unknown field"),
             ("allow = [\"198.18.0.0/33\"]\n", 1, "invalid"),
             ("[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nburst = \"ten\"\n", 4, "invalid type"),
