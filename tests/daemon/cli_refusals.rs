@@ -62,6 +62,11 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         (set(&["--match", "udp:9-8"]), "match"),
         (set(&["--match", "udp:1-70000"]), "match"),
         (set(&["--match", "tcp:80,81"]), "match"),
+        // SYN-only is for TCP, spelt one way, once.
+        (set(&["--match", "udp:53,syn"]), "match"),
+        (set(&["--match", "icmp,syn"]), "match"),
+        (set(&["--match", "tcp:443,SYN"]), "match"),
+        (set(&["--match", "tcp:443,syn,syn"]), "match"),
         (set(&["--key", "src/33"]), "key"),
         (set(&["--key", "src/24,/129"]), "key"),
         (set(&["--key", "dst/24"]), "key"),
