@@ -47,11 +47,10 @@ pub fn select(cfg: &Config, pkt: &Packet) -> Selected {
         act::bump(0, |c| c.unreadable_ports += 1);
         return Selected::Done(XDP_DROP);
     }
-    // Id 0's entry is never active.
-    if policy.flags & Policy::ACTIVE == 0 {
-        return Selected::Done(act::unmatched());
+    match policy {
+        Some(policy) if policy.flags & Policy::ACTIVE != 0 => Selected::Judge(policy),
+        _ => Selected::Done(act::unmatched()),
     }
-    Selected::Judge(policy)
 }
 
 /// The packet's policy id (0: none): exact port or range, then protocol, then `any`, all folded
@@ -68,23 +67,27 @@ fn policy_id(cfg: &Config, pkt: &Packet) -> Option<u16> {
     Some(cfg.class_policy[pkt.class & 3])
 }
 
-/// The policy `id` and its record, or, when its predicate (SYN-only) fails for `pkt`, the one
-/// that judges as if it were absent: the protocol's (`Config::class_policy`, `any` folded in),
-/// and when that is SYN-only too (`tcp,syn`), `any`'s, which has no predicate. None on a failed
-/// lookup. A policy without a predicate costs one branch on flags already read.
+/// The policy `id` and its record (none for id 0, so unmatched traffic reads no record), or,
+/// when its predicate (SYN-only) fails for `pkt`, the one that judges as if it were absent: the
+/// protocol's (`Config::class_policy`, `any` folded in), and when that is SYN-only too
+/// (`tcp,syn`), `any`'s, which has no predicate. None on a failed lookup. A policy without a
+/// predicate costs one branch on flags already read.
 #[inline(always)]
-fn predicates_hold(cfg: &Config, pkt: &Packet, id: u16) -> Option<(u16, &'static Policy)> {
+fn predicates_hold(cfg: &Config, pkt: &Packet, id: u16) -> Option<(u16, Option<&'static Policy>)> {
+    if id == 0 {
+        return Some((0, None));
+    }
     let policy = POLICIES.get(u32::from(id))?;
     if policy.flags & Policy::SYN_ONLY == 0 || pkt.syn {
-        return Some((id, policy));
+        return Some((id, Some(policy)));
     }
     let id = cfg.class_policy[pkt.class & 3];
     let policy = POLICIES.get(u32::from(id))?;
     if policy.flags & Policy::SYN_ONLY == 0 {
-        return Some((id, policy));
+        return Some((id, Some(policy)));
     }
     let id = cfg.class_policy[CLASS_OTHER];
-    Some((id, POLICIES.get(u32::from(id))?))
+    Some((id, Some(POLICIES.get(u32::from(id))?)))
 }
 
 /// A datagram that hides its port (or, past the extension headers walked, its protocol) might
