@@ -13,8 +13,7 @@
 //! Every transfer is bounded by bytes and time and its sender pinned to [`flood_cpu`].
 
 use std::{
-    io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{SocketAddr, UdpSocket},
     os::fd::AsRawFd,
     time::{Duration, Instant},
 };
@@ -120,35 +119,7 @@ const IFLA_GSO_IPV4_MAX_SIZE: u16 = 63;
 /// A TCP bulk transfer from the sender to `PORT` on the receiver (`v6`: over IPv6), at most
 /// [`BYTES`] and [`LIMIT`]: the bytes the receiver read.
 fn transfer(rig: &Rig, v6: bool) -> u64 {
-    let net = &rig.net;
-    let dst = SocketAddr::new(net.receiver.addr(v6), PORT);
-    let listener = net.receiver.run(move || TcpListener::bind(dst)).expect("namespace").expect("listening");
-    let reader = net.receiver.spawn(move || -> std::io::Result<u64> {
-        let (mut conn, _) = listener.accept()?;
-        conn.set_read_timeout(Some(LIMIT))?;
-        let (mut buf, mut n) = (vec![0u8; 1 << 20], 0u64);
-        loop {
-            match conn.read(&mut buf)? {
-                0 => return Ok(n),
-                k => n += k as u64,
-            }
-        }
-    });
-    net.sender
-        .run(move || -> std::io::Result<()> {
-            pin_current_thread(flood_cpu()).map_err(std::io::Error::from)?;
-            let mut conn = TcpStream::connect_timeout(&dst, Duration::from_secs(5))?;
-            conn.set_write_timeout(Some(LIMIT))?;
-            let (chunk, start, mut sent) = (vec![0x6cu8; 1 << 16], Instant::now(), 0u64);
-            while sent < BYTES && start.elapsed() < LIMIT {
-                conn.write_all(&chunk)?;
-                sent += chunk.len() as u64;
-            }
-            Ok(())
-        })
-        .expect("namespace")
-        .expect("sending");
-    reader.join().expect("the reader panicked").expect("namespace").expect("reading")
+    limiter_tests::transfer::bulk(&rig.net, v6, PORT, BYTES, LIMIT).0
 }
 
 /// What one transfer did: segments the sender's TCP sent, frames the receiving veth counted,

@@ -5,16 +5,11 @@
 //!
 //! Every transfer and flood is bounded by bytes or time, its sender pinned to [`flood_cpu`].
 
-use std::{
-    io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    time::{Duration, Instant},
-};
+use std::time::Duration;
 
 use limiter_common::maps::{Counters, Policy};
 use limiter_tests::{
     bounds::check_overload,
-    cpu::{flood_cpu, pin_current_thread},
     flood::{L4, Limits},
     policies::{Pol, PolicyRig as _},
     require_root,
@@ -30,41 +25,10 @@ const LIMIT: Duration = Duration::from_secs(10);
 /// Transfers on each port, alternated so that a busy spell of the shared machine costs both.
 const ROUNDS: usize = 3;
 
-/// One TCP bulk transfer from the sender to `port` on the receiver, over IPv4, of at most
-/// [`BYTES`] within [`LIMIT`]: the bytes the receiver read, and the time from before the
-/// connection to the reader's end of file.
+/// One TCP bulk transfer from the sender to `port` on the receiver, over IPv4: the bytes the
+/// receiver read and the time it took.
 fn transfer(rig: &Rig, port: u16) -> (u64, Duration) {
-    let net = &rig.net;
-    let dst = SocketAddr::new(net.receiver.addr(false), port);
-    let listener = net.receiver.run(move || TcpListener::bind(dst)).expect("namespace").expect("listening");
-    let start = Instant::now();
-    let reader = net.receiver.spawn(move || -> std::io::Result<u64> {
-        let (mut conn, _) = listener.accept()?;
-        conn.set_read_timeout(Some(LIMIT))?;
-        let (mut buf, mut n) = (vec![0u8; 1 << 20], 0u64);
-        loop {
-            match conn.read(&mut buf)? {
-                0 => return Ok(n),
-                k => n += k as u64,
-            }
-        }
-    });
-    net.sender
-        .run(move || -> std::io::Result<()> {
-            pin_current_thread(flood_cpu()).map_err(std::io::Error::from)?;
-            let mut conn = TcpStream::connect_timeout(&dst, Duration::from_secs(5))?;
-            conn.set_write_timeout(Some(LIMIT))?;
-            let (chunk, mut sent) = (vec![0x6cu8; 1 << 16], 0u64);
-            while sent < BYTES && start.elapsed() < LIMIT {
-                conn.write_all(&chunk)?;
-                sent += chunk.len() as u64;
-            }
-            Ok(())
-        })
-        .expect("namespace")
-        .expect("sending");
-    let read = reader.join().expect("the reader panicked").expect("namespace").expect("reading");
-    (read, start.elapsed())
+    limiter_tests::transfer::bulk(&rig.net, false, port, BYTES, LIMIT)
 }
 
 fn mb_per_sec((bytes, took): (u64, Duration)) -> f64 {

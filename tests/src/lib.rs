@@ -5,7 +5,8 @@
 //! ([`flood`], [`livegen`]), a capture of what got through ([`capture`]), GCRA bounds
 //! ([`bounds`]), the real daemon run as a process with its CLI and its kernel maps ([`daemon`]),
 //! a daemon on a veth pair ready to be flooded ([`rig`]), policies as the tests set them
-//! ([`policies`]), and what the daemon reports ([`observe`]: stats, /metrics via [`scrape`]).
+//! ([`policies`]), what the daemon reports ([`observe`]: stats, /metrics via [`scrape`]), and
+//! TCP bulk transfers ([`transfer`]).
 
 pub mod bounds;
 pub mod capture;
@@ -25,3 +26,4 @@ pub mod reference;
 pub mod rig;
 pub mod scrape;
 pub mod snmp;
+pub mod transfer;
