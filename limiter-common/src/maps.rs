@@ -4,8 +4,12 @@
 //! ```text
 //! - `CONFIG`      Array[1] of [`Config`]: salt(s), bucket mask, per-protocol fallback policies.
 //! - `POLICIES`    Array[MAX_POLICIES] of [`Policy`]; id 0 is "no policy".
-//! - `PORT_POLICY` Array[2 * 65536] of u16 policy ids, indexed `class * 65536 + dport`
-//!                 (TCP, then UDP); 0 falls through to the protocol's policy.
+//! - `PORT_POLICY` Array[2 * 65536] of u16 routes, indexed `class * 65536 + dport`
+//!                 (TCP, then UDP); 0 falls through to the protocol's route. A route is a
+//!                 policy id, or, with [`LAYERED`] set, an index into `LAYER_SETS`.
+//! - `LAYER_SETS`  Array[MAX_LAYER_SETS] of [u16; MAX_CANDIDATES]: the policies a route's
+//!                 packets may meet, in judging order, 0-terminated. Each candidate whose
+//!                 predicates hold judges the packet (at most [`MAX_LAYERS`] do).
 //! - `BUCKETS`     PerCpuArray[GENERATIONS * buckets] of u64 TATs; generation g uses
 //!                 `g * buckets .. (g + 1) * buckets`, split into `Config::rows` rows of
 //!                 `Config::row_len` (see `rows`).
@@ -21,16 +25,29 @@
 //!                 empty list costs one branch.
 //! ```
 //!
-//! Finding a packet's policy is two array reads whatever the number of policies.
+//! Finding a packet's policy is two array reads whatever the number of policies; a route with
+//! several candidates adds one more.
 
 // The maps' sizes and the frame weight cap, beside the layouts they size.
 pub use crate::limits::{MAX_ACL_ENTRIES, MAX_FRAME_WEIGHT, MAX_POLICIES};
 use crate::{gcra::Gcra, siphash::SipInit};
 
 pub const PROGRAM: &str = "limiter";
+/// The layered judgement, reached from [`PROGRAM`] by tail call through `JUMPS`.
+pub const PROGRAM_LAYERS: &str = "limiter_layers";
 pub const MAP_CONFIG: &str = "CONFIG";
 pub const MAP_POLICIES: &str = "POLICIES";
 pub const MAP_PORT_POLICY: &str = "PORT_POLICY";
+pub const MAP_LAYER_SETS: &str = "LAYER_SETS";
+/// ProgramArray[1]: [`PROGRAM_LAYERS`] at index 0. Pinned: a program array's entries are
+/// cleared when no process or pin holds it, and the attached program must keep reaching it.
+pub const MAP_JUMPS: &str = "JUMPS";
+/// PerCpuArray[1] of the layered judgement's task ([`LAYER_TASK_BYTES`]): the packet handed
+/// to [`PROGRAM_LAYERS`] and its progress. Pinned with `JUMPS`, so the two programs that
+/// meet across a daemon's upgrade share it.
+pub const MAP_LAYER_TASK: &str = "LAYER_TASK";
+/// The size of the layered judgement's task (limiter-ebpf's `program::layers::Task`).
+pub const LAYER_TASK_BYTES: u32 = 352;
 pub const MAP_BUCKETS: &str = "BUCKETS";
 pub const MAP_COUNTERS: &str = "COUNTERS";
 /// The shared (not per-CPU) bucket array of host-scope policies.
@@ -48,7 +65,7 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 5;
+pub const LAYOUT_VERSION: u64 = 6;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// ACL values: allowed sources bypass limiting; denied ones are always dropped.
@@ -70,6 +87,31 @@ pub const CLASSES: usize = 4;
 pub const PORT_CLASSES: u32 = 2;
 pub const PORT_POLICY_ENTRIES: u32 = PORT_CLASSES * 65_536;
 
+/// A route's candidates (`LAYER_SETS`), and the route of its packets that are not connection
+/// openings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerSet {
+    /// The policies, in judging order, 0-terminated.
+    pub ids: [u16; MAX_CANDIDATES],
+    /// The route of a packet that is not a TCP SYN: the same candidates without the SYN-only
+    /// ones (0: none; a policy id; or `LAYERED` and a set). Established traffic beside a SYN-only
+    /// policy so meets only what judges it, on the one-policy path when that is one policy.
+    pub not_syn: u16,
+    pub _pad: [u16; 3],
+}
+
+/// A route (in `PORT_POLICY` or `Config::class_policy`) with this bit set names a layer set
+/// (its low bits index `LAYER_SETS`) rather than one policy.
+pub const LAYERED: u16 = 1 << 15;
+/// Candidates a layer set lists (0-terminated when fewer).
+pub const MAX_CANDIDATES: usize = 8;
+/// Policies that judge any one packet: userspace refuses a state where more could cover one.
+pub const MAX_LAYERS: usize = 4;
+/// Layer sets: distinct candidate lists, at most one per elementary port interval of each
+/// port class plus one per protocol class, which MAX_POLICIES policies cannot exceed.
+pub const MAX_LAYER_SETS: u32 = 4 * MAX_POLICIES + 8;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
@@ -85,8 +127,9 @@ pub struct Config {
     pub bucket_mask: u32,
     /// The current generation (0 or 1): its salt and its half of `BUCKETS`.
     pub generation: u32,
-    /// Policy for each protocol class when no port entry matches, with `any` already folded in
-    /// (0: traffic of that class passes untouched).
+    /// The route (policy id, or layer set with [`LAYERED`]) for each protocol class when no
+    /// port entry matches, with `any` already folded in (0: traffic of that class passes
+    /// untouched).
     pub class_policy: [u16; CLASSES],
     pub flags: u32,
     /// With `SAMPLE_REFUSALS`: a refusal is sampled when `random & sample_mask == 0`.
@@ -107,6 +150,10 @@ impl Config {
     pub const HAS_ACL_V6: u32 = 1 << 2;
     /// Send a sample of refusals (1 in `sample_mask + 1`) to `REFUSALS`.
     pub const SAMPLE_REFUSALS: u32 = 1 << 3;
+    /// A datagram of class `c` that hides its ports is dropped when bit `HIDDEN_DROP << c` is
+    /// set: userspace sets it where a policy could need what is hidden (docs/DESIGN.md,
+    /// Hidden ports).
+    pub const HIDDEN_DROP: u32 = 1 << 4;
     /// Userspace only: the program was attached in skb (generic) mode.
     pub const ATTACHED_SKB: u32 = 1 << 16;
 }
@@ -127,6 +174,20 @@ pub struct Policy {
     /// The prefix lengths the masks keep (reported with refusal samples).
     pub v4_prefix: u8,
     pub v6_prefix: u8,
+    /// With [`Policy::SPORT`]: the source ports the policy judges, inclusive.
+    pub sport_lo: u16,
+    pub sport_hi: u16,
+    /// Host scope, one key (an aggregate): how many units a CPU reserves from the shared bucket
+    /// at once ([`Lease`]); 0 or 1: none, every admission writes the shared bucket.
+    pub lease: u32,
+    /// With [`Policy::DST_V4`] / [`Policy::DST_V6`]: the destination prefix the policy judges
+    /// in that family, as masked address words and their masks (laid out like the source's
+    /// words, `Packet::dst`). A policy with a destination prefix in one family only judges no
+    /// packet of the other.
+    pub dst_v4: u64,
+    pub dst_v4_mask: u64,
+    pub dst_v6: [u64; 2],
+    pub dst_v6_mask: [u64; 2],
 }
 
 impl Policy {
@@ -146,7 +207,44 @@ impl Policy {
     /// none. A new bit: records written before it existed never set it, so the layout keeps its
     /// version.
     pub const SYN_ONLY: u32 = 1 << 5;
+    /// A predicate: the policy judges only sources ports `sport_lo..=sport_hi`.
+    pub const SPORT: u32 = 1 << 6;
+    /// A predicate: the policy judges only IPv4 destinations within `dst_v4`/`dst_v4_mask`.
+    pub const DST_V4: u32 = 1 << 7;
+    /// A predicate: the policy judges only IPv6 destinations within `dst_v6`/`dst_v6_mask`.
+    pub const DST_V6: u32 = 1 << 8;
+    /// Any destination predicate: a packet of a family without one is not judged.
+    pub const DST: u32 = Self::DST_V4 | Self::DST_V6;
+    /// A rate of 0: every packet the policy judges is refused, no bucket read.
+    pub const DENY: u32 = 1 << 9;
+    /// Every predicate bit.
+    pub const PREDICATES: u32 = Self::SYN_ONLY | Self::SPORT | Self::DST;
 }
+
+/// A CPU's reservation of an aggregate's allowance (`LEASES`, per CPU, by policy id): units
+/// charged to the shared bucket at once, spent by this CPU's packets without touching it, so an
+/// aggregate admitting on every CPU moves its shared line once per [`Policy::lease`] units
+/// rather than once per packet. Held at most [`LEASE_NS`]: an admission spends a unit charged
+/// at most that long before it, so a layer's bound over `t` is at most its bound over
+/// `t + LEASE_NS` (docs/DESIGN.md, Layers).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lease {
+    /// The key's hash under the salt it was reserved with.
+    pub hash: u64,
+    /// The policy's emission interval when reserved: a changed policy voids the lease.
+    pub emission: u64,
+    /// Units left.
+    pub units: u64,
+    /// Monotonic ns after which the units left are forfeit.
+    pub until_ns: u64,
+}
+
+/// How long a lease lives, and so how much of the rate a CPU reserves at once (`Policy::lease`
+/// is about this long's worth of units).
+pub const LEASE_NS: u64 = 100_000;
+/// The most units a lease holds.
+pub const MAX_LEASE: u32 = 64;
 
 /// Host scope: how many times a packet tries to compare-and-exchange its bucket before it is
 /// refused. Each failed try means another CPU admitted against the bucket in between, so the loop is bounded and refusing keeps every key within its bound.
@@ -180,6 +278,10 @@ pub struct Counters {
     /// allowance beside the real port's) or is SYN-only (the flags are hidden too). Otherwise it is judged by its class, under the very
     /// key of the datagram it starts (docs/DESIGN.md, Hidden ports).
     pub unreadable_ports: u64,
+    /// Layers: packets this policy judged (and admitted, or would have refused) that another
+    /// layer refused. Not in [`Counters::packets`]: the refusing layer counts the packet. Last,
+    /// so the counters of layout 5 and before are this struct's first fields.
+    pub overruled_packets: u64,
 }
 
 impl Counters {
@@ -190,6 +292,7 @@ impl Counters {
         self.refused_bytes += o.refused_bytes;
         self.dry_run_packets += o.dry_run_packets;
         self.dry_run_bytes += o.dry_run_bytes;
+        self.overruled_packets += o.overruled_packets;
         self.allowed_packets += o.allowed_packets;
         self.denied_packets += o.denied_packets;
         self.not_ip += o.not_ip;
@@ -236,6 +339,8 @@ mod pod {
     unsafe impl aya::Pod for super::Policy {}
     unsafe impl aya::Pod for super::Counters {}
     unsafe impl aya::Pod for super::RefusalSample {}
+    unsafe impl aya::Pod for super::Lease {}
+    unsafe impl aya::Pod for super::LayerSet {}
 }
 
 #[cfg(test)]
@@ -247,8 +352,8 @@ mod tests {
     #[test]
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 4);
-        assert_eq!(size_of::<Policy>(), 16 + 8 + 16 + 8 + 4 + 2 + 2);
-        assert_eq!(size_of::<Counters>(), 13 * 8);
+        assert_eq!(size_of::<Policy>(), 16 + 8 + 16 + 8 + 4 + 2 + 2 + 4 + 4 + 8 + 8 + 16 + 16);
+        assert_eq!(size_of::<Counters>(), 14 * 8);
         assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4);
     }
 }

@@ -26,11 +26,30 @@ pub fn decide(
     frame_len: u64,
     claim: impl Fn(u8) -> u64,
 ) -> (Verdict, [Option<u64>; MAX_ROWS]) {
-    let weight = if policy.flags & Policy::BYTES != 0 {
+    decide_units(policy, values, rows, now_ns, weight(policy, frame_len), claim)
+}
+
+/// What a frame of `frame_len` bytes weighs under `policy`: its length (capped) for a byte
+/// policy, else 1.
+#[inline(always)]
+pub fn weight(policy: &Policy, frame_len: u64) -> u64 {
+    if policy.flags & Policy::BYTES != 0 {
         if frame_len > MAX_FRAME_WEIGHT { MAX_FRAME_WEIGHT } else { frame_len }
     } else {
         1
-    };
+    }
+}
+
+/// [`decide`] for `weight` units at once (an aggregate's lease reserves several).
+#[inline(always)]
+pub fn decide_units(
+    policy: &Policy,
+    values: &[u64; MAX_ROWS],
+    rows: usize,
+    now_ns: u64,
+    weight: u64,
+    claim: impl Fn(u8) -> u64,
+) -> (Verdict, [Option<u64>; MAX_ROWS]) {
     // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
     let j = judge_rows(&policy.gcra, policy.id as u8, values, rows, now_ns, weight, claim);
     (if j.admit { Verdict::Admit } else { refusal(policy) }, j.store)

@@ -14,4 +14,10 @@ pub fn limiter(ctx: XdpContext) -> u32 {
     program::limiter::<AllOn>(&ctx)
 }
 
+/// The layered judgement (`program::layers`), reached from `limiter` by tail call.
+#[xdp]
+pub fn limiter_layers(ctx: XdpContext) -> u32 {
+    program::limiter_layers(&ctx)
+}
+
 limiter_ebpf::program_object!();

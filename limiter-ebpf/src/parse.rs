@@ -133,6 +133,8 @@ pub struct Packet {
     pub class: usize,
     /// The source address as two little-endian words (IPv4: low 32 bits of the first).
     pub src: [u64; 2],
+    /// The destination address, laid out as `src`.
+    pub dst: [u64; 2],
 }
 
 #[inline(always)]
@@ -189,6 +191,7 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
         return Err(Skip::Malformed);
     }
     let src = u32::from_ne_bytes(unsafe { (*ip).src_addr });
+    let dst = u32::from_ne_bytes(unsafe { (*ip).dst_addr });
     let proto = unsafe { (*ip).proto };
     let mut pkt = Packet {
         family: FAMILY_V4,
@@ -200,6 +203,7 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
         dport: 0,
         syn: false,
         src: [u64::from(src), 0],
+        dst: [u64::from(dst), 0],
     };
     let frags = u16::from_be_bytes(unsafe { (*ip).frags });
     let pkt = if frags & 0x1fff != 0 {
@@ -246,6 +250,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
     let big = payload == 0 && beyond_64k(ctx, l3 + Ipv6Hdr::LEN);
     let end = l3 + Ipv6Hdr::LEN + (payload | (usize::from(big) * BIG_DATAGRAM));
     let src: *const [u64; 2] = unsafe { core::ptr::addr_of!((*ip).src_addr) }.cast();
+    let dst: *const [u64; 2] = unsafe { core::ptr::addr_of!((*ip).dst_addr) }.cast();
     let pkt = Packet {
         family: FAMILY_V6,
         proto: unsafe { (*ip).next_hdr },
@@ -256,6 +261,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
         dport: 0,
         syn: false,
         src: unsafe { core::ptr::read_unaligned(src) },
+        dst: unsafe { core::ptr::read_unaligned(dst) },
     };
     let pkt = walk_v6_chain(ctx, pkt, l3 + Ipv6Hdr::LEN, end)?;
     if !big {

@@ -13,7 +13,12 @@
 //!
 //! - *two-CPU contention*: the same programs run at once on two CPUs (two threads pinned to CPUs
 //!   0 and 1, each its own BPF_PROG_TEST_RUN), for both policy scopes: the cost of sharing one
-//!   bucket (host scope) against keeping one per CPU (cpu scope), as `--contention` prints.
+//!   bucket (host scope) against keeping one per CPU (cpu scope), and of a per-source layer with
+//!   a host-scope aggregate behind it (one bucket for every source), as `--contention` prints.
+//!
+//! Layered policies (issue 24) and SYN-only policies have rows of their own, each also reported
+//! against the one-policy row it replaces, from the same run: 1, 2 and 4 layers admitting and
+//! with the last layer refusing, and a SYN-only policy meeting established traffic (TCP ACKs).
 //!
 //! Run with `cargo xtask bench` (records BENCHMARKS.md) or
 //! `cargo bench -p limiter-tests --bench xdp -- [--out FILE] [--rounds N]`.
@@ -24,17 +29,23 @@ use std::{
     time::Instant,
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use aya::{
     Ebpf, EbpfLoader,
     programs::{TestRun, TestRunOptions, Xdp},
 };
+use etherparse::EtherType;
 use limiter_ctl::{
     Limiter,
     config::{List, PolicyDef, Scope, State},
     objects,
 };
-use limiter_tests::{flood::FrameSpec, netns};
+use limiter_tests::{
+    flood::FrameSpec,
+    frames::{Segment, V4, ethernet, tcp_segment},
+    kernel_programs::{XDP_DROP, XDP_PASS},
+    netns,
+};
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
 
 const BUCKETS: u32 = 1 << 20;
@@ -157,21 +168,42 @@ fn sampled(mut limiter: Limiter) -> anyhow::Result<Limiter> {
 }
 
 fn configure(
-    mut limiter: Limiter,
+    limiter: Limiter,
     policies: &[(&str, &str, u64)],
     allow: &[&str],
     scope: Scope,
 ) -> anyhow::Result<Limiter> {
+    let defs = policies
+        .iter()
+        .map(|(matches, rate, burst)| {
+            Ok(PolicyDef { matches: matches.parse()?, scope, ..PolicyDef::any(rate.parse()?, *burst) })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    configure_defs(limiter, defs, allow)
+}
+
+/// A limiter of 2^20 buckets with these policies (named in order, `p0`, `p1`, ...), as the
+/// daemon sets them: overlapping ones are layers.
+fn layered(defs: Vec<PolicyDef>) -> anyhow::Result<Limiter> {
+    configure_defs(Limiter::load_rows(BUCKETS, 1)?, defs, &[])
+}
+
+/// A rate and burst no benchmark run can exhaust ([`ADMIT_ALL`]'s), and one spent by the
+/// first packet.
+const ADMITS: (&str, u64) = (ADMIT_ALL.1, ADMIT_ALL.2);
+const REFUSES: (&str, u64) = ("1/h", 1);
+
+/// A layer: `matches`, keyed on `key` (`src/0,/0`: one aggregate for every source), of `scope`.
+fn layer(matches: &str, key: &str, scope: Scope, (rate, burst): (&str, u64)) -> anyhow::Result<PolicyDef> {
+    Ok(PolicyDef { matches: matches.parse()?, key: key.parse()?, scope, ..PolicyDef::any(rate.parse()?, burst) })
+}
+
+fn configure_defs(mut limiter: Limiter, defs: Vec<PolicyDef>, allow: &[&str]) -> anyhow::Result<Limiter> {
     limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
     let mut state = State::default();
-    for (i, (matches, rate, burst)) in policies.iter().enumerate() {
+    for (i, def) in defs.into_iter().enumerate() {
         state = state
-            .with_policy(PolicyDef {
-                name: format!("p{i}").parse()?,
-                matches: matches.parse()?,
-                scope,
-                ..PolicyDef::any(rate.parse()?, *burst)
-            })
+            .with_policy(PolicyDef { name: format!("p{i}").parse()?, ..def })
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     for net in allow {
@@ -282,13 +314,15 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
         Subject {
             name: "limiter: port policy, admit",
             what: "as admit, the policy found through the port table (udp:53) among 4 policies",
+            // None of the others covers the frames: overlapping policies would be layers (issue
+            // 24), and this row is the one-policy path.
             run: limiter_runner(limiter(
                 BUCKETS,
                 &[
                     ("udp:53", "1000000000/s", 1_000_000_000),
-                    ("udp:50-60", "1/s", 1),
-                    ("udp", "1/s", 1),
-                    ("any", "1/s", 1),
+                    ("udp:54-60", "1/s", 1),
+                    ("tcp", "1/s", 1),
+                    ("icmp", "1/s", 1),
                 ],
                 &[],
             )?),
@@ -300,6 +334,162 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             run: limiter_runner(limiter(BUCKETS, &[ADMIT_ALL], &["192.0.2.0/24", "2001:db8:ffff::/48"])?),
             warm_all_sources: false,
         },
+    ])
+}
+
+/// What a row is measured on: the UDP frames (to port 53) of every other row, or TCP ACKs to
+/// port 443 from the same sources (established traffic, which a SYN-only policy never judges).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Traffic {
+    Udp,
+    TcpAcks,
+}
+
+/// A row also reported against the row named `against`, measured in the same run. `expect` is
+/// its verdict on its first frame once warmed, checked before measuring: a row that took
+/// another path (one policy instead of a layer set, a SYN-only policy judging ACKs) would time
+/// the wrong thing.
+struct Compared {
+    name: &'static str,
+    what: &'static str,
+    traffic: Traffic,
+    against: &'static str,
+    expect: u32,
+    warm_all_sources: bool,
+    limiter: Limiter,
+}
+
+fn compared() -> anyhow::Result<Vec<Compared>> {
+    let per_source = |matches, rate| layer(matches, "src/32,/64", Scope::Cpu, rate);
+    let aggregate = |matches, scope, rate| layer(matches, "src/0,/0", scope, rate);
+    // One policy with a predicate the frames meet (their source port) still goes through the
+    // layer set: the hand-over and one layer's look and commit, against the one-policy path.
+    let one = |rate| -> anyhow::Result<_> {
+        layered(vec![PolicyDef { sport: "40000".parse()?, ..per_source("udp:53", rate)? }])
+    };
+    // Per source, then an aggregate of every source, on the frames' udp:53.
+    let two = |scope, last| -> anyhow::Result<_> {
+        layered(vec![per_source("udp:53", ADMITS)?, aggregate("udp:53", scope, last)?])
+    };
+    // Judged in this order (exact port, its longer key first; range; protocol): the last is
+    // `udp`'s aggregate.
+    let four = |last| -> anyhow::Result<_> {
+        layered(vec![
+            per_source("udp:53", ADMITS)?,
+            aggregate("udp:53", Scope::Cpu, ADMITS)?,
+            per_source("udp:1-1023", ADMITS)?,
+            aggregate("udp", Scope::Cpu, last)?,
+        ])
+    };
+    let row = |name, what, against, expect, warm_all_sources, limiter| Compared {
+        name,
+        what,
+        traffic: Traffic::Udp,
+        against,
+        expect,
+        warm_all_sources,
+        limiter,
+    };
+    let acks = |c: Compared| Compared { traffic: Traffic::TcpAcks, ..c };
+    let syn_only = || layer("tcp:443,syn", "src/32,/64", Scope::Cpu, REFUSES);
+    Ok(vec![
+        row(
+            "limiter: 1 layer, admit",
+            "as admit, one udp:53 policy with a source port (40000) the frames have: judged through a layer set",
+            "limiter: admit",
+            XDP_PASS,
+            false,
+            one(ADMITS)?,
+        ),
+        row(
+            "limiter: 2 layers, admit",
+            "udp:53 per source, then udp:53 key src/0,/0 (aggregate), both scope cpu and admitting",
+            "limiter: admit",
+            XDP_PASS,
+            false,
+            two(Scope::Cpu, ADMITS)?,
+        ),
+        row(
+            "limiter: 4 layers, admit",
+            "as 2 layers, then udp:1-1023 per source and a udp aggregate, all admitting",
+            "limiter: admit",
+            XDP_PASS,
+            false,
+            four(ADMITS)?,
+        ),
+        row(
+            "limiter: 2 layers, host aggregate, admit",
+            "as 2 layers, the aggregate of scope host (the typical pair)",
+            "limiter: admit",
+            XDP_PASS,
+            false,
+            two(Scope::Host, ADMITS)?,
+        ),
+        row(
+            "limiter: 1 layer, refuse",
+            "as 1 layer, the layer refusing (spent)",
+            "limiter: refuse",
+            XDP_DROP,
+            true,
+            one(REFUSES)?,
+        ),
+        row(
+            "limiter: 2 layers, last refuses",
+            "as 2 layers, the aggregate refusing (spent): the per-source layer looked at, nothing written",
+            "limiter: refuse",
+            XDP_DROP,
+            true,
+            two(Scope::Cpu, REFUSES)?,
+        ),
+        row(
+            "limiter: 4 layers, last refuses",
+            "as 4 layers, the udp aggregate refusing (spent)",
+            "limiter: refuse",
+            XDP_DROP,
+            true,
+            four(REFUSES)?,
+        ),
+        row(
+            "limiter: 2 layers, host aggregate refuses",
+            "as 2 layers, host aggregate, the aggregate spent: a spread flood past its cap",
+            "limiter: refuse",
+            XDP_DROP,
+            true,
+            two(Scope::Host, REFUSES)?,
+        ),
+        acks(row(
+            "limiter: no policy, TCP ACKs",
+            "as no policy, TCP ACK segments to port 443",
+            "limiter: no policy",
+            XDP_PASS,
+            false,
+            limiter(BUCKETS, &[], &[])?,
+        )),
+        // Spent, and every source warmed: an ACK it judged would be refused (the check).
+        acks(row(
+            "limiter: SYN-only policy, TCP ACKs",
+            "tcp:443,syn alone, TCP ACKs to 443: one-policy route, never judged",
+            "limiter: no policy, TCP ACKs",
+            XDP_PASS,
+            true,
+            layered(vec![syn_only()?])?,
+        )),
+        acks(row(
+            "limiter: admit, TCP ACKs",
+            "as admit, TCP ACKs to 443",
+            "limiter: admit",
+            XDP_PASS,
+            false,
+            limiter(BUCKETS, &[ADMIT_ALL], &[])?,
+        )),
+        acks(row(
+            "limiter: SYN-only policy beside admit, TCP ACKs",
+            "tcp:443,syn (spent) and any (admitting), TCP ACKs to 443: a layer set, judged by any alone",
+            "limiter: admit, TCP ACKs",
+            XDP_PASS,
+            true,
+            layered(vec![syn_only()?, per_source("any", ADMITS)?])?,
+        )),
     ])
 }
 
@@ -377,6 +567,8 @@ fn contention(frames: &[Vec<u8>], rounds: usize) -> anyhow::Result<String> {
         ("random sources, admit", ADMIT_ALL, false),
         ("random sources, refuse", ("any", "1/h", 1), false),
     ];
+    /// The layered variant's scope column.
+    const PAIR: &str = "cpu per source + host aggregate";
     let mut table = String::new();
     writeln!(
         table,
@@ -384,9 +576,19 @@ fn contention(frames: &[Vec<u8>], rounds: usize) -> anyhow::Result<String> {
     )?;
     writeln!(table, "|---|---|---:|---:|---:|---:|")?;
     for (what, policy, hot) in cases {
-        for scope in [Scope::Cpu, Scope::Host] {
-            let limiter = limiter_scoped(BUCKETS, &[policy], &[], scope)?;
-            let refuse = policy != ADMIT_ALL;
+        let refuse = policy != ADMIT_ALL;
+        for scope in ["cpu", "host", PAIR] {
+            let limiter = match scope {
+                "cpu" => limiter_scoped(BUCKETS, &[policy], &[], Scope::Cpu)?,
+                "host" => limiter_scoped(BUCKETS, &[policy], &[], Scope::Host)?,
+                // The typical pair (docs/DESIGN.md, Layers): per source, scope cpu, admitting;
+                // then every source's aggregate, scope host, refusing on the refuse workloads
+                // (a spread flood past its cap): one shared bucket whatever the sources.
+                _ => layered(vec![
+                    layer("any", "src/32,/64", Scope::Cpu, ADMITS)?,
+                    layer("any", "src/0,/0", Scope::Host, if refuse { REFUSES } else { ADMITS })?,
+                ])?,
+            };
             if refuse {
                 // Spend every source's bucket first (on both CPUs: per-CPU buckets are per CPU).
                 for cpu in [0, 1] {
@@ -423,8 +625,7 @@ fn contention(frames: &[Vec<u8>], rounds: usize) -> anyhow::Result<String> {
             let (one, b0, b1) = (median(&alone), median(&both[0]), median(&both[1]));
             writeln!(
                 table,
-                "| {what} | {} | {one:.1} | {:.1} ({b0:.1}, {b1:.1}) | {:.2}x | {} |",
-                scope.as_str(),
+                "| {what} | {scope} | {one:.1} | {:.1} ({b0:.1}, {b1:.1}) | {:.2}x | {} |",
                 (b0 + b1) / 2.0,
                 (b0 + b1) / 2.0 / one,
                 if refuse { "(all refused)".to_string() } else { refused.to_string() }
@@ -435,7 +636,9 @@ fn contention(frames: &[Vec<u8>], rounds: usize) -> anyhow::Result<String> {
         table,
         "\nKernel-measured ns/packet, medians of {rounds} rounds; hot: {HOT_REPEAT} repeats of one frame per thread; random: \
          {} sources, one test run each. \"refused by lost races\": admit-all packets refused because {} \
-         compare-and-exchange tries in a row lost to the other CPU.",
+         compare-and-exchange tries in a row lost to the other CPU. \"{PAIR}\": two layers, `any` per source \
+         (scope cpu, admitting) and `any` key src/0,/0 (scope host: one bucket for every source), admitting, or \
+         on the refuse workloads spent.",
         frames.len(),
         limiter_common::maps::HOST_CAS_TRIES
     )?;
@@ -465,18 +668,43 @@ fn main() -> anyhow::Result<()> {
     };
     let frames =
         offsets.iter().map(|o| spec.frame(IpAddr::V4(Ipv4Addr::from(base + o)))).collect::<anyhow::Result<Vec<_>>>()?;
+    // The same sources' established TCP traffic: ACK segments to port 443.
+    let ack = tcp_segment(spec.sport, 443, Segment::Ack);
+    let acks: Vec<Vec<u8>> = offsets
+        .iter()
+        .map(|o| ethernet(&[], EtherType::IPV4, &V4::from((base + o).to_be_bytes()).datagram(&ack)))
+        .collect();
+    let traffic = |t: Traffic| if t == Traffic::TcpAcks { &acks } else { &frames };
 
-    let subjects = subjects()?;
-    for s in subjects.iter().filter(|s| s.warm_all_sources) {
+    let mut subjects: Vec<(Subject, Traffic)> = subjects()?.into_iter().map(|s| (s, Traffic::Udp)).collect();
+    for (s, _) in subjects.iter().filter(|(s, _)| s.warm_all_sources) {
         for f in &frames {
             (s.run)(f, 1)?;
         }
+    }
+    // Each compared row warmed and checked here, then measured as any other row; its baseline's
+    // index kept for the second table.
+    let mut against = Vec::new();
+    for c in compared()? {
+        let frames = traffic(c.traffic);
+        if c.warm_all_sources {
+            for f in frames {
+                c.limiter.test_run(f)?;
+            }
+        }
+        let verdict = c.limiter.test_run(&frames[0])?;
+        ensure!(verdict == c.expect, "{}: XDP action {verdict} on its first frame, expected {}", c.name, c.expect);
+        let baseline = subjects.iter().position(|(s, _)| s.name == c.against).context(c.against)?;
+        against.push((subjects.len(), baseline));
+        let run = limiter_runner(c.limiter);
+        subjects.push((Subject { name: c.name, what: c.what, run, warm_all_sources: false }, c.traffic));
     }
     let mut samples = vec![Sample::default(); subjects.len()];
     let started = Instant::now();
     for _ in 0..args.rounds {
         // Interleave programs within each round so drift on a noisy machine hits all alike.
-        for (s, sample) in subjects.iter().zip(samples.iter_mut()) {
+        for ((s, t), sample) in subjects.iter().zip(samples.iter_mut()) {
+            let frames = traffic(*t);
             sample.hot.push(f64::from((s.run)(&frames[0], HOT_REPEAT)?));
             let total: u64 = frames.iter().map(|f| (s.run)(f, 1).map(u64::from)).sum::<anyhow::Result<u64>>()?;
             sample.random.push(total as f64 / frames.len() as f64);
@@ -493,7 +721,7 @@ fn main() -> anyhow::Result<()> {
         "| program | what it does | hot ns/pkt | hot / floor | random-source ns/pkt | random / floor | net of bare pass / floor |"
     )?;
     writeln!(table, "|---|---|---:|---:|---:|---:|---:|")?;
-    for (s, sample) in subjects.iter().zip(&samples) {
+    for ((s, _), sample) in subjects.iter().zip(&samples) {
         let (hot, rand) = (median(&sample.hot), median(&sample.random));
         writeln!(
             table,
@@ -515,6 +743,32 @@ fn main() -> anyhow::Result<()> {
         args.rounds,
         HOT_REPEAT,
         elapsed.as_secs_f64()
+    )?;
+    writeln!(table, "\n#### Layers and SYN-only policies, against one policy\n")?;
+    writeln!(
+        table,
+        "| program | against | hot ns/pkt | hot / against | random-source ns/pkt | random / against | net of bare pass / against |"
+    )?;
+    writeln!(table, "|---|---|---:|---:|---:|---:|---:|")?;
+    for (row, base) in against {
+        let (s, b) = (&samples[row], &samples[base]);
+        let (hot, rand, base_hot, base_rand) = (median(&s.hot), median(&s.random), median(&b.hot), median(&b.random));
+        writeln!(
+            table,
+            "| {} | {} | {hot:.1} | {:.2}x | {rand:.1} | {:.2}x | {:.2}x |",
+            subjects[row].0.name,
+            subjects[base].0.name,
+            hot / base_hot,
+            rand / base_rand,
+            (rand - pass_rand) / (base_rand - pass_rand),
+        )?;
+    }
+    writeln!(
+        table,
+        "\nThe rows above, each against the row it is compared with (same run, medians). Layers: udp:53 per source \
+         (src/32), a udp:53 aggregate (src/0), udp:1-1023 per source, a udp aggregate, judged in that order; \
+         \"last refuses\": the last layer spent, the others admitting. TCP ACKs: the same sources, ACK segments to \
+         port 443."
     )?;
     if args.contention {
         let contended = contention(&frames, args.rounds)?;

@@ -44,7 +44,7 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
     let cases: Vec<(Vec<String>, &str)> = vec![
         (args(&["policy", "set", "p"]), "--rate"),
         (args(&["policy", "set", "p", "--rate", "10/d"]), "rate"),
-        (args(&["policy", "set", "p", "--rate", "0/s"]), "rate"),
+        (args(&["policy", "set", "p", "--rate", "00/s"]), "rate"),
         (args(&["policy", "set", "p", "--rate", "1.5/s"]), "rate"),
         (args(&["policy", "set", "p", "--rate", "ten/s"]), "rate"),
         (args(&["policy", "set", "p", "--rate", "10"]), "rate"),
@@ -117,9 +117,11 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         ),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config]), &missing_iface),
         // Refused by the daemon: the form is fine, the request is not.
-        (set(&["--match", "udp:53"]), "dns"),
-        (set(&["--match", "tcp:85-95"]), "web"),
-        (set(&["--match", "any"]), "all"),
+        // Overlapping policies layer now; a source port asks for a protocol with ports.
+        (set(&["--match", "icmp", "--sport", "53"]), "sport"),
+        (set(&["--sport", "1000-10"]), "sport"),
+        (set(&["--dst", "198.18.0.1/24"]), "dst"),
+        (set(&["--dst", "198.18.0.0/24,198.19.0.0/24"]), "dst"),
         (args(&["policy", "rm", "nosuch"]), "nosuch"),
         (args(&["policy", "show", "nosuch"]), "nosuch"),
         (args(&["allow", "add", "198.19.0.0/16"]), "deny"),
@@ -133,7 +135,7 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         (args(&["policy", "set", "dns", "--unit", "bytes"]), "burst"),
         // A new policy needs a rate; the fields given to an existing one are checked as for a new one.
         (args(&["policy", "set", "p", "--match", "udp:7"]), "--rate"),
-        (args(&["policy", "set", "dns", "--match", "tcp:85-95"]), "web"),
+        (args(&["policy", "set", "dns", "--match", "icmp", "--sport", "53"]), "sport"),
     ];
     let file = rig.scratch.config_file().expect("config").expect("the daemon wrote its config");
     let maps = rig.snapshot();

@@ -29,7 +29,8 @@ fn policies_and_lists_survive_a_restart() {
     let pols = [
         Pol::new("a", "udp:7000", 300, 30).key("src/24"),
         Pol::new("b", "tcp", 200, 20).dry_run(),
-        Pol::new("c", "any", 100_000, 70_000).bytes(),
+        // ICMP: beside `a` and `b` on their traffic, `any` would be one more layer of theirs.
+        Pol::new("c", "icmp", 100_000, 70_000).bytes(),
     ];
     rig.set_all(&pols);
     rig.ctl_ok(&["allow", "add", "198.19.10.0/24"]);
@@ -117,9 +118,12 @@ fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
         ("an unknown key", "[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nspeed = 3\n"),
         ("a wrong type", "[[policy]]\nname = \"dns\"\nrate = \"1/s\"\nburst = \"ten\"\n"),
         (
-            "a clash",
-            "[[policy]]\nname = \"x\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"y\"\nmatch = \"udp\"\nrate = \"2/s\"\n",
+            "five layers on one packet",
+            "[[policy]]\nname = \"v\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"w\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n\
+             [[policy]]\nname = \"x\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"y\"\nmatch = \"udp\"\nrate = \"2/s\"\n\n\
+             [[policy]]\nname = \"z\"\nmatch = \"any\"\nrate = \"2/s\"\n",
         ),
+        ("a source port on icmp", "[[policy]]\nname = \"x\"\nmatch = \"icmp\"\nsport = \"53\"\nrate = \"1/s\"\n"),
         ("host bits", "deny = [\"198.19.0.1/16\"]\n"),
     ];
     for (what, text) in bad_edits {

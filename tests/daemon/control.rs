@@ -78,6 +78,13 @@ impl Bad {
     }
 }
 
+/// Five policies that can all judge one UDP packet: one more than may.
+const FIVE_LAYERS: &str = "[[policy]]\nname = \"v\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n\
+                           [[policy]]\nname = \"w\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n\
+                           [[policy]]\nname = \"x\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n\
+                           [[policy]]\nname = \"y\"\nmatch = \"udp\"\nrate = \"2/s\"\n\n\
+                           [[policy]]\nname = \"z\"\nmatch = \"any\"\nrate = \"2/s\"\n";
+
 /// What each bad file is refused for (a word of the reason).
 const BAD_FILES: [(&str, Bad, &str); 9] = [
     ("a missing file", Bad::Missing, "does not exist"),
@@ -88,13 +95,7 @@ const BAD_FILES: [(&str, Bad, &str); 9] = [
     ("comments only", Bad::Text("# all commented out for now\n# [[policy]]\n# name = \"dns\"\n"), "no policy"),
     ("only empty lists", Bad::Text("allow = []\ndeny = []\n"), "no policy"),
     ("a syntax error", Bad::Text("[[policy]\nname = \"dns\"\n"), ":1:"),
-    (
-        "a clash",
-        Bad::Text(
-            "[[policy]]\nname = \"x\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"y\"\nmatch = \"udp\"\nrate = \"2/s\"\n",
-        ),
-        "clashes",
-    ),
+    ("five layers on one packet", Bad::Text(FIVE_LAYERS), "can all judge one packet"),
 ];
 
 /// A reload never removes protection by accident. With two policies and an allow entry
@@ -226,12 +227,8 @@ fn config_check_judges_a_file_offline() {
         ("a syntax error", "allow = []\n[[policy]\nname = \"a\"\n", "2:", ""),
         ("a bad rate", "[[policy]]\nname = \"a\"\nrate = \"10/d\"\n", "3:8", "invalid rate"),
         ("an unknown key", "[[policy]]\nname = \"a\"\nrate = \"10/s\"\nspeed = 3\n", "4:1", "unknown field"),
-        (
-            "a clash",
-            "[[policy]]\nname = \"x\"\nmatch = \"udp\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"y\"\nmatch = \"udp\"\nrate = \"2/s\"\n",
-            "",
-            "clashes",
-        ),
+        // Placed on the last policy it names.
+        ("five layers on one packet", FIVE_LAYERS, "22:8", "can all judge one packet"),
         (
             "a name twice",
             "[[policy]]\nname = \"x\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"x\"\nrate = \"2/s\"\n",
@@ -255,10 +252,10 @@ fn config_check_judges_a_file_offline() {
         assert!(lines[0].contains(word), "{what}: no {word:?} in {:?}", lines[0]);
         assert_eq!(std::fs::read_to_string(&path).expect("reading"), text, "{what}: the file changed");
     }
-    // Both policies of a clash are named; the error sits on one of them.
+    // Every policy of the five layers is named.
     std::fs::write(&path, invalid[3].1).expect("writing");
     let (out, _) = check(&[]);
-    assert!(["2:8", "7:8"].iter().any(|at| out.stderr.contains(&format!("{shown}:{at}:"))), "{:?}", out.stderr);
+    assert!(["'v'", "'w'", "'x'", "'y'", "'z'"].iter().all(|n| out.stderr.contains(n)), "{:?}", out.stderr);
 
     for (what, bad, why) in BAD_FILES.iter().take(5) {
         bad.make(&path);

@@ -677,7 +677,7 @@ fn metrics_carry_no_label_per_source() {
     for needle in ["198.19.", "2001:db8", "2001:DB8"] {
         assert!(!body.contains(needle), "an address in /metrics ({needle}):\n{body}");
     }
-    // The series: 5 packet and 3 byte decisions and an info per policy, 4 unjudged reasons, 2 drop reasons,
+    // The series: 6 packet (overruled among them) and 3 byte decisions and an info per policy, 4 unjudged reasons, 2 drop reasons,
     // errors, mode, policy count, salt age, occupancy, 2 reload results, the last reload's outcome and time,
     // the build, 7 of the process (no rotation interval: rotation is off). The sources do not add any.
     let names: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
@@ -706,7 +706,7 @@ fn metrics_carry_no_label_per_source() {
     ]
     .into();
     assert_eq!(names, expected, "metric families");
-    assert_eq!(samples.len(), 3 * (5 + 3 + 1) + 4 + 2 + 4 + 1 + 2 + 2 + 1 + 7, "series count:\n{body}");
+    assert_eq!(samples.len(), 3 * (6 + 3 + 1) + 4 + 2 + 4 + 1 + 2 + 2 + 1 + 7, "series count:\n{body}");
     // The flood did reach every policy, so the labels were tested with traffic behind them.
     assert!(packets(&samples, "per-source", "refused") > 0 && packets(&samples, "per-net", "refused") > 0);
     assert!(packets(&samples, "watch", "dry_run") > 0 && packets(&samples, "per-source", "allowed") > 0);

@@ -184,42 +184,85 @@ fn dry_run_passes_everything_and_counts_what_it_would_refuse() {
     rig.check_unjudged(0, &run);
 }
 
-/// Exact port > range > protocol > any: UDP to 53, 55 and 61, TCP to 53 and ICMP land in the
-/// right policies' counters, exactly. After removing `any` and the exact port, port 53 falls to
-/// the range, and TCP and ICMP pass untouched, counted as unmatched.
+/// Every policy that covers a packet judges it, most specific first: UDP to 53 meets the exact
+/// port, the range, the protocol and any; UDP to 55 the last three; TCP and ICMP only any. The
+/// most specific is the tightest here, so it refuses first and counts every refusal of its
+/// flows, and the broader layers behind it, never reached by a refused packet, count exactly
+/// what was delivered of all the flows they cover. After removing `any` and the exact port, port
+/// 53 is judged by the range, and TCP and ICMP pass untouched, counted as unmatched.
 #[test]
-fn precedence_is_exact_port_then_range_then_protocol_then_any() {
+fn every_covering_policy_judges_most_specific_first() {
     require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let pols = [
-        Pol::new("exact", "udp:53", 400, 40),
-        Pol::new("range", "udp:50-60", 300, 30),
-        Pol::new("proto", "udp", 200, 20),
-        Pol::new("all", "any", 100, 10),
+        Pol::new("exact", "udp:53", 100, 10),
+        Pol::new("range", "udp:50-60", 200, 20),
+        Pol::new("proto", "udp", 300, 30),
+        Pol::new("all", "any", 400, 40),
     ];
     rig.set_all(&pols);
     let s = |l4, port, src| rig.stream(l4, port, src);
+    // Each stream, the policy it meets first, and every policy it meets.
     let plan = [
-        ("exact", s(L4::Udp, 53, "198.19.1.1")),
-        ("range", s(L4::Udp, 55, "198.19.1.2")),
-        ("proto", s(L4::Udp, 61, "2001:db8:1::3")),
-        ("all", s(L4::TcpSyn, 53, "198.19.1.4")),
-        ("all", s(L4::IcmpEcho, 0, "2001:db8:1::5")),
+        ("exact", s(L4::Udp, 53, "198.19.1.1"), &["exact", "range", "proto", "all"][..]),
+        ("range", s(L4::Udp, 55, "198.19.1.2"), &["range", "proto", "all"][..]),
+        ("proto", s(L4::Udp, 61, "2001:db8:1::3"), &["proto", "all"][..]),
+        ("all", s(L4::TcpSyn, 53, "198.19.1.4"), &["all"][..]),
+        // IPv4: under `all`'s default key (src/32,/64) an IPv6 source of the same /64 as the flow
+        // above would share its allowance there.
+        ("all", s(L4::IcmpEcho, 0, "198.19.1.5"), &["all"][..]),
     ];
-    let streams: Vec<Stream> = plan.iter().map(|(_, s)| s.clone()).collect();
+    let streams: Vec<Stream> = plan.iter().map(|(_, s, _)| s.clone()).collect();
     let run = rig.counted_flood(&streams, Limits::timed(Duration::from_millis(700)));
-    eprintln!("precedence: {}", run.report);
+    eprintln!("layers: {}", run.report);
     check_overload(&run.report, 400.0, streams.len());
+    let window = run.window();
     for pol in &pols {
-        let groups: Vec<Vec<Flow>> =
-            plan.iter().filter(|(n, _)| *n == pol.name).map(|(_, s)| vec![flow_of(s)]).collect();
-        rig.check_policy(pol, &run, &groups);
+        let id = rig.policy_id(pol.name);
+        rig.check_installed(pol, id);
+        let judged = rig.judged(&run, id);
+        eprintln!("  '{}' (id {id}): {judged}", pol.name);
+        let t = judged.total;
+        let (mut first_sent, mut first_delivered, mut covered_delivered) = (0, 0, 0);
+        for (first, stream, meets) in &plan {
+            let flow = flow_of(stream);
+            if *first == pol.name {
+                first_sent += run.sent(&flow);
+                first_delivered += run.delivered(&flow);
+                check_bounds(
+                    &format!("'{}' {flow:?}", pol.name),
+                    run.delivered(&flow),
+                    &pol.gcra(),
+                    &judged,
+                    window,
+                    &run.report,
+                );
+            }
+            if meets.contains(&pol.name) {
+                covered_delivered += run.delivered(&flow);
+            }
+        }
+        assert_eq!(
+            t.refused_packets,
+            first_sent - first_delivered,
+            "'{}': refusals of the flows it meets first",
+            pol.name
+        );
+        assert_eq!(
+            t.admitted_packets, covered_delivered,
+            "'{}': admitted vs delivered of every flow it covers",
+            pol.name
+        );
+        assert_eq!(t.overruled_packets, 0, "'{}': the tightest layer is judged first, so none is overruled", pol.name);
+        assert!(t.refused_packets > 0, "'{}' refused nothing: the flood did not test it", pol.name);
+        assert_eq!(t.errors, 0, "'{}': internal errors", pol.name);
     }
     rig.check_unjudged(0, &run);
 
     rig.ctl_ok(&["policy", "rm", "all"]);
     rig.ctl_ok(&["policy", "rm", "exact"]);
     let (udp53, tcp, icmp) = (streams[0].clone(), streams[3].clone(), streams[4].clone());
+    // Port 53 now meets the range, the protocol and nothing else: the range, tightest, refuses.
     let run = rig.counted_flood(&[udp53.clone(), tcp.clone(), icmp.clone()], Limits::timed(Duration::from_millis(500)));
     eprintln!("after rm: {}", run.report);
     let to_range = rig.judged(&run, rig.policy_id("range")).total;

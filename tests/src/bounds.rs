@@ -111,6 +111,7 @@ pub fn since(now: &Counters, before: &Counters) -> Counters {
         refused_bytes: d(now.refused_bytes, before.refused_bytes),
         dry_run_packets: d(now.dry_run_packets, before.dry_run_packets),
         dry_run_bytes: d(now.dry_run_bytes, before.dry_run_bytes),
+        overruled_packets: d(now.overruled_packets, before.overruled_packets),
         allowed_packets: d(now.allowed_packets, before.allowed_packets),
         denied_packets: d(now.denied_packets, before.denied_packets),
         not_ip: d(now.not_ip, before.not_ip),

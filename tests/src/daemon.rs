@@ -670,7 +670,12 @@ fn map<'a>(maps: &'a BTreeMap<String, Map>, name: &str) -> anyhow::Result<&'a Ma
 /// The per-CPU counters of policy `id` of loaded program `program`.
 pub fn program_counters(program: u32, id: u16) -> anyhow::Result<Vec<Counters>> {
     let maps = program_maps(program)?;
-    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(map(&maps, MAP_COUNTERS)?)?;
+    let m = map(&maps, MAP_COUNTERS)?;
+    if map_value_size(m) == Some(OLDER_COUNTERS * 8) {
+        let counters: PerCpuArray<_, [u64; OLDER_COUNTERS as usize]> = PerCpuArray::try_from(m)?;
+        return Ok(counters.get(&u32::from(id), 0)?.iter().map(older).collect());
+    }
+    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(m)?;
     Ok(counters.get(&u32::from(id), 0)?.iter().copied().collect())
 }
 
@@ -687,16 +692,57 @@ pub fn pinned_layout(dir: &Path) -> anyhow::Result<u64> {
 pub fn hold_counters(program: u32) -> anyhow::Result<HeldCounters> {
     let mut maps = program_maps(program)?;
     let map = maps.remove(MAP_COUNTERS).with_context(|| format!("program {program} has no {MAP_COUNTERS} map"))?;
-    Ok(HeldCounters(PerCpuArray::try_from(map)?))
+    // An older release's counters (layout 5 and before) lack the last field: its first 13.
+    if map_value_size(&map) == Some(OLDER_COUNTERS * 8) {
+        return Ok(HeldCounters::Older(PerCpuArray::try_from(map)?));
+    }
+    Ok(HeldCounters::Current(PerCpuArray::try_from(map)?))
+}
+
+/// How many u64 counters an older release's `Counters` held (before `overruled_packets`).
+const OLDER_COUNTERS: u32 = 13;
+
+fn map_value_size(map: &Map) -> Option<u32> {
+    let data = match map {
+        Map::PerCpuArray(data) => data,
+        _ => return None,
+    };
+    data.info().ok().map(|info| info.value_size())
 }
 
 /// See [`hold_counters`].
-pub struct HeldCounters(PerCpuArray<MapData, Counters>);
+pub enum HeldCounters {
+    Current(PerCpuArray<MapData, Counters>),
+    Older(PerCpuArray<MapData, [u64; OLDER_COUNTERS as usize]>),
+}
 
 impl HeldCounters {
     /// The per-CPU counters of policy `id`, read now.
     pub fn read(&self, id: u16) -> anyhow::Result<Vec<Counters>> {
-        Ok(self.0.get(&u32::from(id), 0)?.iter().copied().collect())
+        Ok(match self {
+            Self::Current(map) => map.get(&u32::from(id), 0)?.iter().copied().collect(),
+            Self::Older(map) => map.get(&u32::from(id), 0)?.iter().map(older).collect(),
+        })
+    }
+}
+
+/// An older release's counters (the fields before `overruled_packets`, in order).
+fn older(v: &[u64; OLDER_COUNTERS as usize]) -> Counters {
+    Counters {
+        admitted_packets: v[0],
+        admitted_bytes: v[1],
+        refused_packets: v[2],
+        refused_bytes: v[3],
+        dry_run_packets: v[4],
+        dry_run_bytes: v[5],
+        allowed_packets: v[6],
+        denied_packets: v[7],
+        not_ip: v[8],
+        malformed: v[9],
+        unmatched: v[10],
+        errors: v[11],
+        unreadable_ports: v[12],
+        overruled_packets: 0,
     }
 }
 
@@ -785,7 +831,12 @@ impl Snapshot {
 }
 
 fn read_counters(maps: &BTreeMap<String, Map>) -> anyhow::Result<Vec<Vec<Counters>>> {
-    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(map(maps, MAP_COUNTERS)?)?;
+    let m = map(maps, MAP_COUNTERS)?;
+    if map_value_size(m) == Some(OLDER_COUNTERS * 8) {
+        let counters: PerCpuArray<_, [u64; OLDER_COUNTERS as usize]> = PerCpuArray::try_from(m)?;
+        return counters.iter().map(|c| Ok(c?.iter().map(older).collect())).collect();
+    }
+    let counters: PerCpuArray<_, Counters> = PerCpuArray::try_from(m)?;
     counters.iter().map(|c| Ok(c?.iter().copied().collect())).collect()
 }
 

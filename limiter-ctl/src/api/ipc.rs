@@ -100,6 +100,10 @@ pub(crate) struct PolicyCounters {
     pub refused_bytes: u64,
     pub dry_run_packets: u64,
     pub dry_run_bytes: u64,
+    /// Judged by this policy as one layer of several, and refused by another layer (which
+    /// counts it as refused). Absent from an older daemon's answer: 0.
+    #[serde(default)]
+    pub overruled_packets: u64,
     pub allowed_packets: u64,
     pub denied_packets: u64,
 }
@@ -113,6 +117,7 @@ impl From<&Counters> for PolicyCounters {
             refused_bytes: c.refused_bytes,
             dry_run_packets: c.dry_run_packets,
             dry_run_bytes: c.dry_run_bytes,
+            overruled_packets: c.overruled_packets,
             allowed_packets: c.allowed_packets,
             denied_packets: c.denied_packets,
         }

@@ -17,6 +17,9 @@ pub struct Rates {
     pub admitted_per_s: f64,
     pub refused_per_s: f64,
     pub dry_run_per_s: f64,
+    /// Refused by another layer (see `PolicyCounters::overruled_packets`).
+    #[serde(default)]
+    pub overruled_per_s: f64,
     pub allowed_per_s: f64,
     pub denied_per_s: f64,
 }

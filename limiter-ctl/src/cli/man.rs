@@ -295,10 +295,12 @@ fn config_page() -> String {
     roff.control("br", []).text([bold("/etc/limiter/"), italic("IFACE"), bold(".toml")]);
     roff.control("SH", ["DESCRIPTION"]).text([roman(
         "The config file of limiter-ctl daemon (--config), in TOML. It lists sources that bypass limiting, \
-         sources always dropped, and rate policies. Each packet meets at most one policy: the one with its \
-         exact destination port, then a port range, then its protocol, then any. Clashing matches (two \
-         policies on one port, overlapping ranges of one protocol) are refused with both names. Up to 255 \
-         policies and 16384 list entries per address family.",
+         sources always dropped, and rate policies. Policies may overlap: a packet is judged by every policy \
+         that covers it (its match, sport and dst), in this order: exact destination port, then a port \
+         range, then protocol, then any; per source before aggregate (the longer key prefix first); then \
+         by name. It passes only if each admits it, and a refusal charges none of the others. At most 4 \
+         policies may cover one packet and at most 8 share one traffic; more are refused with their names. \
+         Up to 255 policies and 16384 list entries per address family.",
     )]);
     roff.control("PP", []).text([roman(
         "The daemon owns the file: limiter-ctl policy, allow and deny apply a change to the kernel, then \

@@ -179,8 +179,11 @@ pub(crate) fn main() -> Run {
             ))
         }),
         Command::Config(ConfigCommand::Check { file, iface }) => match config_check(&file, iface.as_deref()) {
-            Ok(summary) => {
+            Ok((summary, warnings)) => {
                 println!("{}", escape::controls(&summary, false));
+                for warning in warnings {
+                    println!("warning: {}", escape::controls(&warning, false));
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e),
@@ -218,7 +221,8 @@ fn one_line(rendered: &str) -> String {
 
 /// `config check FILE`: the file read, parsed and validated as the daemon reads a config (at
 /// start and on reload), with no daemon and no kernel; a one-line summary.
-fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<String, Error> {
+/// The summary line, and what the check says without refusing the file (one line each).
+fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<(String, Vec<String>), Error> {
     let max_frame = match iface {
         None => config::DEFAULT_MAX_FRAME,
         Some(iface) => kernel::interface_mtu(iface)
@@ -227,9 +231,12 @@ fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<String, E
     };
     let text = config::read(path).map_err(Error::BadFile)?;
     let file = config::parse(path, &text).map_err(Error::BadFile)?;
-    if let Err(error) = config::State::build_for(&file, &Default::default(), max_frame) {
-        return Err(Error::Invalid { path: path.to_path_buf(), at: config::position(&text, &error), error });
-    }
+    let state = match config::State::build_for(&file, &Default::default(), max_frame) {
+        Ok(state) => state,
+        Err(error) => {
+            return Err(Error::Invalid { path: path.to_path_buf(), at: config::position(&text, &error), error });
+        }
+    };
     let mut summary = format!(
         "{}: ok: {} policies, {} allow and {} deny entries",
         path.display(),
@@ -240,7 +247,7 @@ fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<String, E
     if file.has_no_rules() && !config::says_no_rules(&text) {
         summary.push_str(" (no rules: a reload onto it is refused while rules run, unless it says `policy = []`)");
     }
-    Ok(summary)
+    Ok((summary, state.warnings()))
 }
 
 /// `stats`, once or (`--watch`) redrawn once a second until interrupted.

@@ -55,6 +55,7 @@ pub(super) fn policy(p: &PolicyStatus) -> String {
         ("admitted", format!("{} packets, {} bytes", c.admitted_packets, c.admitted_bytes)),
         ("refused", format!("{} packets, {} bytes", c.refused_packets, c.refused_bytes)),
         ("dry-run", format!("{} packets, {} bytes would have been refused", c.dry_run_packets, c.dry_run_bytes)),
+        ("overruled", format!("{} packets (refused by another layer)", c.overruled_packets)),
         ("allowed", format!("{} packets (allow list)", c.allowed_packets)),
         ("denied", format!("{} packets (deny list)", c.denied_packets)),
     ];
@@ -112,10 +113,23 @@ pub(super) fn stats(s: &stats::Snapshot) -> String {
             right(none.denied_packets),
         ]);
     }
+    // Layers: which policy a refusal was counted under is the REFUSED column; what the other
+    // layers had judged of those packets, here (only when layers overlap).
+    let overruled: Vec<String> = s
+        .policies
+        .iter()
+        .filter(|p| p.totals.overruled_packets > 0)
+        .map(|p| format!("{} {}", p.name, p.totals.overruled_packets))
+        .collect();
+    let overruled = if overruled.is_empty() {
+        String::new()
+    } else {
+        format!("overruled (judged, then refused by another layer): {}\n", overruled.join(", "))
+    };
     let u = &s.unjudged;
     let occupancy = s.bucket_occupancy.map_or("not measured yet".to_string(), |o| format!("{:.2}%", o * 100.0));
     format!(
-        "{}\npassed unjudged: {} not IP, {} malformed, {} unmatched, {} allow-listed; dropped unjudged: {} deny-listed, {} with unreadable ports; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n",
+        "{}\n{overruled}passed unjudged: {} not IP, {} malformed, {} unmatched, {} allow-listed; dropped unjudged: {} deny-listed, {} with unreadable ports; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n",
         t.trim_fmt(),
         u.not_ip,
         u.malformed,

@@ -19,7 +19,7 @@ use toml_edit::{Item, Value};
 
 use super::{
     Error,
-    policy::{BurstEdit, KeySpec, Match, Mode, Name, Scope, Unit},
+    policy::{BurstEdit, Destination, KeySpec, Match, Mode, Name, Scope, SourcePorts, Unit},
     rate::Rate,
 };
 
@@ -72,6 +72,8 @@ macro_rules! text_value {
 
 text_value! {
     Match: new Some(Match::default());
+    SourcePorts: new Some(SourcePorts::default());
+    Destination: new Some(Destination::default());
     Rate: new None;
     KeySpec: new Some(KeySpec::default());
     Unit: new Some(Unit::default()), words Unit::WORDS;
@@ -235,17 +237,43 @@ policy_fields! {
         },
         about: "What traffic: any, tcp, udp or icmp, optionally with a destination port or range (udp:53, \
                 tcp:8000-8999). For tcp, a trailing ,syn (tcp,syn, tcp:443,syn) judges connection openings \
-                only, segments with SYN set and ACK clear: established traffic never meets the policy, and \
-                is judged by the tcp policy if there is one, else by any's, else passes. It still claims its \
-                port: tcp:443 beside tcp:443,syn is a clash. Default: any.",
+                only, segments with SYN set and ACK clear: established traffic never meets the policy. \
+                Policies may overlap: a packet is judged by every policy that covers it (match, sport and \
+                dst), at most 4, and passes only if each admits it. Default: any.",
+    }
+    #[serde(default, skip_serializing_if = "SourcePorts::is_any")]
+    sport: SourcePorts => "sport" {
+        flag: Flag::Value {
+            value_name: "PORTS",
+            help: "Source ports the policy judges: any, a port (123) or a range (1024-65535); tcp and udp \
+                   matches only [new policy: any]",
+            dash: Dash::None,
+        },
+        about: "Which source ports: any, a port (123) or a range (1024-65535). For tcp and udp matches only; \
+                a reflection flood comes from one (udp with sport 123: NTP). Default: any.",
+    }
+    #[serde(default, skip_serializing_if = "Destination::is_any")]
+    dst: Destination => "dst" {
+        flag: Flag::Value {
+            value_name: "PREFIXES",
+            help: "Destinations the policy judges: any, or a prefix per family, comma-separated: 198.18.0.2/32 or \
+                   198.18.0.0/24,2001:db8::/64 [new policy: any]",
+            dash: Dash::None,
+        },
+        about: "Which destination addresses: any, or a prefix per family, comma-separated (198.18.0.2/32, \
+                198.18.0.0/24,2001:db8::/64). With a prefix in one family only, the policy judges no packet \
+                of the other. Default: any.",
     }
     rate: Rate => "rate" {
         flag: Flag::Value {
             value_name: "RATE",
-            help: "Rate per key: N/s, N/min or N/h (required for a new policy)",
+            help: "Rate per key: N/s, N/min or N/h; 0/s drops everything the policy judges (required for a new \
+                   policy)",
             dash: Dash::Any,
         },
-        about: "Required. The allowance per key: N/s, N/min or N/h, in the policy's unit.",
+        about: "Required. The allowance per key: N/s, N/min or N/h, in the policy's unit. 0/s (or 0/min, \
+                0/h) drops everything the policy judges, burst or not: a reflection source port denied \
+                outright.",
     }
     /// None: one second's worth of the rate (see [`PolicyDef::default_burst`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -359,6 +387,10 @@ impl PolicyDef {
             Unit::Packets => 1,
             Unit::Bytes => MAX_FRAME_WEIGHT,
         };
+        if self.rate.count == 0 {
+            // Nothing passes (`Policy::DENY`): the kernel never judges by this one.
+            return Gcra::new(1, self.rate.period_ns, 1, max_weight);
+        }
         Gcra::new(self.rate.count, self.rate.period_ns, self.burst_or_default(), max_weight)
     }
 
@@ -381,6 +413,8 @@ pub(crate) mod tests {
         PolicyDef {
             name: "dns".parse().unwrap(),
             matches: "udp:53".parse().unwrap(),
+            sport: "1024-65535".parse().unwrap(),
+            dst: "198.18.0.0/24,2001:db8::/64".parse().unwrap(),
             rate: "100/s".parse().unwrap(),
             burst: Some(20),
             key: "src/24,/56+dport".parse().unwrap(),

@@ -47,9 +47,14 @@ pub enum Error {
     #[error("policy '{name}': {error}")]
     Policy { name: Name, error: GcraError },
     #[error(
-        "policy '{name}' ({matches}) clashes with policy '{other}' ({other_matches}): each packet must have one policy"
+        "{} can all judge one packet ({traffic}): at most {max} policies may (narrow one with --sport or --dst, or remove one)",
+        quoted(names)
     )]
-    Clash { name: Name, matches: Match, other: Name, other_matches: Match },
+    TooManyLayers { traffic: String, names: Vec<Name>, max: usize },
+    #[error("{} all cover {traffic}: at most {max} policies may share one traffic (remove one)", quoted(names))]
+    TooManyCandidates { traffic: String, names: Vec<Name>, max: usize },
+    #[error("policy '{name}' ({matches}): --sport needs a tcp or udp match")]
+    SportWithoutPorts { name: Name, matches: Match },
     #[error("invalid CIDR '{net}': host bits are set; expected a network address such as {}", net.trunc())]
     HostBits { net: IpNet },
     #[error("{net} is on the {} list; remove it there first", other.as_str())]
@@ -58,4 +63,14 @@ pub enum Error {
     NotOnList { net: IpNet, list: List },
     #[error("too many allow/deny entries for this family: at most {max}")]
     TooManyListEntries { max: u32 },
+}
+
+/// `'a', 'b' and 'c'`: policy names in an error.
+fn quoted(names: &[Name]) -> String {
+    let q: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+    match q.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("policies {} and {last}", rest.join(", ")),
+        Some((last, _)) => format!("policy {last}"),
+        None => "no policy".to_string(),
+    }
 }

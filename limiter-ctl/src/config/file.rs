@@ -160,8 +160,11 @@ pub fn position(text: &str, error: &Error) -> Option<(usize, usize)> {
     };
     let span = match error {
         Error::DefinedTwice(name) => policy_names(name).get(1)?.clone(),
-        Error::BurstBelowFrame { name, .. } | Error::Policy { name, .. } | Error::Clash { name, .. } => {
+        Error::BurstBelowFrame { name, .. } | Error::Policy { name, .. } | Error::SportWithoutPorts { name, .. } => {
             policy_names(name).first()?.clone()
+        }
+        Error::TooManyLayers { names, .. } | Error::TooManyCandidates { names, .. } => {
+            policy_names(names.last()?).first()?.clone()
         }
         Error::HostBits { net } | Error::OnOtherList { net, .. } => ["allow", "deny"]
             .into_iter()
@@ -295,9 +298,8 @@ rate = "10/s"
                     [[policy]]\nname = \"b\"\nrate = \"1/s\"\n\n[[policy]]\n  name = \"a\"\nrate = \"2/s\"\n";
         let a: Name = "a".parse().unwrap();
         assert_eq!(position(text, &Error::DefinedTwice(a.clone())), Some((12, 10)));
-        let clash =
-            Error::Clash { name: a.clone(), matches: Match::default(), other: a, other_matches: Match::default() };
-        assert_eq!(position(text, &clash), Some((4, 8)));
+        let layers = Error::TooManyLayers { traffic: "udp".into(), names: vec!["b".parse().unwrap(), a], max: 4 };
+        assert_eq!(position(text, &layers), Some((4, 8)));
         let net: IpNet = "198.18.1.1/24".parse().unwrap();
         assert_eq!(position(text, &Error::HostBits { net }), Some((1, 27)));
         assert_eq!(position(text, &Error::TooManyPolicies { max: 1 }), None);

@@ -1,6 +1,7 @@
 //! The config room: what the operator asks for, checked before anything moves. The text forms
 //! (`field`), the values of a policy's fields and lists (`policy`, `rate`), the fields declared
-//! once (`def`: the whole policy and its partial edit), the TOML file (`file`) and its
+//! once (`def`: the whole policy and its partial edit), which policies judge which packets
+//! (`layers`), the TOML file (`file`) and its
 //! write-back (`write`), and the desired state validated as a whole (`state`). Each uses only
 //! those before it.
 //!
@@ -13,6 +14,7 @@ mod def;
 mod error;
 mod field;
 mod file;
+mod layers;
 mod policy;
 mod rate;
 mod state;
@@ -22,7 +24,10 @@ pub use def::{Dash, FIELDS, Field, FieldValue, Flag, PolicyDef, PolicyEdit, Visi
 pub use error::Error;
 pub use field::{FieldError, decimal, net_serde, parse_net};
 pub use file::{ConfigFile, DEFAULT_PATH, MAX_FILE_BYTES, load, load_with_text, parse, position, read, says_no_rules};
-pub use policy::{BurstEdit, KeySpec, List, Match, Mode, Name, Ports, Proto, Scope, Unit, parse_burst};
+pub use layers::{Layering, PortStretch};
+pub use policy::{
+    BurstEdit, Destination, KeySpec, List, Match, Mode, Name, Ports, Proto, Scope, SourcePorts, Unit, parse_burst,
+};
 pub use rate::{Rate, RateError};
 pub use state::{DEFAULT_MAX_FRAME, Entry, L2_OVERHEAD, State, longest_window, max_frame_for_mtu};
 pub use write::save;

@@ -81,9 +81,8 @@ pub enum Ports {
 pub struct Match {
     pub proto: Proto,
     pub ports: Option<Ports>,
-    /// `,syn`: only TCP segments with SYN set and ACK clear; the others are judged as if the
-    /// policy were absent (`Policy::SYN_ONLY`). It claims its port like any match: beside
-    /// `tcp:443`, `tcp:443,syn` clashes.
+    /// `,syn`: only TCP segments with SYN set and ACK clear (`Policy::SYN_ONLY`): the other
+    /// segments never meet the policy.
     pub syn: bool,
 }
 
@@ -146,6 +145,136 @@ impl fmt::Display for Match {
 impl Default for Match {
     fn default() -> Self {
         Self { proto: Proto::Any, ports: None, syn: false }
+    }
+}
+
+/// The source ports a policy judges (a predicate beside the match): `any` (the default), a
+/// port (`123`) or a range (`1024-65535`). TCP and UDP policies only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SourcePorts(pub Option<(u16, u16)>);
+
+const SPORT_FORM: &str = "expected any, a port (123) or a range (1024-65535), ports 0-65535 without sign or \
+                          leading zeros";
+
+impl FromStr for SourcePorts {
+    type Err = FieldError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || field_err("sport", s, SPORT_FORM);
+        if s == "any" {
+            return Ok(Self(None));
+        }
+        let port = |p: &str| decimal(p).and_then(|p| u16::try_from(p).ok()).ok_or_else(err);
+        let (lo, hi) = match s.split_once('-') {
+            Some((lo, hi)) => (port(lo)?, port(hi)?),
+            None => (port(s)?, port(s)?),
+        };
+        if lo > hi {
+            return Err(err());
+        }
+        Ok(Self(Some((lo, hi))))
+    }
+}
+
+impl fmt::Display for SourcePorts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            None => f.write_str("any"),
+            Some((lo, hi)) if lo == hi => write!(f, "{lo}"),
+            Some((lo, hi)) => write!(f, "{lo}-{hi}"),
+        }
+    }
+}
+
+impl SourcePorts {
+    pub fn is_any(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Whether some source port meets both.
+    pub fn overlaps(&self, other: &Self) -> bool {
+        match (self.0, other.0) {
+            (Some((a, b)), Some((c, d))) => a <= d && c <= b,
+            _ => true,
+        }
+    }
+}
+
+/// The destinations a policy judges (a predicate beside the match): `any` (the default), or a
+/// prefix per family, comma-separated (`198.18.0.2/32`, `198.18.0.0/24,2001:db8::/64`). A
+/// policy with a prefix in one family only judges no packet of the other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Destination {
+    pub v4: Option<ipnet::Ipv4Net>,
+    pub v6: Option<ipnet::Ipv6Net>,
+}
+
+const DST_FORM: &str = "expected any, or a prefix per family, comma-separated, without host bits (198.18.0.2/32, \
+                        198.18.0.0/24,2001:db8::/64)";
+
+impl FromStr for Destination {
+    type Err = FieldError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || field_err("dst", s, DST_FORM);
+        let mut dst = Self::default();
+        if s == "any" {
+            return Ok(dst);
+        }
+        for part in s.split(',') {
+            let net = super::field::parse_net(part).map_err(|_| err())?;
+            if net.trunc() != net {
+                return Err(err());
+            }
+            match net {
+                ipnet::IpNet::V4(n) if dst.v4.is_none() => dst.v4 = Some(n),
+                ipnet::IpNet::V6(n) if dst.v6.is_none() => dst.v6 = Some(n),
+                _ => return Err(err()),
+            }
+        }
+        Ok(dst)
+    }
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.v4, self.v6) {
+            (None, None) => f.write_str("any"),
+            (Some(a), None) => write!(f, "{a}"),
+            (None, Some(b)) => write!(f, "{b}"),
+            (Some(a), Some(b)) => write!(f, "{a},{b}"),
+        }
+    }
+}
+
+impl Destination {
+    pub fn is_any(&self) -> bool {
+        self.v4.is_none() && self.v6.is_none()
+    }
+
+    /// Whether a packet of the family (`v6`) can meet it.
+    pub fn admits_family(&self, v6: bool) -> bool {
+        self.is_any() || if v6 { self.v6.is_some() } else { self.v4.is_some() }
+    }
+
+    /// Whether some destination of the family meets both (prefixes overlap only when nested).
+    pub fn overlaps(&self, other: &Self, v6: bool) -> bool {
+        if !self.admits_family(v6) || !other.admits_family(v6) {
+            return false;
+        }
+        if v6 {
+            match (self.v6, other.v6) {
+                (Some(a), Some(b)) => a.contains(&b) || b.contains(&a),
+                _ => true,
+            }
+        } else {
+            match (self.v4, other.v4) {
+                (Some(a), Some(b)) => a.contains(&b) || b.contains(&a),
+                _ => true,
+            }
+        }
     }
 }
 
@@ -309,7 +438,7 @@ macro_rules! serde_via_string {
     )+};
 }
 
-serde_via_string!(Name, Match, KeySpec);
+serde_via_string!(Name, Match, KeySpec, SourcePorts, Destination);
 
 /// Parses a burst: a whole number from 1.
 pub fn parse_burst(s: &str) -> Result<u64, FieldError> {

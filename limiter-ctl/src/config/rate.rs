@@ -23,8 +23,9 @@ impl FromStr for Rate {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let err = || RateError(s.to_string());
         let (count, unit) = s.trim().split_once('/').ok_or_else(err)?;
-        // One form, as for every number: `+100/s` and `0100/s` are refused.
-        let count = super::field::decimal(count.trim()).filter(|&n| n >= 1).ok_or_else(err)?;
+        // One form, as for every number: `+100/s` and `0100/s` are refused. `0/s`: nothing
+        // passes (a source port of reflection, denied outright).
+        let count = super::field::decimal(count.trim()).ok_or_else(err)?;
         let period_ns = match unit.trim() {
             "s" | "sec" | "second" => NS_PER_SEC,
             "m" | "min" | "minute" => 60 * NS_PER_SEC,
@@ -77,12 +78,12 @@ mod tests {
         assert_eq!("100/min".parse(), Ok(Rate { count: 100, period_ns: 60 * NS_PER_SEC }));
         assert_eq!("5/h".parse(), Ok(Rate { count: 5, period_ns: 3600 * NS_PER_SEC }));
         assert_eq!("100/min".parse::<Rate>().map(|r| r.to_string()), Ok("100/min".into()));
+        assert_eq!("0/s".parse(), Ok(Rate { count: 0, period_ns: NS_PER_SEC }));
     }
 
     #[test]
     fn rejects_everything_else() {
-        for bad in ["", "1000", "0/s", "-1/s", "1.5/s", "10/d", "/s", "ten/s", "1000/ s x", "+100/s", "0100/s", "00/s"]
-        {
+        for bad in ["", "1000", "-1/s", "1.5/s", "10/d", "/s", "ten/s", "1000/ s x", "+100/s", "0100/s", "00/s"] {
             assert!(bad.parse::<Rate>().is_err(), "{bad}");
         }
     }

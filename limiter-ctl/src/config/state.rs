@@ -1,6 +1,6 @@
 //! The daemon's desired state (policies with their ids, allow and deny lists), validated as a
-//! whole before anything changes: each policy representable, no two matching one packet, no
-//! more of anything than the kernel can hold. The kernel room compiles it into what the XDP
+//! whole before anything changes: each policy representable, no more layers on one packet and
+//! no more of anything than the kernel can hold. The kernel room compiles it into what the XDP
 //! program reads (`kernel::compile`).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,7 +15,8 @@ use super::{
     Error,
     def::PolicyDef,
     file::ConfigFile,
-    policy::{List, Match, Name, Ports, Proto, Unit},
+    layers::Layering,
+    policy::{List, Name, Proto, Unit},
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -203,31 +204,30 @@ impl State {
         Ok(())
     }
 
-    /// Refuses clashing matches: two policies on the same port, overlapping ranges of one
-    /// protocol, two policies for one protocol, or two `any`. Each packet then has one policy:
-    /// its exact port's, else its range's, else its protocol's, else `any`'s.
+    /// Checks the layering (`config::layers`): at most 8 policies share one traffic, at most 4
+    /// can all meet one packet; and that source ports are asked only of TCP and UDP policies.
     fn check_matches(&self) -> Result<(), Error> {
-        let mut claimed: BTreeMap<(Proto, Option<Ports>), &Entry> = BTreeMap::new();
-        let mut ranges: Vec<(&Entry, Proto, u16, u16)> = Vec::new();
-        for entry in self.policies.values() {
-            let m: Match = entry.def.matches;
-            let clash = |other: &Entry| Error::Clash {
-                name: entry.def.name.clone(),
-                matches: m,
-                other: other.def.name.clone(),
-                other_matches: other.def.matches,
-            };
-            if let Some(other) = claimed.insert((m.proto, m.ports), entry) {
-                return Err(clash(other));
-            }
-            if let Some(Ports::Range(lo, hi)) = m.ports {
-                if let Some((other, ..)) = ranges.iter().find(|(_, p, l, h)| *p == m.proto && lo <= *h && *l <= hi) {
-                    return Err(clash(other));
-                }
-                ranges.push((entry, m.proto, lo, hi));
+        for e in self.policies.values() {
+            if !e.def.sport.is_any() && !matches!(e.def.matches.proto, Proto::Tcp | Proto::Udp) {
+                return Err(Error::SportWithoutPorts { name: e.def.name.clone(), matches: e.def.matches });
             }
         }
-        Ok(())
+        self.layering().check(|id| self.by_id(id))
+    }
+
+    /// The candidate lists of the policies (`config::layers`).
+    pub fn layering(&self) -> Layering {
+        Layering::of(self.policies.values().map(|e| (e.id, &e.def)))
+    }
+
+    /// What the config check and the daemon say about the state without refusing it: layers
+    /// whose allowance another layer never lets them use.
+    pub fn warnings(&self) -> Vec<String> {
+        self.layering().warnings(|id| self.by_id(id))
+    }
+
+    fn by_id(&self, id: u16) -> Option<&PolicyDef> {
+        self.policies.values().find(|e| e.id == id).map(|e| &e.def)
     }
 }
 
@@ -249,26 +249,29 @@ mod tests {
     }
 
     #[test]
-    fn clashes_name_the_other_policy() {
-        for (first, second) in [
-            ("udp:53", "udp:53"),
-            ("udp:50-60", "udp:60-70"),
-            ("tcp", "tcp"),
-            ("any", "any"),
-            ("tcp:1-100", "tcp:5-6"),
-            // Both would judge a SYN: one policy per packet.
-            ("tcp:443", "tcp:443,syn"),
-            ("tcp:443,syn", "tcp:443"),
-            ("tcp", "tcp,syn"),
-            ("tcp:1-100,syn", "tcp:50-60"),
-        ] {
-            let err = with(&[("a", first), ("b", second)]).unwrap_err();
-            assert!(err.to_string().contains("'a'") && err.to_string().contains("'b'"), "{first} vs {second}: {err}");
-        }
-        // Different protocols, or a port inside a range, are fine.
-        with(&[("a", "udp:50-60"), ("b", "tcp:50-60"), ("c", "udp:55")]).unwrap();
-        // A SYN-only policy beside its protocol's: what it does not judge falls through to it.
-        with(&[("a", "tcp:443,syn"), ("b", "tcp"), ("c", "any")]).unwrap();
+    fn overlapping_policies_layer_up_to_four_on_a_packet() {
+        // Once refused as clashes: now layers.
+        with(&[("a", "udp:53"), ("b", "udp:53"), ("c", "udp"), ("d", "any")]).unwrap();
+        with(&[("a", "tcp:443"), ("b", "tcp:443,syn"), ("c", "tcp:1-1000")]).unwrap();
+        let err =
+            with(&[("a", "udp:53"), ("b", "udp:53"), ("c", "udp:50-60"), ("d", "udp"), ("e", "any")]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("'a'") && text.contains("'e'") && text.contains("udp:53"), "{text}");
+        assert_eq!(
+            text,
+            "policies 'a', 'b', 'c', 'd' and 'e' can all judge one packet (udp:53): at most 4 policies may (narrow one with --sport or --dst, or remove one)"
+        );
+        // Source ports that cannot meet do not add up.
+        let refl = |name: &str, port: &str| PolicyDef { sport: port.parse().unwrap(), ..def(name, "udp") };
+        let s = with(&[("a", "udp"), ("b", "any")]).unwrap();
+        let s = ["53", "123", "389", "1900", "11211"]
+            .iter()
+            .enumerate()
+            .fold(s, |s, (i, p)| s.with_policy(refl(&format!("r{i}"), p)).unwrap());
+        assert_eq!(s.policies().count(), 7);
+        // A source port asks for a protocol that has ports.
+        let err = State::default().with_policy(PolicyDef { sport: "53".parse().unwrap(), ..def("x", "icmp") });
+        assert!(err.unwrap_err().to_string().contains("--sport needs a tcp or udp match"));
     }
 
     #[test]

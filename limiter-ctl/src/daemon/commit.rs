@@ -26,6 +26,11 @@ impl Daemon {
                 }
             }
         }
+        // A layering the operator may not mean: said once per change that brings it.
+        let before = self.state.warnings();
+        for warning in next.warnings().into_iter().filter(|w| !before.contains(w)) {
+            tracing::warn!("{warning}");
+        }
         self.state = next;
         self.longest_window = self.longest_window.max(self.state.max_window());
         Ok(())

@@ -153,6 +153,7 @@ impl Collector for Exposition {
                     ("admitted", c.admitted_packets),
                     ("refused", c.refused_packets),
                     ("dry_run", c.dry_run_packets),
+                    ("overruled", c.overruled_packets),
                     ("allowed", c.allowed_packets),
                     ("denied", c.denied_packets),
                 ],
@@ -165,7 +166,8 @@ impl Collector for Exposition {
         counter(
             &mut encoder,
             "limiter_packets",
-            "Packets judged by a policy, by decision (dry_run: passed, would have been refused).",
+            "Packets judged by a policy, by decision (dry_run: passed, would have been refused; overruled: \
+             judged by this policy as one layer of several and refused by another, which counts it as refused).",
             packets,
         )?;
         counter(&mut encoder, "limiter_bytes", "Bytes judged by a policy, by decision.", bytes)?;

@@ -53,6 +53,7 @@ impl Sampler {
                         admitted_per_s: rate(id, |c| c.admitted_packets),
                         refused_per_s: rate(id, |c| c.refused_packets),
                         dry_run_per_s: rate(id, |c| c.dry_run_packets),
+                        overruled_per_s: rate(id, |c| c.overruled_packets),
                         allowed_per_s: rate(id, |c| c.allowed_packets),
                         denied_per_s: rate(id, |c| c.denied_packets),
                     },

@@ -6,10 +6,13 @@ use limiter_common::{
     Gcra,
     gcra::GcraError,
     key::prefix_mask_words,
-    maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, PORT_POLICY_ENTRIES, Policy},
+    maps::{
+        CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, Config, LAYERED, LEASE_NS, LayerSet, MAX_LEASE,
+        PORT_POLICY_ENTRIES, Policy,
+    },
 };
 
-use crate::config::{Entry, List, Mode, PolicyDef, Ports, Proto, Scope, State, Unit};
+use crate::config::{Entry, List, Mode, PolicyDef, Proto, Scope, State, Unit};
 
 /// The kernel record of policy `def` under `id`; an error if its rate and burst cannot be
 /// represented. A validated state's entries compile with [`record`].
@@ -40,6 +43,33 @@ pub fn record(def: &PolicyDef, gcra: Gcra, id: u16) -> Policy {
     if def.matches.syn {
         flags |= Policy::SYN_ONLY;
     }
+    if def.rate.count == 0 {
+        flags |= Policy::DENY;
+    }
+    let (sport_lo, sport_hi) = def.sport.0.unwrap_or((0, u16::MAX));
+    if def.sport.0.is_some() {
+        flags |= Policy::SPORT;
+    }
+    // Destination prefixes as the program reads addresses: the network-order bytes loaded as
+    // little-endian words (`Packet::dst`), masked the same way.
+    let (mut dst_v4, mut dst_v4_mask, mut dst_v6, mut dst_v6_mask) = (0, 0, [0; 2], [0; 2]);
+    if let Some(net) = def.dst.v4 {
+        flags |= Policy::DST_V4;
+        dst_v4_mask = u64::from(u32::from_le_bytes(net.netmask().octets()));
+        dst_v4 = u64::from(u32::from_le_bytes(net.network().octets()));
+    }
+    if let Some(net) = def.dst.v6 {
+        flags |= Policy::DST_V6;
+        let words = |b: [u8; 16]| {
+            let (lo, hi) = b.split_at(8);
+            [
+                u64::from_le_bytes(lo.try_into().unwrap_or_default()),
+                u64::from_le_bytes(hi.try_into().unwrap_or_default()),
+            ]
+        };
+        dst_v6_mask = words(net.netmask().octets());
+        dst_v6 = words(net.network().octets());
+    }
     Policy {
         gcra,
         // The slot's, set when it is stored (`kernel::maps::store_policy`).
@@ -50,55 +80,149 @@ pub fn record(def: &PolicyDef, gcra: Gcra, id: u16) -> Policy {
         id,
         v4_prefix: def.key.v4_prefix,
         v6_prefix: def.key.v6_prefix,
+        sport_lo,
+        sport_hi,
+        lease: lease(def),
+        dst_v4,
+        dst_v4_mask,
+        dst_v6,
+        dst_v6_mask,
     }
 }
 
-/// Where each packet class goes: what `PORT_POLICY` and `Config::class_policy` hold.
+/// How many units a CPU of an aggregate reserves at once (`limiter_common::maps::Lease`): about
+/// `LEASE_NS` worth of its rate, at most `MAX_LEASE` and a quarter of its burst. Only a
+/// host-scope policy of one key per family (`src/0,/0`, no `+dport`) counting packets has one: a
+/// lease serves one key per CPU, and a per-source policy's keys are many.
+pub fn lease(def: &PolicyDef) -> u32 {
+    let aggregate = def.scope == Scope::Host
+        && def.unit == Unit::Packets
+        && def.key.v4_prefix == 0
+        && def.key.v6_prefix == 0
+        && !def.key.dport;
+    if !aggregate || def.rate.count == 0 {
+        return 0;
+    }
+    let per_lease = u128::from(LEASE_NS) * u128::from(def.rate.count) / u128::from(def.rate.period_ns.max(1));
+    let cap = u128::from(MAX_LEASE).min(u128::from(def.burst_or_default() / 4));
+    let units = per_lease.min(cap) as u32;
+    if units > 1 { units } else { 0 }
+}
+
+/// Where each packet class goes: what `PORT_POLICY`, `Config::class_policy` and `LAYER_SETS`
+/// hold. A route is a policy id (the only policy that covers the packets), or, with `LAYERED`,
+/// the index of the layer set listing the candidates; 0: none.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Routes {
-    /// `class * 65536 + port` -> policy id, for TCP then UDP.
+    /// `class * 65536 + port` -> route, for TCP then UDP (0: the class's route).
     pub ports: Vec<u16>,
     pub class_policy: [u16; CLASSES],
+    /// The layer sets, each candidate list in judging order, 0-terminated.
+    pub sets: Vec<LayerSet>,
 }
 
 impl Routes {
     pub fn has_ports(&self) -> bool {
         self.ports.iter().any(|&id| id != 0)
     }
-}
 
-/// The routing of a validated state (whose matches do not clash): a packet goes to its exact
-/// port's policy, else its port range's, else its protocol's, else `any`'s.
-pub fn routes(state: &State) -> Routes {
-    let mut ports = vec![0u16; PORT_POLICY_ENTRIES as usize];
-    let index = |proto: Proto, port: u16| {
-        let class = if proto == Proto::Tcp { CLASS_TCP } else { CLASS_UDP };
-        (class << 16) | usize::from(port)
-    };
-    // Ranges first, then exact ports over them: an exact port wins.
-    for e in state.policies() {
-        if let Some(Ports::Range(lo, hi)) = e.def.matches.ports {
-            for port in lo..=hi {
-                ports[index(e.def.matches.proto, port)] = e.id;
+    /// The policy ids a route leads to.
+    pub fn candidates(&self, route: u16) -> Vec<u16> {
+        if route & LAYERED == 0 {
+            return if route == 0 { vec![] } else { vec![route] };
+        }
+        self.sets
+            .get(usize::from(route & !LAYERED))
+            .map_or_else(Vec::new, |set| set.ids.iter().copied().take_while(|&id| id != 0).collect())
+    }
+
+    /// `Config::HIDDEN_DROP` bits: the classes whose datagrams that hide their ports are
+    /// dropped (docs/DESIGN.md, Hidden ports). While any port policy exists, all of them (the
+    /// datagram might be meant for it, RFC 1858); a datagram whose protocol is hidden too
+    /// (class other) when tcp or udp has its own route; and any class one of whose candidates
+    /// reads what is hidden: the destination port (in its key), the flags (SYN-only) or the
+    /// source port.
+    pub fn hidden_drop(&self, policy: impl Fn(u16) -> Option<Policy>) -> u32 {
+        let needs_ports = |route: u16| {
+            self.candidates(route).into_iter().filter_map(&policy).any(|p| {
+                p.flags & Policy::ACTIVE != 0 && p.flags & (Policy::KEY_DPORT | Policy::SYN_ONLY | Policy::SPORT) != 0
+            })
+        };
+        let other = self.class_policy[CLASS_OTHER];
+        let mut bits = 0;
+        for class in 0..CLASSES {
+            let drop = self.has_ports()
+                || (class == CLASS_OTHER
+                    && (self.class_policy[CLASS_TCP] != other || self.class_policy[CLASS_UDP] != other))
+                || needs_ports(self.class_policy[class]);
+            if drop {
+                bits |= Config::HIDDEN_DROP << class;
             }
         }
+        bits
     }
-    for e in state.policies() {
-        if let Some(Ports::Exact(port)) = e.def.matches.ports {
-            ports[index(e.def.matches.proto, port)] = e.id;
+}
+
+/// The routing of a validated state: each class's candidate list, and each stretch of ports
+/// whose list differs (`config::Layering`), as routes; lists of two or more become layer sets,
+/// and so does a list of one policy with a source port or destination predicate.
+pub fn routes(state: &State) -> Routes {
+    let layering = state.layering();
+    let mut sets: Vec<LayerSet> = Vec::new();
+    // A policy with a source port or destination predicate judges through a layer set even
+    // alone: the program's one-policy path checks only SYN-only.
+    // So does an aggregate with a lease, and a policy of rate 0: only the layers' program
+    // keeps leases and denies outright.
+    let alone = |id: u16| {
+        state
+            .policies()
+            .find(|e| e.id == id)
+            .is_some_and(|e| e.def.sport.is_any() && e.def.dst.is_any() && lease(&e.def) == 0 && e.def.rate.count != 0)
+    };
+    let syn_only = |id: u16| state.policies().find(|e| e.id == id).is_some_and(|e| e.def.matches.syn);
+    let mut route = |ids: &[u16]| -> u16 { route_of(ids, &alone, &syn_only, &mut sets) };
+    let mut class_policy = [0u16; CLASSES];
+    for (class, ids) in layering.classes.iter().enumerate() {
+        class_policy[class] = route(ids);
+    }
+    let mut ports = vec![0u16; PORT_POLICY_ENTRIES as usize];
+    for stretch in &layering.ports {
+        let class = if stretch.proto == Proto::Tcp { CLASS_TCP } else { CLASS_UDP };
+        let r = route(&stretch.ids);
+        for port in stretch.lo..=stretch.hi {
+            ports[(class << 16) | usize::from(port)] = r;
         }
     }
-    let proto_policy = |proto| {
-        state.policies().find(|e| e.def.matches.proto == proto && e.def.matches.ports.is_none()).map_or(0, |e| e.id)
-    };
-    let any = proto_policy(Proto::Any);
-    let or_any = |id: u16| if id == 0 { any } else { id };
-    let mut class_policy = [0u16; CLASSES];
-    class_policy[CLASS_TCP] = or_any(proto_policy(Proto::Tcp));
-    class_policy[CLASS_UDP] = or_any(proto_policy(Proto::Udp));
-    class_policy[CLASS_ICMP] = or_any(proto_policy(Proto::Icmp));
-    class_policy[CLASS_OTHER] = any;
-    Routes { ports, class_policy }
+    Routes { ports, class_policy, sets }
+}
+
+/// The route of the candidates `ids`: none, one policy judging alone, or a layer set (shared by
+/// identical lists), whose `not_syn` route is that of the candidates without the SYN-only ones.
+fn route_of(
+    ids: &[u16],
+    alone: &impl Fn(u16) -> bool,
+    syn_only: &impl Fn(u16) -> bool,
+    sets: &mut Vec<LayerSet>,
+) -> u16 {
+    match ids {
+        [] => 0,
+        [one] if alone(*one) => *one,
+        many => {
+            let mut set = LayerSet::default();
+            for (slot, id) in set.ids.iter_mut().zip(many) {
+                *slot = *id;
+            }
+            if let Some(index) = sets.iter().position(|s| s.ids == set.ids) {
+                return LAYERED | index as u16;
+            }
+            let index = sets.len();
+            sets.push(set);
+            let rest: Vec<u16> = many.iter().copied().filter(|&id| !syn_only(id)).collect();
+            sets[index].not_syn =
+                if rest.len() == many.len() { LAYERED | index as u16 } else { route_of(&rest, alone, syn_only, sets) };
+            LAYERED | index as u16
+        }
+    }
 }
 
 /// The allow and deny entries as the tries hold them: each network with its action.
@@ -128,35 +252,85 @@ mod tests {
     }
 
     #[test]
-    fn precedence_is_port_then_range_then_protocol_then_any() {
+    fn every_covering_policy_is_routed_in_order() {
         let s = with(&[("any", "any"), ("udp", "udp"), ("range", "udp:50-60"), ("dns", "udp:53"), ("web", "tcp:80")]);
         let r = routes(&s);
-        let udp = |p: usize| r.ports[(CLASS_UDP << 16) | p];
-        assert_eq!(udp(53), id(&s, "dns"));
-        assert_eq!(udp(54), id(&s, "range"));
-        assert_eq!(udp(61), 0, "falls through to the protocol");
-        assert_eq!(r.class_policy[CLASS_UDP], id(&s, "udp"));
-        assert_eq!(r.class_policy[CLASS_TCP], id(&s, "any"));
-        assert_eq!(r.class_policy[CLASS_ICMP], id(&s, "any"));
+        let udp = |p: usize| r.candidates(r.ports[(CLASS_UDP << 16) | p]);
+        let ids = |names: &[&str]| names.iter().map(|n| id(&s, n)).collect::<Vec<_>>();
+        assert_eq!(udp(53), ids(&["dns", "range", "udp", "any"]));
+        assert_eq!(udp(54), ids(&["range", "udp", "any"]));
+        assert_eq!(r.ports[(CLASS_UDP << 16) | 61], 0, "no port policy: the class's route");
+        assert_eq!(r.candidates(r.class_policy[CLASS_UDP]), ids(&["udp", "any"]));
+        assert_eq!(r.class_policy[CLASS_TCP], id(&s, "any"), "one candidate: the policy itself, no set");
         assert_eq!(r.class_policy[CLASS_OTHER], id(&s, "any"));
-        assert_eq!(r.ports[(CLASS_TCP << 16) | 80], id(&s, "web"));
+        assert_eq!(r.candidates(r.ports[(CLASS_TCP << 16) | 80]), ids(&["web", "any"]));
         assert!(r.has_ports());
-        assert!(!routes(&with(&[("any", "any")])).has_ports());
+        let alone = routes(&with(&[("any", "any")]));
+        assert!(!alone.has_ports() && alone.sets.is_empty());
+        // Identical lists share one set.
+        assert_eq!(r.ports[(CLASS_UDP << 16) | 55], r.ports[(CLASS_UDP << 16) | 50]);
+        assert!(r.sets.iter().all(|set| set.ids[1] != 0), "a set has two candidates or more");
+        assert!(
+            r.sets.iter().enumerate().all(|(i, set)| set.not_syn == LAYERED | i as u16),
+            "no SYN-only policy: a packet that is no SYN takes the same route"
+        );
+        // Alone, a policy with a source port or destination predicate still takes a set.
+        let refl = with(&[("refl", "udp")]);
+        let refl = refl
+            .with_policy(PolicyDef {
+                sport: "123".parse().unwrap(),
+                ..refl.policy(&"refl".parse().unwrap()).unwrap().def.clone()
+            })
+            .unwrap();
+        let r = routes(&refl);
+        assert_eq!(r.class_policy[CLASS_UDP], LAYERED);
+        assert_eq!(r.candidates(r.class_policy[CLASS_UDP]), vec![id(&refl, "refl")]);
+        // So does a policy of rate 0, which denies what it judges.
+        let deny = with(&[("deny", "udp:11211")]);
+        let def =
+            PolicyDef { rate: "0/s".parse().unwrap(), ..deny.policy(&"deny".parse().unwrap()).unwrap().def.clone() };
+        let deny = deny.with_policy(def.clone()).unwrap();
+        let r = routes(&deny);
+        assert_eq!(r.candidates(r.ports[(CLASS_UDP << 16) | 11211]), vec![id(&deny, "deny")]);
+        assert_ne!(r.ports[(CLASS_UDP << 16) | 11211] & LAYERED, 0);
+        assert_ne!(policy(&def, 1).unwrap().flags & Policy::DENY, 0);
     }
 
-    /// A SYN-only policy is routed like any other: its predicate is checked in the program, which
-    /// falls through to `class_policy` (the protocol's, `any` folded in) when it fails.
+    /// A SYN-only policy is routed like any other, beside the policies that cover its traffic:
+    /// its predicate is checked in the program, per candidate.
     #[test]
     fn syn_only_policies_take_their_routes() {
         let s = with(&[("any", "any"), ("opens", "tcp:443,syn"), ("tcp-opens", "tcp,syn"), ("udp", "udp")]);
         let r = routes(&s);
-        assert_eq!(r.ports[(CLASS_TCP << 16) | 443], id(&s, "opens"));
-        assert_eq!(r.class_policy[CLASS_TCP], id(&s, "tcp-opens"));
+        let ids = |names: &[&str]| names.iter().map(|n| id(&s, n)).collect::<Vec<_>>();
+        assert_eq!(r.candidates(r.ports[(CLASS_TCP << 16) | 443]), ids(&["opens", "tcp-opens", "any"]));
+        // Not a SYN: the same route without the SYN-only policies, here `any` alone (the
+        // one-policy path).
+        let set = &r.sets[usize::from(r.ports[(CLASS_TCP << 16) | 443] & !LAYERED)];
+        assert_eq!(set.not_syn, id(&s, "any"));
+        assert_eq!(r.candidates(r.class_policy[CLASS_TCP]), ids(&["tcp-opens", "any"]));
         assert_eq!(r.class_policy[CLASS_OTHER], id(&s, "any"));
         let flags = |name: &str| entry(s.policy(&name.parse().unwrap()).unwrap()).flags;
         assert_ne!(flags("opens") & Policy::SYN_ONLY, 0);
         assert_ne!(flags("tcp-opens") & Policy::SYN_ONLY, 0);
         assert_eq!(flags("any") & Policy::SYN_ONLY, 0);
+    }
+
+    /// Datagrams hiding their ports are dropped where a candidate would read what is hidden.
+    #[test]
+    fn hidden_ports_drop_where_a_candidate_needs_them() {
+        let rate: Rate = "10/s".parse().unwrap();
+        let plain = PolicyDef { matches: "udp".parse().unwrap(), ..PolicyDef::any(rate, 10) };
+        let refl = PolicyDef { name: "refl".parse().unwrap(), sport: "123".parse().unwrap(), ..plain.clone() };
+        let bits = |defs: &[PolicyDef]| {
+            let s = defs.iter().cloned().fold(State::default(), |s, d| s.with_policy(d).unwrap());
+            let view = crate::kernel::MapView::of(&s);
+            view.routes.hidden_drop(|id| view.policies.get(&id).map(|(p, _)| *p))
+        };
+        assert_eq!(bits(std::slice::from_ref(&plain)), Config::HIDDEN_DROP << CLASS_OTHER, "udp has its own route");
+        let with_sport = bits(&[plain.clone(), refl]);
+        assert_ne!(with_sport & (Config::HIDDEN_DROP << CLASS_UDP), 0, "the source port is hidden too");
+        assert_eq!(with_sport & (Config::HIDDEN_DROP << CLASS_TCP), 0);
     }
 
     #[test]
@@ -178,6 +352,16 @@ mod tests {
         assert_eq!((keyed.v4_prefix, keyed.v6_prefix, keyed.v4_mask), (24, 56, prefix_mask_words(24)[0]));
         let syn = policy(&PolicyDef { matches: "tcp:443,syn".parse().unwrap(), ..plain.clone() }, 3).unwrap();
         assert_eq!(syn.flags, cpu.flags | Policy::SYN_ONLY);
+        let sport = policy(&PolicyDef { sport: "1024-2047".parse().unwrap(), ..plain.clone() }, 3).unwrap();
+        assert_eq!((sport.flags, sport.sport_lo, sport.sport_hi), (cpu.flags | Policy::SPORT, 1024, 2047));
+        let dst = PolicyDef { dst: "198.18.0.0/24,2001:db8::/32".parse().unwrap(), ..plain.clone() };
+        let dst = policy(&dst, 3).unwrap();
+        assert_eq!(dst.flags, cpu.flags | Policy::DST_V4 | Policy::DST_V6);
+        // As the program loads addresses: network-order bytes read as little-endian words.
+        assert_eq!(dst.dst_v4, u64::from(u32::from_le_bytes([198, 18, 0, 0])));
+        assert_eq!(dst.dst_v4_mask, u64::from(u32::from_le_bytes([255, 255, 255, 0])));
+        assert_eq!(dst.dst_v6, [u64::from_le_bytes([0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0]), 0]);
+        assert_eq!(dst.dst_v6_mask, [u64::from_le_bytes([255, 255, 255, 255, 0, 0, 0, 0]), 0]);
         // A validated entry compiles to what its definition does.
         let state = State::default().with_policy(key.clone()).unwrap();
         let e = state.policy(&key.name).unwrap();

@@ -4,11 +4,12 @@ use std::path::PathBuf;
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, Map, MapData, PerCpuArray},
+    maps::{Array, Map, MapData, PerCpuArray, ProgramArray},
     programs::Xdp,
 };
 use limiter_common::maps::{
-    Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_HOST_BUCKETS, MAP_LAYOUT, PROGRAM,
+    Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_HOST_BUCKETS, MAP_JUMPS, MAP_LAYOUT, PROGRAM,
+    PROGRAM_LAYERS,
 };
 
 use super::{Error, Incompatible, attach::Link, check_buckets, check_rows, objects, pins::PinDir};
@@ -82,6 +83,7 @@ impl Limiter {
             .try_into()
             .map_err(Error::Verify)?;
         program.load().map_err(Error::Verify)?;
+        load_layers(&mut ebpf)?;
         let mut limiter = Self { ebpf, buckets, link: None, pins, adopted, stale };
         if !adopted {
             let row_len = limiter_common::rows::row_len(buckets, rows);
@@ -173,4 +175,24 @@ impl Limiter {
             .set(0, config, 0)
             .map_err(|source| Error::Map { name: MAP_CONFIG, source })
     }
+}
+
+/// Loads the layered judgement (`PROGRAM_LAYERS`) and puts it where the limiter's tail call
+/// goes (`JUMPS`). Adopted maps: the predecessor's program, still attached until this one takes
+/// its link, reaches this build's judgement from now on (same layout, same task).
+fn load_layers(ebpf: &mut Ebpf) -> Result<(), Error> {
+    let program: &mut Xdp = ebpf
+        .program_mut(PROGRAM_LAYERS)
+        .ok_or(Error::Missing { kind: "program", name: PROGRAM_LAYERS })?
+        .try_into()
+        .map_err(Error::Verify)?;
+    program.load().map_err(Error::Verify)?;
+    let fd = program.fd().map_err(Error::Verify)?.try_clone().map_err(|error| Error::PinFile {
+        doing: "duplicating the descriptor of",
+        path: PROGRAM_LAYERS.into(),
+        error,
+    })?;
+    let map = ebpf.map_mut(MAP_JUMPS).ok_or(Error::Missing { kind: "map", name: MAP_JUMPS })?;
+    let mut jumps = ProgramArray::try_from(map).map_err(|source| Error::Map { name: MAP_JUMPS, source })?;
+    jumps.set(0, &fd, 0).map_err(|source| Error::Map { name: MAP_JUMPS, source })
 }

@@ -17,9 +17,10 @@ use std::{
 
 use aya::maps::{MapInfo, MapType};
 use limiter_common::maps::{
-    Config, Counters, GENERATIONS, LAYOUT_VERSION, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
-    MAP_HOST_BUCKETS, MAP_LAYOUT, MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_POLICIES,
-    POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy,
+    Config, Counters, GENERATIONS, LAYER_TASK_BYTES, LAYOUT_VERSION, LayerSet, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS,
+    MAP_CONFIG, MAP_COUNTERS, MAP_HOST_BUCKETS, MAP_JUMPS, MAP_LAYER_SETS, MAP_LAYER_TASK, MAP_LAYOUT, MAP_POLICIES,
+    MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES, POLICY_NAME_LEN,
+    PORT_POLICY_ENTRIES, Policy,
 };
 
 use nix::{
@@ -250,12 +251,15 @@ pub fn map_names() -> impl Iterator<Item = &'static str> {
 }
 
 /// Each map's name, type, key size, value size and entries, as this build creates it.
-fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 10] {
+fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 13] {
     let size = |n: usize| n as u32;
     [
         (MAP_CONFIG, MapType::Array, 4, size(size_of::<Config>()), 1),
         (MAP_POLICIES, MapType::Array, 4, size(size_of::<Policy>()), MAX_POLICIES),
         (MAP_PORT_POLICY, MapType::Array, 4, 2, PORT_POLICY_ENTRIES),
+        (MAP_LAYER_SETS, MapType::Array, 4, size(size_of::<LayerSet>()), MAX_LAYER_SETS),
+        (MAP_JUMPS, MapType::ProgramArray, 4, 4, 1),
+        (MAP_LAYER_TASK, MapType::PerCpuArray, 4, LAYER_TASK_BYTES, 1),
         (MAP_BUCKETS, MapType::PerCpuArray, 4, 8, GENERATIONS * buckets),
         (MAP_HOST_BUCKETS, MapType::Array, 4, 8, GENERATIONS * buckets),
         (MAP_COUNTERS, MapType::PerCpuArray, 4, size(size_of::<Counters>()), MAX_POLICIES),

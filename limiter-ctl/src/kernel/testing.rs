@@ -8,7 +8,9 @@ use aya::{
     maps::Map,
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
-use limiter_common::maps::{CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_HOST_BUCKETS, PROGRAM, Policy};
+use limiter_common::maps::{
+    CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_HOST_BUCKETS, MAP_POLICIES, PROGRAM, Policy,
+};
 
 use super::{Error, Limiter, MapView, objects};
 
@@ -49,11 +51,12 @@ impl Limiter {
     }
 
     pub fn program(&self) -> Result<&Xdp, Error> {
-        self.ebpf
-            .program(PROGRAM)
-            .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
-            .try_into()
-            .map_err(Error::Verify)
+        self.program_named(PROGRAM)
+    }
+
+    /// The program `name` of the object (`PROGRAM`, or the layers' `PROGRAM_LAYERS`).
+    pub fn program_named(&self, name: &'static str) -> Result<&Xdp, Error> {
+        self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?.try_into().map_err(Error::Verify)
     }
 
     pub fn config(&self) -> Result<Config, Error> {
@@ -68,10 +71,18 @@ impl Limiter {
         self.store_policy(policy)
     }
 
-    /// Sends every protocol class without a more specific policy to policy `id` (0: none).
+    /// Sends every protocol class without a more specific policy to policy `id` (0: none), with
+    /// the hidden-ports rule that follows for classes it alone judges (`Routes::hidden_drop`).
     pub fn set_default_policy(&mut self, id: u16) -> Result<(), Error> {
         let mut config = self.read_config()?;
         config.class_policy = [id; CLASSES];
+        let policy = self.array_mut::<Policy>(MAP_POLICIES)?.get(&u32::from(id), 0).ok();
+        let routes = super::compile::Routes { ports: vec![0; 1], class_policy: config.class_policy, sets: vec![] };
+        let mut hidden = routes.hidden_drop(|_| policy);
+        if config.flags & Config::HAS_PORT_POLICIES != 0 {
+            hidden = 0xf * Config::HIDDEN_DROP;
+        }
+        config.flags = (config.flags & !(0xf * Config::HIDDEN_DROP)) | hidden;
         self.store_config(&config)
     }
 

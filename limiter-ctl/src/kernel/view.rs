@@ -9,8 +9,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 use aya::maps::{Array, LpmTrie, Map, MapData, PerCpuArray, PerCpuValues, lpm_trie::Key};
 use ipnet::IpNet;
 use limiter_common::maps::{
-    Config, Counters, MAP_ACL_V4, MAP_ACL_V6, MAP_CONFIG, MAP_COUNTERS, MAP_POLICIES, MAP_POLICY_NAMES,
-    MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
+    Config, Counters, LayerSet, MAP_ACL_V4, MAP_ACL_V6, MAP_CONFIG, MAP_COUNTERS, MAP_LAYER_SETS, MAP_POLICIES,
+    MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_POLICIES, POLICY_NAME_LEN, Policy,
 };
 
 use super::{
@@ -87,7 +87,14 @@ impl MapView {
         let mut acl = BTreeMap::new();
         read_acl::<[u8; 4]>(map(MAP_ACL_V4)?, MAP_ACL_V4, &mut acl)?;
         read_acl::<[u8; 16]>(map(MAP_ACL_V6)?, MAP_ACL_V6, &mut acl)?;
-        let routes = Routes { ports, class_policy: config.class_policy };
+        let sets = array::<LayerSet>(map(MAP_LAYER_SETS)?, MAP_LAYER_SETS)?;
+        let mut sets =
+            sets.iter().collect::<Result<Vec<_>, _>>().map_err(|source| Error::Map { name: MAP_LAYER_SETS, source })?;
+        // The sets in use come first; the rest of the array is zeros.
+        while sets.last().is_some_and(|s| s.ids[0] == 0) {
+            sets.pop();
+        }
+        let routes = Routes { ports, class_policy: config.class_policy, sets };
         Ok(MapView { policies, routes, acl })
     }
 }
@@ -136,6 +143,16 @@ impl Limiter {
                 self.acl_insert(*net, *action)?;
             }
         }
+        // Layer sets before the routes that lead to them (a set rewritten in place may judge a
+        // packet in flight by the new list a moment early, as a port entry rewritten does).
+        let mut sets = self.array_mut::<LayerSet>(MAP_LAYER_SETS)?;
+        let zero = LayerSet::default();
+        for i in 0..new.routes.sets.len().max(old.routes.sets.len()) {
+            let (was, is) = (old.routes.sets.get(i).unwrap_or(&zero), new.routes.sets.get(i).unwrap_or(&zero));
+            if was != is && i < new.routes.sets.len() {
+                sets.set(i as u32, is, 0).map_err(|source| Error::Map { name: MAP_LAYER_SETS, source })?;
+            }
+        }
         let mut table = self.array_mut::<u16>(MAP_PORT_POLICY)?;
         for (i, (&was, &is)) in old.routes.ports.iter().zip(&new.routes.ports).enumerate() {
             if was != is {
@@ -144,10 +161,11 @@ impl Limiter {
         }
         let mut config = self.read_config()?;
         config.class_policy = new.routes.class_policy;
-        config.flags &= !(Config::HAS_PORT_POLICIES | Config::HAS_ACL_V4 | Config::HAS_ACL_V6);
+        config.flags &= !(Config::HAS_PORT_POLICIES | Config::HAS_ACL_V4 | Config::HAS_ACL_V6 | HIDDEN_DROP_ALL);
         if new.routes.has_ports() {
             config.flags |= Config::HAS_PORT_POLICIES;
         }
+        config.flags |= new.routes.hidden_drop(|id| new.policies.get(&id).map(|(p, _)| *p));
         if new.acl.keys().any(|n| matches!(n, IpNet::V4(_))) {
             config.flags |= Config::HAS_ACL_V4;
         }
@@ -157,6 +175,13 @@ impl Limiter {
         self.store_config(&config)?;
         for net in old.acl.keys().filter(|n| !new.acl.contains_key(n)) {
             self.acl_remove(*net)?;
+        }
+        // Sets no route leads to any more, after the routes left them.
+        if old.routes.sets.len() > new.routes.sets.len() {
+            let mut sets = self.array_mut::<LayerSet>(MAP_LAYER_SETS)?;
+            for i in new.routes.sets.len()..old.routes.sets.len() {
+                sets.set(i as u32, zero, 0).map_err(|source| Error::Map { name: MAP_LAYER_SETS, source })?;
+            }
         }
         for id in old.policies.keys().filter(|id| !new.policies.contains_key(id)) {
             self.store_policy(&Policy { id: *id, ..Policy::default() })?;
@@ -210,6 +235,9 @@ impl Limiter {
         counters.set(u32::from(id), zeros, 0).map_err(|source| Error::Map { name: MAP_COUNTERS, source })
     }
 }
+
+/// Every class's `Config::HIDDEN_DROP` bit.
+const HIDDEN_DROP_ALL: u32 = 0xf * Config::HIDDEN_DROP;
 
 fn per_cpu_zeros<T: aya::Pod + Default>() -> Result<PerCpuValues<T>, Error> {
     let cpus = aya::util::nr_cpus().map_err(|(what, error)| Error::Cpus { what, error })?;

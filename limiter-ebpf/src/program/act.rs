@@ -13,6 +13,7 @@ use limiter_common::{
 };
 use limiter_ebpf::{
     decide::{Verdict, count},
+    key::key_words,
     parse::{Packet, Skip},
 };
 
@@ -26,6 +27,14 @@ pub fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdic
         sample_refusal(cfg, pkt, policy, words, verdict);
     }
     if verdict == Verdict::Refuse { XDP_DROP } else { XDP_PASS }
+}
+
+/// Samples a layer's refusal (`program::layers`), its key words taken again.
+#[inline(always)]
+pub fn sample(cfg: &Config, pkt: &Packet, policy: &Policy, verdict: Verdict) {
+    if cfg.flags & Config::SAMPLE_REFUSALS != 0 {
+        sample_refusal(cfg, pkt, policy, &key_words(pkt, policy), verdict);
+    }
 }
 
 /// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.

@@ -9,23 +9,23 @@ use aya_ebpf::helpers::bpf_ktime_get_ns;
 use limiter_common::{
     gcra,
     key::{key_hash, row0_index},
-    maps::{Config, Policy},
+    maps::{Config, LEASE_NS, Lease, Policy},
     rows::{MAX_ROWS, row_indexes},
 };
 use limiter_ebpf::{
-    decide::{Verdict, decide as judge, refusal},
+    decide::{Verdict, decide as judge, decide_units, refusal, weight},
     memo::{self, KeyMemo, Shortcuts},
     scope,
 };
 
-use super::{BUCKETS, HOST_BUCKETS, KEY_MEMO, POLICIES};
+use super::{BUCKETS, HOST_BUCKETS, KEY_MEMO, LEASES, POLICIES};
 
 /// A per-CPU policy: the memo's standing refusal, else the key's bucket in each row, judged
 /// and written back where it changes; the memo then records how long a refusal stands.
 #[inline(always)]
 pub fn per_cpu<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
-    let (rows, row_len) = row_shape(cfg);
+    let (rows, _) = row_shape(cfg);
     let mut memo = key_memo::<S>();
     let hash = memo::hash(memo.as_deref_mut(), &cfg.salts[generation], family, words);
     if let Some(m) = memo.as_deref_mut() {
@@ -33,6 +33,133 @@ pub fn per_cpu<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &
             return Some(refusal(policy));
         }
     }
+    let (verdict, values, now) = per_cpu_rows(cfg, family, policy, words, hash, len)?;
+    if let Some(m) = memo {
+        memo::remember(m, cfg, policy, &values, rows, now, verdict);
+    }
+    Some(verdict)
+}
+
+/// A host-scope layer (`program::layers`), its key's `hash` under the current salt; written
+/// only when `commit`.
+#[inline(always)]
+pub fn host_scope_layer(
+    cfg: &Config,
+    family: u8,
+    policy: &Policy,
+    words: &[u64; 3],
+    hash: u64,
+    len: u64,
+    commit: bool,
+) -> Option<Verdict> {
+    if policy.lease > 1 {
+        return leased(cfg, family, policy, words, hash, len, commit);
+    }
+    host_layer(cfg, family, policy, words, hash, len, commit)
+}
+
+/// An aggregate with a lease (`limiter_common::maps::Lease`): a unit of this CPU's lease for the
+/// key admits without touching the shared bucket (spent only when `commit`); with none left, the
+/// look judges the shared bucket for one unit, and the commit reserves `policy.lease` units at
+/// once (else one, as without a lease).
+#[inline(always)]
+fn leased(
+    cfg: &Config,
+    family: u8,
+    policy: &Policy,
+    words: &[u64; 3],
+    hash: u64,
+    len: u64,
+    commit: bool,
+) -> Option<Verdict> {
+    let lease = LEASES.get_ptr_mut(u32::from(policy.id))?;
+    // SAFETY: a map value, valid for the program's run; only this CPU touches it.
+    let lease = unsafe { &mut *lease };
+    let now = unsafe { bpf_ktime_get_ns() };
+    if lease.units > 0 && lease.hash == hash && lease.emission == policy.gcra.emission && now < lease.until_ns {
+        if commit {
+            lease.units -= 1;
+        }
+        return Some(Verdict::Admit);
+    }
+    if !commit {
+        return host_layer(cfg, family, policy, words, hash, len, false);
+    }
+    let units = u64::from(policy.lease);
+    let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, (cfg.generation & 1) as usize, hash))?;
+    // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+    let reserved = unsafe {
+        scope::judge_shared(bucket, refusal(policy), |current| host_judge(cfg, family, policy, words, units, current))
+    };
+    if reserved == Verdict::Admit {
+        *lease = Lease { hash, emission: policy.gcra.emission, units: units - 1, until_ns: now + LEASE_NS };
+        return Some(Verdict::Admit);
+    }
+    host_layer(cfg, family, policy, words, hash, len, true)
+}
+
+/// A per-CPU key's rows, judged: the verdict, each row's bucket and its new value where it
+/// changes.
+pub struct RowsLook {
+    pub verdict: Verdict,
+    pub idx: [u32; MAX_ROWS],
+    pub store: [Option<u64>; MAX_ROWS],
+}
+
+/// The key's bucket in each row (the previous salt's too during a rotation) judged at `now`,
+/// nothing written; None on a failed lookup.
+#[inline(always)]
+pub fn per_cpu_look(
+    cfg: &Config,
+    family: u8,
+    policy: &Policy,
+    words: &[u64; 3],
+    hash: u64,
+    len: u64,
+    now: u64,
+) -> Option<RowsLook> {
+    let generation = (cfg.generation & 1) as usize;
+    let (rows, row_len) = row_shape(cfg);
+    let current = bucket_rows(cfg, generation, hash, rows, row_len);
+    let mut values = read_rows(&current, rows)?;
+    if now < cfg.grace_until_ns {
+        // Salt rotation: each of the source's rows under the previous salt may be further ahead.
+        let old_hash = key_hash(&cfg.salts[generation ^ 1], family, words);
+        let previous = bucket_rows(cfg, generation ^ 1, old_hash, rows, row_len);
+        let old = read_rows(&previous, rows)?;
+        let mut i = 0;
+        while i < MAX_ROWS && i < rows {
+            values[i] = gcra::later(values[i], old[i], now, policy.gcra.capacity, |id| claim(id, now));
+            i += 1;
+        }
+    }
+    let (verdict, store) = judge(policy, &values, rows, now, len, |id| claim(id, now));
+    Some(RowsLook { verdict, idx: current, store })
+}
+
+/// Writes a row's bucket (`BUCKETS`, this CPU's copy).
+#[inline(always)]
+pub fn write_bucket(index: u32, value: u64) {
+    if let Some(bucket) = BUCKETS.get_ptr_mut(index) {
+        unsafe { *bucket = value };
+    }
+}
+
+/// The key's bucket in each row judged (the previous salt's too during a rotation) and written
+/// back where it changes: the verdict, the values read and the clock. (The one-policy path's
+/// own copy of [`per_cpu_look`]: sharing it through a returned struct costs that path stack
+/// it does not have.)
+#[inline(always)]
+fn per_cpu_rows(
+    cfg: &Config,
+    family: u8,
+    policy: &Policy,
+    words: &[u64; 3],
+    hash: u64,
+    len: u64,
+) -> Option<(Verdict, [u64; MAX_ROWS], u64)> {
+    let generation = (cfg.generation & 1) as usize;
+    let (rows, row_len) = row_shape(cfg);
     let current = bucket_rows(cfg, generation, hash, rows, row_len);
     let now = unsafe { bpf_ktime_get_ns() };
     let mut values = read_rows(&current, rows)?;
@@ -49,10 +176,7 @@ pub fn per_cpu<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &
     }
     let (verdict, store) = judge(policy, &values, rows, now, len, |id| claim(id, now));
     write_rows(&current, rows, &store);
-    if let Some(m) = memo {
-        memo::remember(m, cfg, policy, &values, rows, now, verdict);
-    }
-    Some(verdict)
+    Some((verdict, values, now))
 }
 
 /// A host-scope policy: the key's bucket in `HOST_BUCKETS`, one for every CPU, read plainly and
@@ -63,30 +187,66 @@ pub fn per_cpu<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &
 pub fn host<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
     let hash = memo::hash(key_memo::<S>(), &cfg.salts[generation], family, words);
+    host_layer(cfg, family, policy, words, hash, len, true)
+}
+
+/// A host-scope policy for the key of `hash` (under the current salt): judged, and, when
+/// `commit`, written by compare-and-exchange ([`host`]). Without `commit` it only reads: a
+/// layer's look (`program::layers`), which a later commit may find changed by another CPU.
+#[inline(always)]
+pub fn host_layer(
+    cfg: &Config,
+    family: u8,
+    policy: &Policy,
+    words: &[u64; 3],
+    hash: u64,
+    len: u64,
+    commit: bool,
+) -> Option<Verdict> {
+    let generation = (cfg.generation & 1) as usize;
     let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
-    // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+    if !commit {
+        // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+        return Some(host_judge(cfg, family, policy, words, weight(policy, len), unsafe { scope::load(bucket) }).0);
+    }
+    // SAFETY: as above.
     Some(unsafe {
         scope::judge_shared(bucket, refusal(policy), |current| {
-            // The clock is read after the bucket, on every try: a TAT another CPU wrote was
-            // written at an earlier time than this one, so no CPU judges a newer TAT with an
-            // older clock (which would read it further ahead than its writer's claim: a ghost, idle).
-            let now = bpf_ktime_get_ns();
-            let mut value = current;
-            if now < cfg.grace_until_ns {
-                // Salt rotation: the key's bucket under the previous salt may be further ahead
-                // (never written: every write goes to the current generation).
-                let old_hash = key_hash(&cfg.salts[generation ^ 1], family, words);
-                if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation ^ 1, old_hash)) {
-                    value = gcra::later(current, scope::load(old), now, policy.gcra.capacity, |id| claim(id, now));
-                }
-            }
-            // One row: the host array is not split (count-min rows are for per-CPU buckets).
-            let mut values = [0u64; MAX_ROWS];
-            values[0] = value;
-            let (verdict, store) = judge(policy, &values, 1, now, len, |id| claim(id, now));
-            (verdict, store[0])
+            host_judge(cfg, family, policy, words, weight(policy, len), current)
         })
     })
+}
+
+/// A host-scope bucket holding `current` judged for `units`: the verdict and its new value, if
+/// it changes.
+#[inline(always)]
+fn host_judge(
+    cfg: &Config,
+    family: u8,
+    policy: &Policy,
+    words: &[u64; 3],
+    units: u64,
+    current: u64,
+) -> (Verdict, Option<u64>) {
+    // The clock is read after the bucket, on every try: a TAT another CPU wrote was
+    // written at an earlier time than this one, so no CPU judges a newer TAT with an
+    // older clock (which would read it further ahead than its writer's claim: a ghost, idle).
+    let now = unsafe { bpf_ktime_get_ns() };
+    let mut value = current;
+    if now < cfg.grace_until_ns {
+        // Salt rotation: the key's bucket under the previous salt may be further ahead
+        // (never written: every write goes to the current generation).
+        let previous = ((cfg.generation & 1) ^ 1) as usize;
+        let old_hash = key_hash(&cfg.salts[previous & 1], family, words);
+        if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, previous, old_hash)) {
+            value = gcra::later(current, unsafe { scope::load(old) }, now, policy.gcra.capacity, |id| claim(id, now));
+        }
+    }
+    // One row: the host array is not split (count-min rows are for per-CPU buckets).
+    let mut values = [0u64; MAX_ROWS];
+    values[0] = value;
+    let (verdict, store) = decide_units(policy, &values, 1, now, units, |id| claim(id, now));
+    (verdict, store[0])
 }
 
 /// This CPU's key memo, None when `S` turns it off.

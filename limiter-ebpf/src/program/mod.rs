@@ -1,5 +1,5 @@
 //! The limiter program: its maps and its steps, parse → policy → key → decide → act
-//! ([`limiter`]). Anything it cannot judge, and any fault of its own, passes and is counted.
+//! ([`limiter`]); a packet several policies cover is judged by each (`layers`). Anything it cannot judge, and any fault of its own, passes and is counted.
 //!
 //! Not part of limiter-ebpf's library: the shipped object (`main.rs`, every shortcut on) and the
 //! test object `limiter-switchable` (`bin/switchable.rs`, shortcuts set at load) each compile it,
@@ -7,16 +7,17 @@
 
 mod act;
 mod buckets;
+mod layers;
 mod policy;
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, LpmTrie, PerCpuArray, RingBuf},
+    maps::{Array, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
     programs::XdpContext,
 };
 use limiter_common::maps::{
-    Config, Counters, DEFAULT_BUCKETS, GENERATIONS, MAX_ACL_ENTRIES, MAX_POLICIES, POLICY_NAME_LEN,
-    PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
+    Config, Counters, DEFAULT_BUCKETS, GENERATIONS, LayerSet, Lease, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES,
+    POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
 };
 use limiter_ebpf::{
     key::key_words,
@@ -32,6 +33,8 @@ static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 static POLICIES: Array<Policy> = Array::with_max_entries(MAX_POLICIES, 0);
 #[map]
 static PORT_POLICY: Array<u16> = Array::with_max_entries(PORT_POLICY_ENTRIES, 0);
+#[map]
+static LAYER_SETS: Array<LayerSet> = Array::with_max_entries(MAX_LAYER_SETS, 0);
 /// Resized at load to GENERATIONS x the bucket count the operator chose.
 #[map]
 static BUCKETS: PerCpuArray<u64> = PerCpuArray::with_max_entries(GENERATIONS * DEFAULT_BUCKETS, 0);
@@ -55,10 +58,26 @@ static REFUSALS: RingBuf = RingBuf::with_byte_size(REFUSALS_BYTES, 0);
 /// Each CPU's last key and its hash (`KeyMemo`). Not pinned: a cache, empty after a reload.
 #[map]
 static KEY_MEMO: PerCpuArray<KeyMemo> = PerCpuArray::with_max_entries(1, 0);
+/// Each CPU's packet handed to the layered judgement (`layers::Task`), and its progress.
+#[map]
+static LAYER_TASK: PerCpuArray<layers::Task> = PerCpuArray::with_max_entries(1, 0);
+/// Each CPU's leases of aggregates' allowances, by policy id (`limiter_common::maps::Lease`).
+/// Not pinned: a lease lost with a reload forfeits at most its units left.
+#[map]
+static LEASES: PerCpuArray<Lease> = PerCpuArray::with_max_entries(MAX_POLICIES, 0);
+/// `limiter_layers` at index 0, set by userspace after loading: where a layered packet goes.
+#[map]
+static JUMPS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// Each CPU's refusal sampler state (`limiter_common::sample`). Not pinned: reseeded after a
 /// reload.
 #[map]
 static SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The layered judgement's program body (`layers`), reached by tail call.
+#[inline(always)]
+pub fn limiter_layers(ctx: &XdpContext) -> u32 {
+    layers::run(ctx)
+}
 
 /// The XDP program's body, with the memo's shortcuts `S`.
 #[inline(always)]
@@ -73,6 +92,7 @@ pub fn limiter<S: Shortcuts>(ctx: &XdpContext) -> u32 {
     };
     let policy = match policy::select(cfg, &pkt) {
         Selected::Judge(policy) => policy,
+        Selected::Layers(set) => return layers::hand_over(ctx, &pkt, set, frame_len),
         Selected::Done(action) => return action,
     };
     let words = key_words(&pkt, policy);

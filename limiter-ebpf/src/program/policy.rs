@@ -1,5 +1,6 @@
-//! The policy step: which policy judges the packet (its match, then the policy's predicate),
-//! after the allow and deny lists and the hidden-port rule have had their say.
+//! The policy step: which policies may judge the packet (its route: one policy, or a layer set
+//! of candidates), after the allow and deny lists and the hidden-port rule have had their say;
+//! and each policy's predicates.
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
@@ -7,33 +8,34 @@ use aya_ebpf::{
 };
 use limiter_common::{
     key::FAMILY_V4,
-    maps::{ACL_ALLOW, CLASS_OTHER, CLASS_TCP, CLASS_UDP, Config, Policy},
+    maps::{ACL_ALLOW, CLASS_TCP, CLASS_UDP, Config, LAYERED, Policy},
 };
 use limiter_ebpf::parse::Packet;
 
-use super::{ACL_V4, ACL_V6, POLICIES, PORT_POLICY, act};
+use super::{ACL_V4, ACL_V6, LAYER_SETS, POLICIES, PORT_POLICY, act};
 
 /// What the policy step made of a packet.
 pub enum Selected {
-    /// This active policy judges it.
+    /// This active policy judges it, alone.
     Judge(&'static Policy),
+    /// The candidates of the layer set of this index: each whose predicates hold judges it
+    /// (`program::layers`).
+    Layers(u16),
     /// No policy judges it: this XDP action, already counted (a listed source, a hidden port,
     /// no active policy, a fault).
     Done(u32),
 }
 
-/// The policy that judges `pkt`, or what becomes of a packet none judges.
+/// The policy (or layers) that judge `pkt`, or what becomes of a packet none judges.
 #[inline(always)]
 pub fn select(cfg: &Config, pkt: &Packet) -> Selected {
-    let Some(id) = policy_id(cfg, pkt) else {
-        return Selected::Done(act::fault());
-    };
-    let Some((id, policy)) = predicates_hold(cfg, pkt, id) else {
+    let Some(route) = route(cfg, pkt) else {
         return Selected::Done(act::fault());
     };
     if cfg.flags & (Config::HAS_ACL_V4 | Config::HAS_ACL_V6) != 0 {
         if let Some(action) = acl(cfg, pkt) {
-            // Counted under the policy the packet would have met, so hits show per policy.
+            // Counted under the (first) policy the packet would have met, so hits show per policy.
+            let id = first_judge(route);
             return Selected::Done(if action == ACL_ALLOW {
                 act::bump(u32::from(id), |c| c.allowed_packets += 1);
                 XDP_PASS
@@ -43,20 +45,46 @@ pub fn select(cfg: &Config, pkt: &Packet) -> Selected {
             });
         }
     }
-    if pkt.ports_hidden && hides_from_a_policy(cfg, pkt) {
+    if pkt.ports_hidden && cfg.flags & (Config::HIDDEN_DROP << (pkt.class & 3)) != 0 {
         act::bump(0, |c| c.unreadable_ports += 1);
         return Selected::Done(XDP_DROP);
     }
-    match policy {
-        Some(policy) if policy.flags & Policy::ACTIVE != 0 => Selected::Judge(policy),
-        _ => Selected::Done(act::unmatched()),
+    let mut route = route;
+    if route & LAYERED != 0 {
+        // A packet that is no SYN meets the set's candidates without the SYN-only ones: a
+        // route of its own, often one policy (established traffic beside a SYN-only policy).
+        let Some(set) = LAYER_SETS.get(u32::from(route & !LAYERED)) else {
+            return Selected::Done(act::fault());
+        };
+        if !pkt.syn {
+            route = set.not_syn;
+        }
+        if route & LAYERED != 0 {
+            return Selected::Layers(route & !LAYERED);
+        }
+    }
+    // Id 0 (no policy) reads no record. A route of one policy is the only one covering the
+    // packet: when its predicates fail, none judges it.
+    if route == 0 {
+        return Selected::Done(act::unmatched());
+    }
+    match POLICIES.get(u32::from(route)) {
+        // Userspace routes a policy with a source port or destination predicate through a layer
+        // set, even alone: here only SYN-only is checked, which keeps this path short for the
+        // verifier. Such a policy reached here is the limiter's fault.
+        Some(policy) if policy.flags & (Policy::SPORT | Policy::DST | Policy::DENY) != 0 => {
+            Selected::Done(act::fault())
+        }
+        Some(policy) if policy.flags & Policy::ACTIVE != 0 && syn_holds(policy, pkt) => Selected::Judge(policy),
+        Some(_) => Selected::Done(act::unmatched()),
+        None => Selected::Done(act::fault()),
     }
 }
 
-/// The packet's policy id (0: none): exact port or range, then protocol, then `any`, all folded
+/// The packet's route (0: none): exact port or range, then protocol, then `any`, all folded
 /// by userspace into two array reads. None on a failed lookup.
 #[inline(always)]
-fn policy_id(cfg: &Config, pkt: &Packet) -> Option<u16> {
+fn route(cfg: &Config, pkt: &Packet) -> Option<u16> {
     if pkt.has_l4 && cfg.flags & Config::HAS_PORT_POLICIES != 0 && (pkt.class == CLASS_TCP || pkt.class == CLASS_UDP) {
         let index = (pkt.class as u32) << 16 | u32::from(pkt.dport);
         let id = *PORT_POLICY.get(index)?;
@@ -67,51 +95,47 @@ fn policy_id(cfg: &Config, pkt: &Packet) -> Option<u16> {
     Some(cfg.class_policy[pkt.class & 3])
 }
 
-/// The policy `id` and its record (none for id 0, so unmatched traffic reads no record), or,
-/// when its predicate (SYN-only) fails for `pkt`, the one that judges as if it were absent: the
-/// protocol's (`Config::class_policy`, `any` folded in), and when that is SYN-only too
-/// (`tcp,syn`), `any`'s, which has no predicate. None on a failed lookup. A policy without a
-/// predicate costs one branch on flags already read.
+/// Whether `pkt` meets `policy`'s SYN-only predicate (the only one a policy judging alone may
+/// have).
 #[inline(always)]
-fn predicates_hold(cfg: &Config, pkt: &Packet, id: u16) -> Option<(u16, Option<&'static Policy>)> {
-    if id == 0 {
-        return Some((0, None));
-    }
-    let policy = POLICIES.get(u32::from(id))?;
-    if policy.flags & Policy::SYN_ONLY == 0 || pkt.syn {
-        return Some((id, Some(policy)));
-    }
-    let id = cfg.class_policy[pkt.class & 3];
-    let policy = POLICIES.get(u32::from(id))?;
-    if policy.flags & Policy::SYN_ONLY == 0 {
-        return Some((id, Some(policy)));
-    }
-    let id = cfg.class_policy[CLASS_OTHER];
-    Some((id, Some(POLICIES.get(u32::from(id))?)))
+fn syn_holds(policy: &Policy, pkt: &Packet) -> bool {
+    policy.flags & Policy::SYN_ONLY == 0 || pkt.syn
 }
 
-/// A datagram that hides its port (or, past the extension headers walked, its protocol) might
-/// be meant for a policy that cannot see it: a port policy (RFC 1858), or, when even the
-/// protocol is unknown, a TCP or UDP policy other than `any`. And the policy that would judge
-/// it must not key on the port: its key would be port 0's, a second allowance beside the one of
-/// the port the stack delivers it to. Nor may it be SYN-only: the flags are in the part of the
-/// header the datagram hides, so a tiny-fragment SYN would otherwise fall through past the
-/// policy meant for it. Such datagrams are dropped, whatever the policy's mode
-/// (like a port policy's); otherwise they are judged like any packet of their class, under the
-/// very key of the datagram they start.
+/// Whether `pkt` meets `policy`'s predicates: SYN-only, a source port range, a destination
+/// prefix. A policy without any costs one branch on flags already read.
 #[inline(always)]
-fn hides_from_a_policy(cfg: &Config, pkt: &Packet) -> bool {
-    let judged_by = cfg.class_policy[pkt.class & 3];
-    let any = cfg.class_policy[CLASS_OTHER];
-    cfg.flags & Config::HAS_PORT_POLICIES != 0
-        || (pkt.class == CLASS_OTHER && (cfg.class_policy[CLASS_TCP] != any || cfg.class_policy[CLASS_UDP] != any))
-        || match POLICIES.get(u32::from(judged_by)) {
-            // For class OTHER, `judged_by` is `any`, which is then also the TCP and UDP policy.
-            Some(p) => p.flags & Policy::ACTIVE != 0 && p.flags & (Policy::KEY_DPORT | Policy::SYN_ONLY) != 0,
-            // Id 0 (no policy) reads as an inactive entry; a failed lookup cannot happen for
-            // an id below MAX_POLICIES, and is not a reason to drop.
-            None => false,
-        }
+pub fn predicates_hold(policy: &Policy, pkt: &Packet) -> bool {
+    let flags = policy.flags;
+    if flags & Policy::PREDICATES == 0 {
+        return true;
+    }
+    if flags & Policy::SYN_ONLY != 0 && !pkt.syn {
+        return false;
+    }
+    if flags & Policy::SPORT != 0 && (!pkt.has_l4 || pkt.sport < policy.sport_lo || pkt.sport > policy.sport_hi) {
+        return false;
+    }
+    if flags & Policy::DST != 0 {
+        return if pkt.family == FAMILY_V4 {
+            flags & Policy::DST_V4 != 0 && pkt.dst[0] & policy.dst_v4_mask == policy.dst_v4
+        } else {
+            flags & Policy::DST_V6 != 0
+                && pkt.dst[0] & policy.dst_v6_mask[0] == policy.dst_v6[0]
+                && pkt.dst[1] & policy.dst_v6_mask[1] == policy.dst_v6[1]
+        };
+    }
+    true
+}
+
+/// The policy a listed source's packet is counted under: its route's policy, or the first
+/// candidate of its layer set (0: none).
+#[inline(always)]
+fn first_judge(route: u16) -> u16 {
+    if route & LAYERED == 0 {
+        return route;
+    }
+    LAYER_SETS.get(u32::from(route & !LAYERED)).map_or(0, |set| set.ids[0])
 }
 
 /// The allow/deny verdict for the packet's source, if a listed prefix covers it.

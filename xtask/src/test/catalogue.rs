@@ -78,6 +78,14 @@ pub const TARGETS: &[Target] = &[
     root("scope", &[Kernel]),
     root("policy_fields", &[Kernel]),
     root("syn", &[Kernel]),
+    Target {
+        name: "layers",
+        needs: &[Kernel],
+        offline: Offline::Some {
+            tests: &["config_check_warns_of_a_layer_that_can_never_use_its_allowance"],
+            needs: &[],
+        },
+    },
     root("lists", &[Kernel]),
     root("traps", &[Kernel]),
     root("fragments", &[Kernel]),
