@@ -233,7 +233,12 @@ fn largest_meeting(defs: &[&PolicyDef], v6: bool) -> Vec<usize> {
 /// traffic there.)
 fn covers(a: &PolicyDef, b: &PolicyDef) -> bool {
     let m = |d: &PolicyDef| d.matches;
-    let tier_ok = tier(&m(a)) >= tier(&m(b)) && (m(a).ports.is_none() || m(a).ports == m(b).ports);
+    // `a`'s ports hold `b`'s: no port match, or a span over `b`'s (both are on one list, so of
+    // one protocol where both have ports).
+    let (a_lo, a_hi) = span(m(a).ports);
+    let (b_lo, b_hi) = span(m(b).ports);
+    let tier_ok =
+        tier(&m(a)) >= tier(&m(b)) && (m(a).ports.is_none() || (m(b).ports.is_some() && a_lo <= b_lo && b_hi <= a_hi));
     let syn_ok = !m(a).syn || m(b).syn;
     let sport_ok = match (a.sport.0, b.sport.0) {
         (None, _) => true,
@@ -324,6 +329,12 @@ mod tests {
         let w = layering(&defs).warnings(|id| defs.get(usize::from(id) - 1));
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(w[0].contains("'per-source'") && w[0].contains("'agg'"), "{w:?}");
+        // An aggregate on a range over a per-source exact port covers it too.
+        let exact = PolicyDef { burst: Some(100), ..def("dns", "udp:53") };
+        let range = PolicyDef { key: "src/0,/0".parse().unwrap(), burst: Some(50), ..def("low", "udp:1-1023") };
+        let defs = [exact, range];
+        let w = layering(&defs).warnings(|id| defs.get(usize::from(id) - 1));
+        assert!(w.iter().any(|w| w.contains("'dns'") && w.contains("'low'") && w.contains("burst")), "{w:?}");
         // A finer layer never limits a coarser one's use: nothing to say the other way round.
         let fine = PolicyDef { key: "src/32".parse().unwrap(), burst: Some(5), ..def("fine", "udp") };
         let coarse = PolicyDef { key: "src/24".parse().unwrap(), burst: Some(50), ..def("coarse", "udp") };
