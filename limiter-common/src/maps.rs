@@ -35,6 +35,13 @@ use crate::{gcra::Gcra, siphash::SipInit};
 pub const PROGRAM: &str = "limiter";
 /// The layered judgement, reached from [`PROGRAM`] by tail call through `JUMPS`.
 pub const PROGRAM_LAYERS: &str = "limiter_layers";
+/// The same judgement at tc ingress (tcx), for an interface whose XDP hook another program holds:
+/// `__sk_buff` in place of `xdp_md`, TC_ACT_SHOT for a refusal, TC_ACT_UNSPEC (the next program
+/// runs) for a pass.
+pub const PROGRAM_TCX: &str = "limiter_tcx";
+/// [`PROGRAM_LAYERS`] at tc ingress, reached from [`PROGRAM_TCX`] through `JUMPS_TCX` (a
+/// program array holds programs of one type only). At most 15 characters: the kernel's name.
+pub const PROGRAM_LAYERS_TCX: &str = "limiter_lay_tcx";
 pub const MAP_CONFIG: &str = "CONFIG";
 pub const MAP_POLICIES: &str = "POLICIES";
 pub const MAP_PORT_POLICY: &str = "PORT_POLICY";
@@ -42,6 +49,8 @@ pub const MAP_LAYER_SETS: &str = "LAYER_SETS";
 /// ProgramArray[1]: [`PROGRAM_LAYERS`] at index 0. Pinned: a program array's entries are
 /// cleared when no process or pin holds it, and the attached program must keep reaching it.
 pub const MAP_JUMPS: &str = "JUMPS";
+/// ProgramArray[1]: [`PROGRAM_LAYERS_TCX`] at index 0, pinned as `JUMPS` is.
+pub const MAP_JUMPS_TCX: &str = "JUMPS_TCX";
 /// PerCpuArray[1] of the layered judgement's task ([`LAYER_TASK_BYTES`]): the packet handed
 /// to [`PROGRAM_LAYERS`] and its progress. Pinned with `JUMPS`, so the two programs that
 /// meet across a daemon's upgrade share it.
@@ -65,7 +74,7 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 6;
+pub const LAYOUT_VERSION: u64 = 7;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// ACL values: allowed sources bypass limiting; denied ones are always dropped.
@@ -156,6 +165,8 @@ impl Config {
     pub const HIDDEN_DROP: u32 = 1 << 4;
     /// Userspace only: the program was attached in skb (generic) mode.
     pub const ATTACHED_SKB: u32 = 1 << 16;
+    /// Userspace only: the program was attached at tc ingress (tcx), not XDP.
+    pub const ATTACHED_TCX: u32 = 1 << 17;
 }
 
 #[repr(C)]

@@ -26,7 +26,7 @@ pub mod kernel;
 
 use std::process::ExitCode;
 
-pub use kernel::{AttachMode, Limiter, ModeRequest};
+pub use kernel::{AttachMode, Hook, HookRequest, Limiter, ModeRequest, Placement, ProgRef, TcxPlace};
 
 /// Test-only: the BPF objects the tests and benchmarks load beside the limiter's own.
 #[cfg(feature = "testing")]

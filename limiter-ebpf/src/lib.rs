@@ -12,6 +12,7 @@
 #![cfg_attr(target_arch = "bpf", allow(internal_features), feature(core_intrinsics))]
 
 pub mod decide;
+pub mod frame;
 pub mod key;
 pub mod memo;
 pub mod parse;

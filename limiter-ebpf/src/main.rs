@@ -1,23 +1,41 @@
 //! The limiter: per-source GCRA in XDP, as it ships. Refusal is XDP_DROP; anything the limiter
 //! cannot judge, and any fault of its own, passes and is counted. Its maps and steps are in
 //! `program/` (parse → policy → key → decide → act); here every shortcut of the key memo is on.
+//!
+//! The same judgement runs at tc ingress (tcx) for an interface whose XDP hook another program
+//! holds: `limiter_tcx` and `limiter_lay_tcx`, the same code over `__sk_buff`.
 #![no_std]
 #![no_main]
 
 mod program;
 
-use aya_ebpf::{macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 use limiter_ebpf::memo::AllOn;
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
-    program::limiter::<AllOn>(&ctx)
+    program::limiter::<AllOn, _>(&ctx)
 }
 
 /// The layered judgement (`program::layers`), reached from `limiter` by tail call.
 #[xdp]
 pub fn limiter_layers(ctx: XdpContext) -> u32 {
     program::limiter_layers(&ctx)
+}
+
+/// `limiter` at tc ingress: TC_ACT_SHOT for a refusal, TC_ACT_UNSPEC (the next program) else.
+#[classifier]
+pub fn limiter_tcx(ctx: TcContext) -> i32 {
+    program::limiter_tcx::<AllOn>(&ctx)
+}
+
+/// `limiter_layers` at tc ingress, reached from `limiter_tcx` by tail call.
+#[classifier]
+pub fn limiter_lay_tcx(ctx: TcContext) -> i32 {
+    program::tc_action(program::limiter_layers(&ctx))
 }
 
 limiter_ebpf::program_object!();

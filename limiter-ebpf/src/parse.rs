@@ -57,12 +57,17 @@
 //!    IPv4, and under a port policy 191 of 225 IPv6 frames passed unmatched). A shorter frame
 //!    stating 0 is what it was: IPv4 malformed, IPv6 a datagram of 40 bytes.
 //!
+//! At tc ingress (`crate::frame`, for `__sk_buff`) the rules are the same: headers are read
+//! in the skb's linear part (the program pulls up to `frame::PULL_BYTES` into it first), and
+//! a datagram's stated length is checked against the whole skb (`skb->len`), so paged data is
+//! never mistaken for a short frame.
+//!
 //! [`MAX_EXT_HEADERS`] is 32: a legitimate chain has at most a handful (one of each kind, a
 //! second destination-options header), and the bound only keeps the verifier's walk finite.
 
 use core::mem::size_of;
 
-use aya_ebpf::programs::XdpContext;
+use crate::frame::Frame;
 use limiter_common::{
     key::{FAMILY_V4, FAMILY_V6},
     maps::{CLASS_ICMP, CLASS_OTHER, CLASS_TCP, CLASS_UDP},
@@ -138,7 +143,7 @@ pub struct Packet {
 }
 
 #[inline(always)]
-fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*const T, Skip> {
+fn ptr_at<T, F: Frame>(ctx: &F, offset: usize) -> Result<*const T, Skip> {
     let start = ctx.data();
     if start + offset + size_of::<T>() > ctx.data_end() {
         return Err(Skip::Malformed);
@@ -147,7 +152,7 @@ fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*const T, Skip> {
 }
 
 #[inline(always)]
-pub fn parse(ctx: &XdpContext) -> Result<Packet, Skip> {
+pub fn parse<F: Frame>(ctx: &F) -> Result<Packet, Skip> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let mut ethertype = unsafe { (*eth).ether_type };
     let mut off = EthHdr::LEN;
@@ -175,7 +180,7 @@ pub fn parse(ctx: &XdpContext) -> Result<Packet, Skip> {
 }
 
 #[inline(always)]
-fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
+fn parse_v4<F: Frame>(ctx: &F, l3: usize) -> Result<Packet, Skip> {
     let ip: *const Ipv4Hdr = ptr_at(ctx, l3)?;
     let vihl = unsafe { (*ip).vihl };
     if vihl >> 4 != 4 {
@@ -224,23 +229,23 @@ fn parse_v4(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
 /// stated length can cover: only an aggregate can (skb mode; no driver's linear XDP frame is
 /// that long).
 #[inline(always)]
-fn beyond_64k(ctx: &XdpContext, off: usize) -> bool {
-    ctx.data() + off + 0x10000 <= ctx.data_end()
+fn beyond_64k<F: Frame>(ctx: &F, off: usize) -> bool {
+    ctx.reaches(off + 0x10000)
 }
 
 /// The datagram must fit in the frame. Checked last on purpose: had it come first, LLVM would
 /// treat the frame checks of later headers as implied by it and drop them, and the verifier
 /// cannot follow that reasoning.
 #[inline(always)]
-fn datagram_fits(ctx: &XdpContext, end: usize) -> Result<(), Skip> {
-    if ctx.data() + end > ctx.data_end() {
+fn datagram_fits<F: Frame>(ctx: &F, end: usize) -> Result<(), Skip> {
+    if !ctx.reaches(end) {
         return Err(Skip::Malformed);
     }
     Ok(())
 }
 
 #[inline(always)]
-fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
+fn parse_v6<F: Frame>(ctx: &F, l3: usize) -> Result<Packet, Skip> {
     let ip: *const Ipv6Hdr = ptr_at(ctx, l3)?;
     if unsafe { (*ip).vcf[0] } >> 4 != 6 {
         return Err(Skip::Malformed);
@@ -277,7 +282,7 @@ fn parse_v6(ctx: &XdpContext, l3: usize) -> Result<Packet, Skip> {
 /// million instructions; called, the limiter verifies in under 100k
 /// (`fixtures::the_programs_pass_the_verifier` prints the count).
 #[inline(never)]
-fn walk_v6_chain(ctx: &XdpContext, mut pkt: Packet, mut off: usize, end: usize) -> Result<Packet, Skip> {
+fn walk_v6_chain<F: Frame>(ctx: &F, mut pkt: Packet, mut off: usize, end: usize) -> Result<Packet, Skip> {
     // A first-fragment header was walked: what the datagram cannot show, the reassembly will.
     let mut first_fragment = false;
     for _ in 0..MAX_EXT_HEADERS {
@@ -352,7 +357,7 @@ fn class_of(family: u8, proto: u8) -> usize {
 /// datagram cuts leaves the packet without L4 (rule 2), its ports hidden if the datagram is a
 /// first fragment of TCP or UDP (rule 3).
 #[inline(always)]
-fn parse_l4(ctx: &XdpContext, mut pkt: Packet, l4: usize, end: usize, first_fragment: bool) -> Result<Packet, Skip> {
+fn parse_l4<F: Frame>(ctx: &F, mut pkt: Packet, l4: usize, end: usize, first_fragment: bool) -> Result<Packet, Skip> {
     pkt.class = class_of(pkt.family, pkt.proto);
     let need = match pkt.class {
         CLASS_TCP => 20,
@@ -366,7 +371,7 @@ fn parse_l4(ctx: &XdpContext, mut pkt: Packet, l4: usize, end: usize, first_frag
     let hdr: *const [u8; 20] = match pkt.class {
         // Only the first 8 bytes are read for UDP and ICMP; check those alone.
         CLASS_TCP => ptr_at(ctx, l4)?,
-        _ => ptr_at::<[u8; 8]>(ctx, l4)?.cast(),
+        _ => ptr_at::<[u8; 8], F>(ctx, l4)?.cast(),
     };
     if pkt.class == CLASS_TCP {
         let doff = usize::from(unsafe { (*hdr)[12] } >> 4) * 4;

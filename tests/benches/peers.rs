@@ -13,7 +13,8 @@
 //!
 //! Options (after `--`), to run a subset quickly, e.g.
 //! `cargo bench -p limiter-tests --bench peers -- --only limiter,xdp-drop --workloads one-source --runs 3 --seconds 3 --parts floods --out target/peers-x`:
-//! - `--only SYSTEMS`: comma-separated systems (default all): limiter, hashlimit-raw, nft-raw,
+//! - `--only SYSTEMS`: comma-separated systems (default all): limiter, limiter-tcx (the limiter
+//!   at tc ingress, a bare XDP_PASS at XDP as under netfilter), hashlimit-raw, nft-raw,
 //!   nft-ingress, hashlimit-input, nft-input, nothing, xdp-drop. Net costs need xdp-drop in the
 //!   run; per-dropped costs also need nothing.
 //! - `--workloads LIST`: one-source, one-source-1k, spoofed, churn (default all). Every system
@@ -283,7 +284,7 @@ fn flood(system: System, workload: Workload, length: Duration) -> anyhow::Result
 /// flood added with no state (`baseline`); nothing for the baselines.
 fn state_memory(system: System, r: &Run, baseline: f64) -> Option<f64> {
     match system {
-        System::Limiter => r.maps.map(|m| m as f64),
+        System::Limiter | System::LimiterTcx => r.maps.map(|m| m as f64),
         System::Hashlimit(_) | System::Nftables(_) => Some(r.grew as f64 - baseline),
         _ => None,
     }
@@ -656,6 +657,10 @@ fn headline(
         for (s, c) in &others {
             writeln!(md, "| {} | {c:.3} | {:.1}x |", s.name(), c / limiter)?;
         }
+        let tcx = cost(w, System::LimiterTcx);
+        if let Some(c) = tcx {
+            writeln!(md, "| {} | {c:.3} | {:.1}x |", System::LimiterTcx.name(), c / limiter)?;
+        }
         let (best, best_cost) = others[0];
         write!(md, "\nAgainst netfilter at its best placement ({}): **{:.1}x**", best.name(), best_cost / limiter)?;
         for s in [System::Hashlimit(Place::Input), System::Nftables(Place::Input)] {
@@ -664,6 +669,14 @@ fn headline(
             }
         }
         writeln!(md, ".\n")?;
+        if let Some(c) = tcx {
+            writeln!(
+                md,
+                "At tcx ingress (beside another XDP program), the skb already made: the limiter costs **{:.1}x** its cost at XDP, and netfilter at its best placement costs {:.1}x the limiter at tcx.\n",
+                c / limiter,
+                best_cost / c
+            )?;
+        }
     }
     let w = Workload::OneSource1k;
     if let (Some(limiter), Some(&(best, best_cost))) = (cost(w, System::Limiter), netfilter(w).first()) {

@@ -287,15 +287,17 @@ fn detach_refuses_while_the_owner_lives_unless_forced() {
 }
 
 /// Another daemon's program holds the interface (a limiter under another --pin-dir): a start
-/// fails with exit 1, naming that program's id and name, and leaves nothing behind: no pin
-/// directory, no pins, no socket; the program there is untouched.
+/// that asks for XDP (`--attach xdp`; auto would go to tcx) fails with exit 1, naming that
+/// program's id and name, and leaves nothing behind: no pin directory, no pins, no socket; the
+/// program there is untouched.
 #[test]
 fn a_failed_start_leaves_nothing_and_names_the_program_in_the_way() {
     require_root!();
     let rig = Rig::start(&ARGS).expect("rig");
     let p1 = rig.daemon.program().expect("program");
     let other = Scratch::new().expect("scratch");
-    let mut second = Daemon::spawn(&rig.net.receiver, &other, &ARGS).expect("second daemon");
+    let xdp_only = [&ARGS[..], &["--attach", "xdp"]].concat();
+    let mut second = Daemon::spawn(&rig.net.receiver, &other, &xdp_only).expect("second daemon");
     let status = second.wait_exit(Duration::from_secs(30)).expect("the second daemon should exit");
     let out = second.output();
     eprintln!("second daemon: {status}\n{out}");

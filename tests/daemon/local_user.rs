@@ -213,6 +213,10 @@ fn a_failed_interface_lookup_never_detaches() {
     let mut rig = Rig::start(&args).expect("starting the rig");
     let pid = rig.daemon.daemon_pid();
     let (program, link) = (rig.daemon.program().expect("program"), link_pin(&rig));
+    // The daemon reads the file once as its watch starts, before it serves the socket: an
+    // answer means that read is done, so the edit below is the one it cannot read (lowered
+    // sooner, the start's own read fails, and the same failure again is not logged twice).
+    rig.ctl_ok(&["policy", "list"]);
     let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: prlimit writes `old`, valid for the call.
     let got = unsafe { libc::prlimit(pid.as_raw(), libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };

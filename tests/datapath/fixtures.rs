@@ -15,9 +15,9 @@ use limiter_common::{
     testing::ParseProbe,
 };
 use limiter_ctl::{
-    Limiter,
+    Hook, Limiter,
     config::{KeySpec, Mode, PolicyDef, Rate, Unit},
-    kernel::compile,
+    kernel::{TestHook, compile},
 };
 use limiter_tests::{
     cpu::pin_current_thread,
@@ -192,30 +192,60 @@ fn header_tricks_are_judged_by_class_or_dropped() {
 }
 
 #[test]
-fn every_cut_of_every_fixture_gets_the_expected_class() {
+fn every_cut_of_every_fixture_gets_the_expected_class_at_both_hooks() {
     require_root!();
-    let mut judge = judge();
-    let (mut runs, mut failures) = (0, Vec::new());
+    // The XDP program and the tc one (the same judgement over `__sk_buff`), on the same frames:
+    // each must land every cut where the rule and the reference say, so both land it alike.
+    let mut judges = TestHook::ALL.map(|hook| {
+        Judge::load_at(hook, BUCKETS, SALT, PROBE_KEY)
+            .expect("loading the limiter with a permissive policy (root, BPF)")
+    });
+    let (mut runs, mut unrunnable, mut failures) = (0, 0, Vec::new());
     for f in frames::fixtures() {
         for len in ETH_LEN..=f.frame.len() {
             let cut = &f.frame[..len];
-            let landed = judge.classify(cut).unwrap_or_else(|e| panic!("{} cut to {len}: {e:#}", f.name));
+            let [xdp_judge, tcx_judge] = &mut judges;
+            let xdp = xdp_judge.classify(cut).unwrap_or_else(|e| panic!("{} cut to {len}: {e:#}", f.name));
+            let tcx = match tcx_judge.classify(cut) {
+                Ok(landed) => landed,
+                // The kernel builds a test run's skb as the stack would: an IP frame must hold
+                // its fixed IP header (EINVAL otherwise), so the shorter cuts never reach the tc
+                // program. Real ones do (tc ingress comes before the IP layer's checks), and the
+                // parser's bounds checks take them as at XDP.
+                Err(e) if len < ip_header_end(cut) && errno(e.as_ref()) == Some(libc::EINVAL) => {
+                    unrunnable += 1;
+                    xdp
+                }
+                Err(e) => panic!("{} cut to {len} at tcx: {e:#}", f.name),
+            };
             // Two independent expectations: the fixture's own rule, and the reference parser.
             let rule = f.expect_cut(len).verdict();
             let parsed = reference::parse(cut);
             let reference = parsed.probe.verdict;
-            if rule != reference || verdict(landed) != rule || landed != Judge::expected(&parsed) {
-                let got = format!("kernel {landed:?}, rule {rule}, reference {reference}");
+            if rule != reference || verdict(xdp) != rule || xdp != Judge::expected(&parsed) || tcx != xdp {
+                let got = format!("xdp {xdp:?}, tcx {tcx:?}, rule {rule}, reference {reference}");
                 failures.push(format!("{} cut to {len}: {got}: {}", f.name, hex(cut)));
             }
             runs += 1;
         }
     }
-    eprintln!("{runs} cuts checked");
+    eprintln!("{runs} cuts checked ({unrunnable} of them too short for a tc test run)");
+    assert!(unrunnable < runs / 2, "most cuts must run at tcx: {unrunnable} of {runs} did not");
     assert_none(&failures, "cuts with the wrong class (1 not IP, 2 malformed, 3 IP)");
 }
 
-/// BPF_PROG_TEST_RUN refuses an XDP frame shorter than an Ethernet header with EINVAL, so the
+/// Where the fixed IP header of an untagged IP frame ends (0 for anything else): a tc test run
+/// needs it whole.
+fn ip_header_end(frame: &[u8]) -> usize {
+    match frame.get(12..14) {
+        Some([0x08, 0x00]) => ETH_LEN + 20,
+        Some([0x86, 0xdd]) => ETH_LEN + 40,
+        _ => 0,
+    }
+}
+
+/// BPF_PROG_TEST_RUN refuses an XDP frame shorter than an Ethernet header with EINVAL (and a tc
+/// one of no more than that header), so the
 /// program can never be handed one (not by test runs, and no driver delivers one either): the
 /// parser's "shorter than 14 bytes" path is only reachable through its bounds checks.
 #[test]
@@ -229,6 +259,16 @@ fn frames_shorter_than_ethernet_never_reach_the_program() {
         assert_eq!(errno(&err), Some(libc::EINVAL), "{len} bytes: {err}");
     }
     assert_eq!(counters(&judge.limiter), before, "a refused test run must not reach the program");
+    // The tc program's test runs want more: an skb whose Ethernet header is all it holds is
+    // refused too (the stack pulls that header before tc ingress; such a frame is empty).
+    let judge = Judge::load_at(TestHook::Tcx, BUCKETS, SALT, PROBE_KEY).expect("loading the limiter at tcx");
+    let before = counters(&judge.limiter);
+    for len in 0..=ETH_LEN {
+        let err =
+            judge.limiter.test_run_at(TestHook::Tcx, &frame[..len]).expect_err("the kernel ran a frame this short");
+        assert_eq!(errno(&err), Some(libc::EINVAL), "{len} bytes at tcx: {err}");
+    }
+    assert_eq!(counters(&judge.limiter), before, "a refused test run must not reach the tc program");
 }
 
 /// A policy of 10 per minute with a burst of 5: slow enough that no refill happens between
@@ -251,17 +291,21 @@ fn a_source_gets_its_burst_then_is_dropped_and_others_still_pass() {
     ];
     const ID: u16 = 3;
     const BURST: u64 = 5;
-    for (family, a, b) in cases {
+    for ((family, a, b), hook) in cases.iter().flat_map(|c| TestHook::ALL.map(|h| (c, h))) {
+        let family = format!("{family} at {hook:?}");
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
+        if hook == TestHook::Tcx {
+            limiter.load_hook(Hook::Tcx).expect("loading the tc programs");
+        }
         limiter.set_salt(SALT).expect("salt");
         limiter.set_policy(&burst_policy(ID)).expect("policy");
         limiter.set_default_policy(ID).expect("default policy");
-        let run = |frame: &[u8]| limiter.test_run(frame).expect("test run");
+        let run = |frame: &[u8]| limiter.test_run_at(hook, frame).expect("test run");
         for i in 1..=BURST {
-            assert_eq!(run(&a), XDP_PASS, "{family}: packet {i} of the burst from A");
+            assert_eq!(run(a), XDP_PASS, "{family}: packet {i} of the burst from A");
         }
-        assert_eq!(run(&a), XDP_DROP, "{family}: packet {} from A, past the burst", BURST + 1);
-        assert_eq!(run(&b), XDP_PASS, "{family}: B has its own allowance");
+        assert_eq!(run(a), XDP_DROP, "{family}: packet {} from A, past the burst", BURST + 1);
+        assert_eq!(run(b), XDP_PASS, "{family}: B has its own allowance");
 
         let all = counters(&limiter);
         let expect = Counters {
@@ -276,6 +320,83 @@ fn a_source_gets_its_burst_then_is_dropped_and_others_still_pass() {
         let per_cpu = limiter.counters_per_cpu(ID).expect("per-CPU counters");
         assert_eq!(per_cpu[CPU], expect, "{family}: everything on the pinned CPU");
     }
+}
+
+/// The same judgement at both hooks: two limiters with the same salt and policies, one run at
+/// XDP and one at tcx, take the same stream of frames (sources, protocols, ports, sizes, SYNs
+/// drawn from a fixed seed) and must return the same action for every frame and end with the
+/// same counters. The policies refuse (burst, then one per minute), charge bytes, share a
+/// host-scope bucket, and overlap, so a UDP frame to port 53 and a SYN go through the layers'
+/// tail call, which at tcx is the tc program's own.
+#[test]
+fn both_hooks_take_the_same_decisions_on_a_mixed_stream() {
+    use frames::Segment;
+    require_root!();
+    pin_current_thread(CPU).expect("pinning the test thread");
+    let minute = |count| Rate { count, period_ns: 60_000_000_000 };
+    let def = |name: &str, matches: &str, rate, burst, edit: &dyn Fn(&mut PolicyDef)| {
+        let mut d = PolicyDef {
+            name: name.parse().expect("a name"),
+            matches: matches.parse().expect("a match"),
+            ..PolicyDef::any(rate, burst)
+        };
+        edit(&mut d);
+        d
+    };
+    let policies = [
+        def("dns", "udp:53", minute(1), 20, &|_| {}),
+        def("udp-bytes", "udp", minute(6_000), 20_000, &|d| {
+            d.unit = Unit::Bytes;
+            d.key = KeySpec { v4_prefix: 24, v6_prefix: 48, dport: false };
+        }),
+        def("syn-cap", "tcp,syn", minute(1), 40, &|d| {
+            d.scope = limiter_ctl::config::Scope::Host;
+            d.key = KeySpec { v4_prefix: 0, v6_prefix: 0, dport: false };
+        }),
+        def("any", "any", minute(1), 30, &|_| {}),
+    ];
+    let state = policies
+        .iter()
+        .fold(limiter_ctl::config::State::default(), |s, d| s.with_policy(d.clone()).expect("a valid state"));
+    let limiters = TestHook::ALL.map(|hook| {
+        let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
+        if hook == TestHook::Tcx {
+            limiter.load_hook(Hook::Tcx).expect("loading the tc programs");
+        }
+        limiter.set_salt(SALT).expect("salt");
+        let old = limiter.read_view().expect("view");
+        limiter.apply(&old, &limiter_ctl::kernel::MapView::of(&state)).expect("policies and routes");
+        (hook, limiter)
+    });
+    let mut rng = StdRng::seed_from_u64(25);
+    let (mut refused, mut failures) = (0, Vec::new());
+    for i in 0..600 {
+        let source = rng.random_range(0..6u8);
+        let (v4, v6) = (rng.random_bool(0.5), u16::from(source / 3));
+        let l4 = match rng.random_range(0..4) {
+            0 => udp(40_000, 53, rng.random_range(0..200)),
+            1 => udp(40_000, rng.random_range(1000..1004), rng.random_range(0..900)),
+            2 => frames::tcp_segment(40_000, 443, if rng.random_bool(0.7) { Segment::Syn } else { Segment::Ack }),
+            _ if v4 => frames::icmpv4_echo(),
+            _ => frames::icmpv6_echo(),
+        };
+        let frame = if v4 {
+            ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(v6, source)).datagram(&l4))
+        } else {
+            ethernet(&[], EtherType::IPV6, &ipv6(frames::v6(v6, u16::from(source)), &[], &l4))
+        };
+        let [xdp, tcx] = limiters.each_ref().map(|(hook, l)| l.test_run_at(*hook, &frame).expect("test run"));
+        refused += u32::from(xdp == XDP_DROP);
+        if xdp != tcx {
+            failures.push(format!("frame {i} (source {source}): xdp {xdp}, tcx {tcx}: {}", hex(&frame)));
+        }
+    }
+    assert_none(&failures, "frames the hooks decided differently");
+    let [xdp, tcx] = limiters.each_ref().map(|(_, l)| counters(l));
+    assert_eq!(xdp, tcx, "the hooks' counters");
+    // The stream must have exercised refusals, and admissions.
+    eprintln!("{refused} of 600 refused at both hooks alike");
+    assert!(refused > 60 && refused < 540, "{refused} of 600 refused: the policies must both admit and refuse");
 }
 
 /// `limiter` with the test salt and `policy` (id 1) as the policy of every packet.
@@ -580,9 +701,14 @@ fn the_program_picks_the_bucket_userspace_predicts() {
 #[test]
 fn the_programs_pass_the_verifier() {
     require_root!();
-    let limiter = Limiter::load(BUCKETS).expect("the limiter passes the verifier");
+    let mut limiter = Limiter::load(BUCKETS).expect("the limiter passes the verifier");
+    limiter.load_hook(Hook::Tcx).expect("the limiter's tc programs pass the verifier");
     for name in [limiter_common::maps::PROGRAM, limiter_common::maps::PROGRAM_LAYERS] {
         let info = limiter.program_named(name).expect("the program").info().expect("program info");
+        eprintln!("{name}: {:?} instructions verified", info.verified_instruction_count());
+    }
+    for name in [limiter_common::maps::PROGRAM_TCX, limiter_common::maps::PROGRAM_LAYERS_TCX] {
+        let info = limiter.classifier_named(name).expect("the program").info().expect("program info");
         eprintln!("{name}: {:?} instructions verified", info.verified_instruction_count());
     }
     Probe::load().expect("the probe passes the verifier");
@@ -707,8 +833,11 @@ fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
         .map(|name| all.iter().find(|f| f.name == *name).unwrap_or_else(|| panic!("no fixture {name}")).frame.clone())
         .collect();
     let mut failures = Vec::new();
-    for shape in &shapes {
+    for (shape, hook) in shapes.iter().flat_map(|s| TestHook::ALL.map(|h| (s, h))) {
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
+        if hook == TestHook::Tcx {
+            limiter.load_hook(Hook::Tcx).expect("loading the tc programs");
+        }
         limiter.set_salt(SALT).expect("salt");
         for &(id, dport, unit, mode) in shape.policies {
             let key = KeySpec { dport, ..KeySpec::default() };
@@ -724,7 +853,7 @@ fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
         limiter.apply(&old, &new).expect("routes");
         for (i, frame) in frames.iter().enumerate() {
             let before = counters(&limiter);
-            let action = limiter.test_run(frame).expect("test run");
+            let action = limiter.test_run_at(hook, frame).expect("test run");
             let after = counters(&limiter);
             let moved = differences(&after, &before);
             let went = if after[0].unreadable_ports == before[0].unreadable_ports + 1 {
@@ -738,7 +867,7 @@ fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
             let want_action = if want == U { XDP_DROP } else { XDP_PASS };
             if went != Some(want) || action != want_action || moved.len() != 1 {
                 failures.push(format!(
-                    "{}: {}: went {went:?} with action {action}, want {want:?}; moved {moved:?}",
+                    "{} at {hook:?}: {}: went {went:?} with action {action}, want {want:?}; moved {moved:?}",
                     shape.name, HIDDEN_FRAMES[i]
                 ));
             }
@@ -785,8 +914,14 @@ fn syn_only_policies_judge_connection_openings_only() {
         })
         .collect();
     let mut failures = Vec::new();
-    for (name, policies, syn_judges, other_judges) in cases {
+    // At both hooks: a SYN several policies judge goes through the layers' tail call, which at
+    // tcx is the tc program's own (`JUMPS_TCX`).
+    for ((name, policies, syn_judges, other_judges), hook) in cases.iter().flat_map(|c| TestHook::ALL.map(|h| (c, h))) {
+        let name = format!("{name} at {hook:?}");
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
+        if hook == TestHook::Tcx {
+            limiter.load_hook(Hook::Tcx).expect("loading the tc programs");
+        }
         limiter.set_salt(SALT).expect("salt");
         let state = policies.iter().fold(limiter_ctl::config::State::default(), |s, &(n, matches)| {
             let def = PolicyDef {
@@ -804,7 +939,7 @@ fn syn_only_policies_judge_connection_openings_only() {
         limiter.apply(&old, &limiter_ctl::kernel::MapView::of(&state)).expect("policies and routes");
         for (frame_name, seg, frame) in &segments {
             let before = counters(&limiter);
-            let action = limiter.test_run(frame).expect("test run");
+            let action = limiter.test_run_at(hook, frame).expect("test run");
             let after = counters(&limiter);
             let judged: Vec<&str> = names
                 .iter()
@@ -814,7 +949,7 @@ fn syn_only_policies_judge_connection_openings_only() {
                 .map(|(_, n)| *n)
                 .collect();
             let unmatched = after[0].unmatched == before[0].unmatched + 1;
-            let want = if *seg == Segment::Syn { syn_judges } else { other_judges };
+            let want = if *seg == Segment::Syn { *syn_judges } else { *other_judges };
             let mut sorted_want: Vec<&str> = want.to_vec();
             sorted_want.sort();
             let mut sorted_judged = judged.clone();

@@ -31,7 +31,10 @@ use std::{
 use anyhow::{Context as _, bail};
 use aya::{
     maps::{Array, Map, MapData, MapInfo, PerCpuArray},
-    programs::loaded_programs,
+    programs::{
+        links::{FdLink, LinkType, PinnedLink},
+        loaded_programs,
+    },
 };
 use limiter_common::maps::{
     ACL_ALLOW, ACL_DENY, Config, Counters, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS, MAP_LAYOUT, Policy,
@@ -382,6 +385,7 @@ impl Daemon {
     pub fn wait_running(&mut self, end: &End) -> anyhow::Result<String> {
         let line = self.wait_for(is_start_line, ATTACH_TIMEOUT).context("waiting for the daemon to start")?;
         self.find_program(end, &line)?;
+        self.wait_serving();
         Ok(line)
     }
 
@@ -389,14 +393,44 @@ impl Daemon {
         let line = self.wait_for(is_start_line, ATTACH_TIMEOUT).with_context(|| format!("waiting for '{want}'"))?;
         anyhow::ensure!(line.contains(want), "expected a line with '{want}', the daemon said: {line}");
         self.find_program(end, &line)?;
+        self.wait_serving();
         Ok(line)
     }
 
+    /// Waits (at most 2 s) until the daemon answers on its socket. The start line comes before
+    /// the rest of its start (the config file written, the watch's first read): an answer means
+    /// that is done. Best effort: a daemon the harness cannot reach there (another `--socket`)
+    /// is left to its test.
+    fn wait_serving(&self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline && self.ctl_ok(&["policy", "list"]).is_err() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Its program: the one in the link it pinned (at XDP or at tcx), or without a pinned link
+    /// (pins only it sees, [`Runner::PrivateMounts`]) the XDP program on `end`'s interface.
     fn find_program(&mut self, end: &End, line: &str) -> anyhow::Result<()> {
-        let program = xdp_program_id(end)?
-            .with_context(|| format!("the daemon said '{line}' but {} has no XDP program", end.iface))?;
+        let program = match pinned_link(&self.pins)? {
+            Some(link) => link.program,
+            None => xdp_program_id(end)?
+                .with_context(|| format!("the daemon said '{line}' but {} has no XDP program", end.iface))?,
+        };
         self.program = Some(program);
         Ok(())
+    }
+
+    /// Finds its program again (after it moved to another hook, `limiter-ctl attach`): the one
+    /// in its pinned link now. Returns its id.
+    pub fn refind_program(&mut self) -> anyhow::Result<u32> {
+        let link = pinned_link(&self.pins)?.with_context(|| format!("no link pinned in {}", self.pins.display()))?;
+        self.program = Some(link.program);
+        Ok(link.program)
+    }
+
+    /// The link it pinned, read now (None while none is pinned).
+    pub fn link(&self) -> anyhow::Result<Option<PinnedLinkInfo>> {
+        pinned_link(&self.pins)
     }
 
     /// The pid of the process the harness started (a wrapper, for a wrapped [`Launch`]).
@@ -633,6 +667,29 @@ pub fn xdp_program_id(end: &End) -> anyhow::Result<Option<u32>> {
         .and_then(serde_json::Value::as_u64)
         .with_context(|| format!("no program id in {xdp}"))?;
     Ok(Some(u32::try_from(id).with_context(|| format!("program id in {xdp}"))?))
+}
+
+/// A limiter's pinned link as the kernel describes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PinnedLinkInfo {
+    pub id: u32,
+    /// The program in it.
+    pub program: u32,
+    /// `LinkType::Xdp` or `LinkType::Tcx`.
+    pub link_type: LinkType,
+}
+
+/// The link pinned at `<dir>/link` (`dir`: a [`Scratch::pin_dir`]); None if nothing is pinned
+/// there.
+pub fn pinned_link(dir: &Path) -> anyhow::Result<Option<PinnedLinkInfo>> {
+    let path = dir.join("link");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let link = FdLink::from(PinnedLink::from_pin(&path).with_context(|| format!("opening {}", path.display()))?);
+    let info = link.info().with_context(|| format!("link info of {}", path.display()))?;
+    let link_type = info.link_type().with_context(|| format!("link type of {}", path.display()))?;
+    Ok(Some(PinnedLinkInfo { id: info.id(), program: info.program_id(), link_type }))
 }
 
 /// The maps of loaded program `program` (another process's), opened by id, by name.

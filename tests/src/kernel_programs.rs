@@ -18,9 +18,9 @@ use limiter_common::{
     testing::ParseProbe,
 };
 use limiter_ctl::{
-    Limiter,
+    Hook, Limiter,
     config::{KeySpec, PolicyDef, Rate},
-    kernel::compile,
+    kernel::{TestHook, compile},
     objects,
 };
 
@@ -145,6 +145,8 @@ pub enum Landed {
 /// was read and whether its ports are hidden.
 pub struct Judge {
     pub limiter: Limiter,
+    /// Where frames are run: the XDP program, or the same judgement at tcx.
+    pub hook: TestHook,
     seen: Vec<Counters>,
 }
 
@@ -159,7 +161,15 @@ impl Judge {
     }
 
     pub fn load(buckets: u32, salt: SipKey, key: KeySpec) -> anyhow::Result<Self> {
+        Self::load_at(TestHook::Xdp, buckets, salt, key)
+    }
+
+    /// [`Judge::load`] running frames at `hook`.
+    pub fn load_at(hook: TestHook, buckets: u32, salt: SipKey, key: KeySpec) -> anyhow::Result<Self> {
         let mut limiter = Limiter::load(buckets).context("loading the limiter")?;
+        if hook == TestHook::Tcx {
+            limiter.load_hook(Hook::Tcx).context("loading the limiter's tc programs")?;
+        }
         limiter.set_salt(salt)?;
         for id in 1..=Self::PORT_POLICY {
             let policy = compile::policy(&permissive(key), id).map_err(|e| anyhow!("{e}"))?;
@@ -171,7 +181,7 @@ impl Judge {
         new.routes.ports[(CLASS_TCP << 16) | usize::from(Self::TCP_PORT)] = Self::PORT_POLICY;
         new.routes.ports[(CLASS_UDP << 16) | usize::from(Self::UDP_PORT)] = Self::PORT_POLICY;
         limiter.apply(&old, &new)?;
-        let mut judge = Self { limiter, seen: Vec::new() };
+        let mut judge = Self { limiter, hook, seen: Vec::new() };
         judge.seen = judge.read()?;
         Ok(judge)
     }
@@ -201,7 +211,7 @@ impl Judge {
     /// Runs `frame` and says where it was counted. Anything but one packet counted once,
     /// dropped if and only if unreadable, is an error.
     pub fn classify(&mut self, frame: &[u8]) -> anyhow::Result<Landed> {
-        let action = self.limiter.test_run(frame)?;
+        let action = self.limiter.test_run_at(self.hook, frame)?;
         let now = self.read()?;
         let before = std::mem::replace(&mut self.seen, now.clone());
         let total: u64 =

@@ -6,7 +6,8 @@
 //! ([`bounds`]), the real daemon run as a process with its CLI and its kernel maps ([`daemon`]),
 //! a daemon on a veth pair ready to be flooded ([`rig`]), policies as the tests set them
 //! ([`policies`]), what the daemon reports ([`observe`]: stats, /metrics via [`scrape`]), and
-//! TCP bulk transfers ([`transfer`]).
+//! TCP bulk transfers ([`transfer`]); for sharing the interface, Debian's xdp-filter holding the
+//! XDP hook ([`xdp_filter`]) and another tcx program loaded by the test ([`neighbour`]).
 
 pub mod bounds;
 pub mod capture;
@@ -16,6 +17,7 @@ pub mod flood;
 pub mod frames;
 pub mod kernel_programs;
 pub mod livegen;
+pub mod neighbour;
 pub mod netns;
 pub mod observe;
 pub mod peers;
@@ -27,3 +29,4 @@ pub mod rig;
 pub mod scrape;
 pub mod snmp;
 pub mod transfer;
+pub mod xdp_filter;

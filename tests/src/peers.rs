@@ -14,7 +14,7 @@ use aya::{
     programs::{Xdp, XdpMode},
 };
 use limiter_ctl::{
-    Limiter, ModeRequest,
+    HookRequest, Limiter, ModeRequest, Placement,
     config::{PolicyDef, State},
     objects,
 };
@@ -24,6 +24,8 @@ use crate::netns::{End, TestNet};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum System {
     Limiter,
+    /// The limiter at tc ingress (tcx), as `--attach auto` puts it beside another XDP program.
+    LimiterTcx,
     Hashlimit(Place),
     Nftables(Place),
     Nothing,
@@ -42,8 +44,9 @@ pub enum Place {
 }
 
 impl System {
-    pub const ALL: [System; 8] = [
+    pub const ALL: [System; 9] = [
         Self::Limiter,
+        Self::LimiterTcx,
         Self::Hashlimit(Place::Raw),
         Self::Nftables(Place::Raw),
         Self::Nftables(Place::Ingress),
@@ -56,6 +59,7 @@ impl System {
     pub fn name(self) -> &'static str {
         match self {
             Self::Limiter => "limiter (XDP)",
+            Self::LimiterTcx => "limiter (tcx ingress)",
             Self::Hashlimit(Place::Raw) => "iptables hashlimit, raw PREROUTING",
             Self::Hashlimit(_) => "iptables hashlimit, INPUT (as commonly configured)",
             Self::Nftables(Place::Raw) => "nftables meter, prerouting priority raw",
@@ -70,6 +74,7 @@ impl System {
     pub fn label(self) -> &'static str {
         match self {
             Self::Limiter => "limiter (XDP)",
+            Self::LimiterTcx => "limiter tcx",
             Self::Hashlimit(Place::Raw) => "hashlimit raw",
             Self::Hashlimit(_) => "hashlimit INPUT",
             Self::Nftables(Place::Raw) => "nft raw",
@@ -84,6 +89,7 @@ impl System {
     pub fn short(self) -> &'static str {
         match self {
             Self::Limiter => "limiter",
+            Self::LimiterTcx => "limiter-tcx",
             Self::Hashlimit(Place::Raw) => "hashlimit-raw",
             Self::Hashlimit(_) => "hashlimit-input",
             Self::Nftables(Place::Raw) => "nft-raw",
@@ -96,7 +102,7 @@ impl System {
 
     /// Whether the system enforces the policy (the others are baselines).
     pub fn limits(self) -> bool {
-        matches!(self, Self::Limiter | Self::Hashlimit(_) | Self::Nftables(_))
+        matches!(self, Self::Limiter | Self::LimiterTcx | Self::Hashlimit(_) | Self::Nftables(_))
     }
 
     /// Whether the system is one of netfilter's.
@@ -117,8 +123,15 @@ pub const PORT: u16 = 9;
 /// What a system holds for the run. Dropping it removes the XDP program; the netfilter rules
 /// go with the namespace.
 pub enum Receiver {
-    Limiter(Limiter),
-    Xdp { ebpf: Ebpf, system: System },
+    /// The limiter; at tcx, with the bare XDP_PASS program the veth needs (`pass`).
+    Limiter {
+        limiter: Limiter,
+        pass: Option<Ebpf>,
+    },
+    Xdp {
+        ebpf: Ebpf,
+        system: System,
+    },
 }
 
 /// Packets the system saw (`offered`) and let through (`admitted`).
@@ -131,7 +144,7 @@ pub struct Counts {
 pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result<Receiver> {
     let r = &net.receiver;
     match system {
-        System::Limiter => {
+        System::Limiter | System::LimiterTcx => {
             // As the daemon runs it by default: its buckets, rows and refusal sampling.
             let mut limiter =
                 Limiter::load_rows(limiter_common::maps::DEFAULT_BUCKETS, limiter_common::rows::DEFAULT_ROWS)?;
@@ -145,11 +158,23 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
             let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!("{e}"))?;
             limiter.sync(&State::default(), &state)?;
             let iface = r.iface.clone();
+            if system == System::LimiterTcx {
+                // The veth takes the generator's frames only with an XDP program on it: the
+                // same bare XDP_PASS as netfilter's rows, so the limiter at tcx pays what
+                // netfilter pays before it (the skb), and its own judgement.
+                let pass = attach_bench(r, "bench_pass")?;
+                let placement = Placement { hook: HookRequest::Tcx, ..Placement::default() };
+                let limiter = r.run(move || -> anyhow::Result<Limiter> {
+                    limiter.attach_as(&iface, &placement)?;
+                    Ok(limiter)
+                })??;
+                return Ok(Receiver::Limiter { limiter, pass: Some(pass) });
+            }
             let limiter = r.run(move || -> anyhow::Result<Limiter> {
                 limiter.attach(&iface, ModeRequest::Native)?;
                 Ok(limiter)
             })??;
-            Ok(Receiver::Limiter(limiter))
+            Ok(Receiver::Limiter { limiter, pass: None })
         }
         System::XdpDrop => Ok(Receiver::Xdp { ebpf: attach_bench(r, "bench_drop")?, system }),
         System::Hashlimit(_) | System::Nftables(_) | System::Nothing => {
@@ -272,7 +297,7 @@ fn run(end: &End, tool: &str, args: &[&str]) -> anyhow::Result<String> {
 impl Receiver {
     pub fn counts(&self, end: &End) -> anyhow::Result<Counts> {
         match self {
-            Self::Limiter(l) => {
+            Self::Limiter { limiter: l, .. } => {
                 let c = crate::bounds::total(&l.counters()?);
                 Ok(Counts { offered: c.admitted_packets + c.refused_packets, admitted: c.admitted_packets })
             }
@@ -433,7 +458,7 @@ impl Receiver {
     /// This limiter's maps, as the kernel charges them (fixed at load); None for the others.
     pub fn maps_memory(&self) -> anyhow::Result<Option<i64>> {
         match self {
-            Self::Limiter(l) => {
+            Self::Limiter { limiter: l, .. } => {
                 let ids = l.program()?.info()?.map_ids()?.unwrap_or_default();
                 Ok(Some(maps_memory(&ids)? as i64))
             }

@@ -45,10 +45,13 @@ pub enum Need {
     Python,
     /// kubernetes-validate (pip), with the Kubernetes schemas it bundles.
     KubernetesValidate,
+    /// Debian's xdp-tools (`xdp-filter`, `xdp-loader`): another XDP program holding the
+    /// interface, for the tests of sharing it (tests/daemon/sharing/).
+    XdpTools,
 }
 
 impl Need {
-    pub const ALL: [Need; 11] = [
+    pub const ALL: [Need; 12] = [
         Need::Toolchain,
         Need::Kernel,
         Need::Package,
@@ -60,6 +63,7 @@ impl Need {
         Need::Bpftool,
         Need::Python,
         Need::KubernetesValidate,
+        Need::XdpTools,
     ];
 
     /// Its Debian packages.
@@ -75,6 +79,7 @@ impl Need {
             Need::Ethtool => &["ethtool"],
             Need::Bpftool => &["bpftool"],
             Need::Python | Need::KubernetesValidate => &["python3"],
+            Need::XdpTools => &["xdp-tools"],
         }
     }
 }

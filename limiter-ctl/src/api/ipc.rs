@@ -8,7 +8,10 @@ use ipnet::IpNet;
 use limiter_common::maps::Counters;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{List, Name, PolicyDef, PolicyEdit};
+use crate::{
+    config::{List, Name, PolicyDef, PolicyEdit},
+    kernel::{Hook, TcxPlace},
+};
 
 pub(crate) const DEFAULT_SOCKET: &str = "/run/limiter/ctl.sock";
 /// Requests are small; anything longer is not ours.
@@ -50,6 +53,13 @@ pub(crate) enum Request {
     Top {
         limit: usize,
     },
+    /// Move the program to `hook` without a gap (attached there first, then released where it
+    /// was); at tcx, at `place` (None: where the daemon's --tcx-before/--tcx-after say).
+    Attach {
+        hook: Hook,
+        #[serde(default)]
+        place: Option<TcxPlace>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -72,6 +82,18 @@ pub(crate) struct Reloaded {
     pub policies: usize,
     pub allow: usize,
     pub deny: usize,
+}
+
+/// What `attach` did: where the program runs now, and where it ran before if it moved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Attachment {
+    pub iface: String,
+    /// "native", "skb" or "tcx", as `stats` says it.
+    pub attach_mode: String,
+    /// None: it was there already; nothing changed.
+    pub moved_from: Option<String>,
+    /// Why it runs at tcx, when it does.
+    pub attach_reason: Option<String>,
 }
 
 /// What a change (`policy set`, `deny add`, ...) answers when the file held a hand edit the

@@ -3,15 +3,16 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use crate::{config::Rate, kernel::ModeRequest};
+use crate::{config::Rate, kernel::Placement};
 
 /// What `limiter-ctl daemon` was asked to do (its flags, parsed).
 // Fields paired by what they configure (rustfmt would put each on a line of its own).
 #[rustfmt::skip]
 #[derive(Debug)]
 pub(crate) struct Options {
-    /// The interface to protect, how long to wait for it to appear, and how to attach to it.
-    pub iface: String, pub wait_iface: Duration, pub mode: ModeRequest,
+    /// The interface to protect, how long to wait for it to appear, and how to attach to it (the
+    /// hook, XDP's mode, the place at tcx).
+    pub iface: String, pub wait_iface: Duration, pub placement: Placement,
     /// The policies and lists; loaded at start, re-read on SIGHUP, edited in place on every change.
     pub config: PathBuf,
     /// Watch the config file's directory and apply a changed file as SIGHUP does.

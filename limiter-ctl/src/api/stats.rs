@@ -82,7 +82,12 @@ pub struct Snapshot {
     /// Allow and deny list hits of traffic no policy matched (counted in the kernel's slot 0).
     #[serde(default)]
     pub no_policy: ListHits,
+    /// Where the program runs: "native" or "skb" (XDP), or "tcx" (tc ingress).
     pub attach_mode: String,
+    /// Why it runs at tcx, when it does: "another program holds XDP (XDP program id 12 named
+    /// 'xdpfilt_alw_all', native mode)", "asked for (--attach tcx)", ...; None at XDP.
+    #[serde(default)]
+    pub attach_reason: Option<String>,
     pub salt_age_s: f64,
     /// Fraction of buckets (over CPUs) whose TAT is ahead of now: the chance that a newcomer
     /// shares an allowance with a busy source. None until first measured.

@@ -12,7 +12,7 @@ use crate::{
         start::{MetricsAt, Options},
     },
     config::{self, Dash, FIELDS, Flag, Name, PolicyEdit, Rate, parse_burst},
-    kernel::{self, ModeRequest, pins},
+    kernel::{self, Hook, HookRequest, ModeRequest, Placement, ProgRef, TcxPlace, pins},
 };
 
 #[derive(Debug, Parser)]
@@ -72,6 +72,22 @@ pub(crate) enum Command {
     /// running config then stays. Exit 1 when the daemon could not be asked or failed. For
     /// `ExecReload=` (`systemctl reload limiter`).
     Reload,
+    /// Move the limiter to another hook without a gap: attach there first, then release the old.
+    ///
+    /// `attach tcx` leaves XDP free for another tool; `attach xdp` takes it back (XDP must be
+    /// free). Both hooks judge for the moment of the move. Already there: says so, exit 0. The
+    /// running daemon does it; a restart keeps the hook unless its --attach says another.
+    Attach {
+        #[arg(value_enum, value_name = "HOOK")]
+        hook: Hook,
+        /// At tcx, run before this program (its name as `bpftool prog` shows it, or id:N)
+        /// [default: the daemon's --tcx-before/--tcx-after, or first].
+        #[arg(long, value_name = "PROG", value_parser = parse_prog, conflicts_with = "after")]
+        before: Option<ProgRef>,
+        /// At tcx, run after this program (its name as `bpftool prog` shows it, or id:N).
+        #[arg(long, value_name = "PROG", value_parser = parse_prog)]
+        after: Option<ProgRef>,
+    },
     /// Check config files without a daemon.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -143,9 +159,21 @@ pub(crate) struct DaemonArgs {
     /// only when a flooder shares every one of its rows. Same memory whatever the count.
     #[arg(long, value_name = "D", default_value_t = limiter_common::rows::DEFAULT_ROWS, value_parser = parse_rows)]
     pub rows: u32,
+    /// Where to judge packets: xdp (cheapest; alone on the interface), tcx (tc ingress, shared
+    /// with other programs in order, leaving XDP free), or auto: XDP when it is free, tcx when
+    /// another program holds it (logged, naming it); a limiter pinned here keeps its hook.
+    #[arg(long, value_enum, value_name = "HOOK", default_value_t = HookRequest::Auto)]
+    pub attach: HookRequest,
     /// XDP attach mode: auto tries native and falls back to skb with a warning.
     #[arg(long, value_enum, default_value_t = ModeRequest::Auto)]
     pub mode: ModeRequest,
+    /// At tcx, run before this program (its name as `bpftool prog` shows it, or id:N) rather
+    /// than first of all.
+    #[arg(long, value_name = "PROG", value_parser = parse_prog, conflicts_with = "tcx_after")]
+    pub tcx_before: Option<ProgRef>,
+    /// At tcx, run after this program (its name as `bpftool prog` shows it, or id:N).
+    #[arg(long, value_name = "PROG", value_parser = parse_prog)]
+    pub tcx_after: Option<ProgRef>,
     /// Print admitted and refused packets per second at this interval (e.g. 1s); off by default.
     #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
     pub stats_every: Option<Duration>,
@@ -338,7 +366,15 @@ impl DaemonArgs {
             burst: self.burst,
             buckets: self.buckets,
             rows: self.rows,
-            mode: self.mode,
+            placement: Placement {
+                hook: self.attach,
+                mode: self.mode,
+                tcx: match (self.tcx_before, self.tcx_after) {
+                    (Some(p), _) => TcxPlace::Before(p),
+                    (None, Some(p)) => TcxPlace::After(p),
+                    (None, None) => TcxPlace::First,
+                },
+            },
             stats_every: self.stats_every,
             rotate_every: self.rotate_every.0,
             pin_dir: self.pin_dir,
@@ -372,6 +408,11 @@ pub(crate) enum ListCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A program at tcx ingress: its name, or id:N.
+fn parse_prog(s: &str) -> Result<ProgRef, String> {
+    s.parse()
 }
 
 /// The config's parser, so the CLI, the file and the socket refuse the same (`010.1.1.1/32`).
@@ -473,5 +514,32 @@ mod tests {
         assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
         let err = Cli::try_parse_from(["limiter-ctl", "policy", "set", "p", "--unit", "frames"]).unwrap_err();
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
+
+    #[test]
+    fn the_hook_and_the_place_at_tcx_are_daemon_flags() {
+        let options = |extra: &[&str]| {
+            let argv = ["limiter-ctl", "daemon", "--iface", "eth0"].into_iter().chain(extra.iter().copied());
+            let Command::Daemon(args) = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{extra:?}: {e}")).command
+            else {
+                panic!("{extra:?}")
+            };
+            args.options().placement
+        };
+        assert_eq!(options(&[]), Placement::default(), "auto, first at tcx");
+        let after = options(&["--attach", "tcx", "--tcx-after", "id:12"]);
+        assert_eq!((after.hook, after.tcx), (HookRequest::Tcx, TcxPlace::After(ProgRef::Id(12))));
+        let before = options(&["--tcx-before", "xdpfilt_alw_all"]);
+        assert_eq!(before.tcx, TcxPlace::Before(ProgRef::Name("xdpfilt_alw_all".into())));
+        let both = ["limiter-ctl", "daemon", "--iface", "e", "--tcx-before", "a", "--tcx-after", "b"];
+        assert_eq!(Cli::try_parse_from(both).unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
+        let bad = ["limiter-ctl", "daemon", "--iface", "e", "--attach", "tc"];
+        assert_eq!(Cli::try_parse_from(bad).unwrap_err().kind(), clap::error::ErrorKind::InvalidValue);
+        let attach = Cli::try_parse_from(["limiter-ctl", "attach", "tcx", "--after", "id:7"]).expect("attach");
+        let Command::Attach { hook: Hook::Tcx, before: None, after: Some(ProgRef::Id(7)) } = attach.command else {
+            panic!("{attach:?}")
+        };
+        let both = ["limiter-ctl", "attach", "tcx", "--before", "a", "--after", "b"];
+        assert_eq!(Cli::try_parse_from(both).unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 }

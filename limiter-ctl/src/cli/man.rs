@@ -134,7 +134,8 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
              while the daemon ran. A supervisor should start it again (Restart=on-failure)."
                 .into(),
             "bad input, nothing loaded: a bad flag, a config file refused (PATH:LINE:COL: why), a refused \
-             --rate or --burst, or an interface that does not exist (without --wait-iface)"
+             --rate or --burst, an interface that does not exist (without --wait-iface), or a \
+             --tcx-before or --tcx-after program that is not at tc ingress (when attaching there)"
                 .into(),
         ),
         Page::Client { .. } => {

@@ -23,7 +23,7 @@ use client::ClientError;
 
 use crate::{
     api::{
-        ipc::{PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+        ipc::{Attachment, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
         start::Options,
         stats, top,
     },
@@ -48,6 +48,9 @@ pub(crate) enum Error {
     /// The daemon refused the request as bad input (nothing changed).
     #[error("{0}")]
     Refused(String),
+    /// Arguments clap lets through that do not go together (nothing was sent).
+    #[error("{0}")]
+    Usage(String),
     /// The daemon could not do what was asked.
     #[error("{0}")]
     Failed(String),
@@ -76,7 +79,9 @@ fn place(path: &std::path::Path, at: Option<(usize, usize)>) -> String {
 /// The exit code of an error: 2 for bad input, 1 for a failure.
 fn exit_code(e: &Error) -> u8 {
     match e {
-        Error::Refused(_) | Error::BadFile(_) | Error::Invalid { .. } | Error::NoSuchInterface(_) => BAD_INPUT,
+        Error::Refused(_) | Error::Usage(_) | Error::BadFile(_) | Error::Invalid { .. } | Error::NoSuchInterface(_) => {
+            BAD_INPUT
+        }
         Error::Kernel(_)
         | Error::Client(_)
         | Error::Failed(_)
@@ -178,6 +183,7 @@ pub(crate) fn main() -> Run {
                 r.deny
             ))
         }),
+        Command::Attach { hook, before, after } => attach_command(&cli.socket, hook, before, after),
         Command::Config(ConfigCommand::Check { file, iface }) => match config_check(&file, iface.as_deref()) {
             Ok((summary, warnings)) => {
                 println!("{}", escape::controls(&summary, false));
@@ -248,6 +254,44 @@ fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<(String, 
         summary.push_str(" (no rules: a reload onto it is refused while rules run, unless it says `policy = []`)");
     }
     Ok((summary, state.warnings()))
+}
+
+/// `attach HOOK`: the daemon moves the program there without a gap, or says it is there.
+fn attach_command(
+    socket: &std::path::Path,
+    hook: kernel::Hook,
+    before: Option<kernel::ProgRef>,
+    after: Option<kernel::ProgRef>,
+) -> ExitCode {
+    let place = match (before, after) {
+        (Some(p), _) => Some(kernel::TcxPlace::Before(p)),
+        (None, Some(p)) => Some(kernel::TcxPlace::After(p)),
+        (None, None) => None,
+    };
+    if hook == kernel::Hook::Xdp && place.is_some() {
+        return fail(&Error::Usage("--before and --after place the limiter at tcx; XDP holds one program".into()));
+    }
+    let placed = place.is_some();
+    client(socket, Request::Attach { hook, place }, |data| {
+        let a: Attachment = serde_json::from_value(data).map_err(Error::Unexpected)?;
+        let iface = escape::controls(&a.iface, false);
+        Ok(match a.moved_from {
+            Some(from) => {
+                let old = if from == "tcx" { "tcx" } else { "XDP" };
+                format!(
+                    "moved the limiter on {iface} from {from} to {}: attached at {hook} first, then released its {old} \
+                     link\n",
+                    a.attach_mode
+                )
+            }
+            None if placed => format!(
+                "the limiter on {iface} is already at {hook} ({}); nothing changed: its link keeps its place at tc \
+                 ingress (to place it anew: `limiter-ctl attach xdp`, then `attach tcx` with --before or --after)\n",
+                a.attach_mode
+            ),
+            None => format!("the limiter on {iface} is already at {hook} ({}); nothing changed\n", a.attach_mode),
+        })
+    })
 }
 
 /// `stats`, once or (`--watch`) redrawn once a second until interrupted.

@@ -138,7 +138,10 @@ pub(super) fn stats(s: &stats::Snapshot) -> String {
         s.denied,
         s.unreadable_ports,
         u.errors,
-        s.attach_mode,
+        match &s.attach_reason {
+            Some(why) => format!("{} ({why})", s.attach_mode),
+            None => s.attach_mode.clone(),
+        },
         s.salt_age_s,
         occupancy
     )

@@ -64,7 +64,12 @@ pub enum Error {
 impl Error {
     /// Bad input (the config, the flags, the interface): exit 2, where a failure exits 1.
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, Self::File(_) | Self::Config { .. } | Self::DefaultPolicy(_) | Self::NoSuchInterface(_))
+        match self {
+            Self::File(_) | Self::Config { .. } | Self::DefaultPolicy(_) | Self::NoSuchInterface(_) => true,
+            // --tcx-before/--tcx-after naming a program that is not at tc ingress.
+            Self::Kernel(e) => e.is_bad_input(),
+            _ => false,
+        }
     }
 }
 

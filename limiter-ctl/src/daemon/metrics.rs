@@ -202,7 +202,7 @@ impl Collector for Exposition {
         gauge(
             &mut encoder,
             "limiter_attach_mode",
-            "1 for the XDP mode the program runs in.",
+            "1 for where the program runs: native or skb (XDP modes), or tcx (tc ingress).",
             vec![("mode", s.attach_mode.clone())],
             1.0,
         )?;

@@ -216,8 +216,22 @@ fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> 
         return Ok(());
     }
     let ours = limiter.program_id().ok();
-    match kernel::pins::xdp_program(iface) {
-        Ok(Some(found)) if Some(found.id) == ours => {
+    // What runs at the limiter's hook: its own program (None), something else, or unknown (Err).
+    let found = match limiter.hook() {
+        Some(kernel::Hook::Tcx) => match kernel::tcx::programs(iface) {
+            Ok(chain) if chain.iter().any(|p| Some(p.id) == ours) => Ok(None),
+            Ok(chain) => Ok(Some(format!("at tc ingress: {}", kernel::tcx::listed(&chain)))),
+            Err(e) => Err(e.to_string()),
+        },
+        _ => match kernel::pins::xdp_program(iface) {
+            Ok(Some(found)) if Some(found.id) == ours => Ok(None),
+            Ok(found) => Ok(Some(found.map_or_else(|| "no XDP program".to_string(), |p| p.to_string()))),
+            // Under systemd, the unit must allow AF_NETLINK.
+            Err(e) => Err(format!("asking the kernel over rtnetlink failed: {e}")),
+        },
+    };
+    match found {
+        Ok(None) => {
             info!(iface, pins = %pins.dir().display(), "left attached and pinned, enforcing: the next daemon adopts it (buckets, counters and salt); `limiter-ctl detach --iface {iface}` takes it off");
             if mounted {
                 warn!(
@@ -229,11 +243,10 @@ fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> 
         // The pins are all there, so the link is too: only the check is missing. Not a failed
         // stop (systemd would mark the unit failed for a question it could not ask).
         Err(error) => {
-            warn!(iface, pins = %pins.dir().display(), %error, "left pinned; could not check that the program is still attached (asking the kernel over rtnetlink failed; under systemd, the unit must allow AF_NETLINK): `ip link show dev {iface}` shows it");
+            warn!(iface, pins = %pins.dir().display(), %error, "left pinned; could not check that the program is still attached: `bpftool net show dev {iface}` shows it");
             Ok(())
         }
-        Ok(found) => {
-            let found = found.map_or_else(|| "no XDP program".to_string(), |p| p.to_string());
+        Ok(Some(found)) => {
             tracing::error!(iface, %found, "the program is not attached to {iface} any more");
             Err(Error::NotAttachedAtExit { iface: iface.into(), found })
         }
@@ -296,7 +309,12 @@ async fn start(
     let listener = bind(socket)?;
     made.socket = true;
 
-    let mut limiter = Limiter::open(args.buckets, args.rows, Some(pins.clone()))?;
+    // A place at tcx naming a program that is not there is refused before anything is loaded
+    // (a pinned link keeps its place: nothing to check then).
+    if args.placement.hook == kernel::HookRequest::Tcx && !pins.has_link() {
+        kernel::tcx::check_place(&args.iface, &args.placement.tcx)?;
+    }
+    let mut limiter = Limiter::open_pinned(args.buckets, args.rows, pins.clone())?;
     made.pins = !limiter.adopted() && limiter.replaces_incompatible().is_none();
     // What the maps hold now: a pinned predecessor's state, or nothing.
     let before = if limiter.adopted() {
@@ -314,7 +332,7 @@ async fn start(
     // AsyncFd lives.
     let refusals =
         unsafe { AsyncFd::register(limiter.refusals()?) }.map_err(|e| Error::RefusalRing(e.into_parts().1))?;
-    let attached = limiter.attach(&args.iface, args.mode)?;
+    let attached = limiter.attach_as(&args.iface, &args.placement)?;
     if let Some(error) = &attached.mode_unknown {
         warn!(iface = %args.iface, %error, mode = %attached.mode, "could not ask the kernel which mode the replaced limiter's link is in (rtnetlink): stats and metrics assume this one; under systemd, the unit must allow AF_NETLINK");
     }
@@ -331,6 +349,7 @@ async fn start(
     };
     info!(
         iface = %args.iface,
+        hook = %attached.mode.hook(),
         mode = %attached.mode,
         policies = state.policies().count(),
         buckets = args.buckets,
@@ -340,18 +359,32 @@ async fn start(
         pins = %pins.dir().display(),
         "{event}"
     );
+    if let Some(from) = attached.moved_from {
+        info!(iface = %args.iface, from = %from, to = %attached.mode, "moved without a gap (--attach {}): attached at {} first, then released {}", attached.mode.hook(), attached.mode.hook(), from.hook());
+    }
+    if let Some(why) = &attached.why_tcx {
+        info!(iface = %args.iface, why = %why, "judging at tc ingress (tcx): after XDP, beside the other programs there");
+    }
     let mut daemon = Daemon::new(limiter, state, args, shared, health.clone(), longest_window);
     daemon.start_up(file, text)?;
     health.ready();
     let status = format!(
-        "enforcing on {} ({} mode){}",
+        "enforcing on {} ({}){}",
         args.iface,
-        attached.mode,
+        where_words(attached.mode),
         metrics_addr.map(|a| format!(", metrics at http://{a}/metrics")).unwrap_or_default()
     );
     // Ready only now: `systemctl start` returning means the program is attached.
     notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status(&status)]);
     Ok((daemon, listener, refusals))
+}
+
+/// Where the program runs, in words: "native mode", "skb mode", "at tc ingress (tcx)".
+fn where_words(mode: kernel::AttachMode) -> String {
+    match mode {
+        kernel::AttachMode::Tcx => "at tc ingress (tcx)".into(),
+        xdp => format!("{xdp} mode"),
+    }
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@ use tracing::{info, warn};
 
 use super::{Error, serve::Daemon, socket::Job};
 use crate::{
-    api::ipc::{PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+    api::ipc::{Attachment, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
     config::{self, Entry, PolicyDef, State},
-    kernel,
+    kernel::{self, Hook, Placement, TcxPlace},
 };
 
 /// A request the loop could not take up within this long of reading it is refused, not applied
@@ -119,7 +119,52 @@ impl Daemon {
                 Ok(()) => Response::Ok { data: serde_json::Value::Null },
                 Err(e) => Response::Failed { error: e.to_string() },
             },
+            Request::Attach { hook, place } => self.move_to(hook, place),
         }
+    }
+
+    /// `limiter-ctl attach`: the program moved to `hook` without a gap, or left where it is.
+    fn move_to(&mut self, hook: Hook, place: Option<TcxPlace>) -> Response {
+        let placed = place.is_some();
+        let want = Placement { tcx: place.unwrap_or_else(|| self.placement.tcx.clone()), ..self.placement.clone() };
+        let why = format!("moved there by `limiter-ctl attach {hook}`");
+        let before = self.limiter.attach_mode().map(|m| m.to_string()).unwrap_or_else(|_| "its hook".into());
+        let attached = match self.limiter.move_to(hook, &want, why) {
+            Ok(attached) => attached,
+            Err(e) if e.is_bad_input() => return Response::Usage { error: format!("{e}; nothing changed") },
+            Err(e) => {
+                let error = kernel::error_chain(&e);
+                warn!(iface = %self.iface, to = %hook, %error, "moving the program failed; it stays where it was");
+                return Response::Failed {
+                    error: format!("moving to {hook} failed: {error}; the program stays at {before}"),
+                };
+            }
+        };
+        match attached.moved_from {
+            Some(from) => info!(
+                iface = %self.iface,
+                from = %from,
+                to = %attached.mode,
+                why = attached.why_tcx.as_deref().unwrap_or(""),
+                "moved without a gap: attached at {hook} first, then released {}",
+                from.hook()
+            ),
+            None if placed && hook == Hook::Tcx => {
+                info!(iface = %self.iface, "attach {hook}: already there, its place at tc ingress kept; nothing changed")
+            }
+            None => info!(iface = %self.iface, "attach {hook}: already there; nothing changed"),
+        }
+        // `stats` says the new hook at once, not a second later.
+        if let Err(e) = self.snapshot() {
+            warn!(error = %e, "reading the counters failed; stats are stale");
+        }
+        let report = Attachment {
+            iface: self.iface.clone(),
+            attach_mode: attached.mode.to_string(),
+            moved_from: attached.moved_from.map(|m| m.to_string()),
+            attach_reason: attached.why_tcx,
+        };
+        Response::Ok { data: serde_json::to_value(report).unwrap_or_default() }
     }
 
     fn reply(&self, data: Result<serde_json::Value, kernel::Error>) -> Response {

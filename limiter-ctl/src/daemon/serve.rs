@@ -31,7 +31,7 @@ use super::{
 use crate::{
     api::{start::Options, stats::Reloads},
     config::State,
-    kernel::{self, Limiter, ModeRequest},
+    kernel::{self, Limiter, Placement},
 };
 
 /// The signals the daemon handles, installed first thing at start (see `daemon::run`): one that
@@ -67,7 +67,8 @@ pub(super) struct Daemon {
     pub(super) state: State,
     pub(super) config_path: PathBuf,
     pub(super) iface: String,
-    pub(super) mode: ModeRequest,
+    /// How to attach (re-attaching, or moving without --before/--after).
+    pub(super) placement: Placement,
     /// The latest snapshot, read by `stats` and the metrics endpoint.
     pub(super) shared: stats::Shared,
     pub(super) sampler: stats::Sampler,
@@ -122,7 +123,7 @@ impl Daemon {
             state,
             config_path: args.config.clone(),
             iface: args.iface.clone(),
-            mode: args.mode,
+            placement: args.placement.clone(),
             shared,
             sampler: stats::Sampler::default(),
             occupancy: Arc::default(),
@@ -252,6 +253,7 @@ impl Daemon {
         let mut snapshot =
             self.sampler.sample(&self.state, counters, mode.as_str(), self.limiter.salt_age()?, occupancy);
         snapshot.reloads = self.reloads.clone();
+        snapshot.attach_reason = self.limiter.why_tcx().map(str::to_string);
         snapshot.rotate_every_s = self.rotate_every.map(|d| d.as_secs_f64());
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
@@ -322,10 +324,14 @@ impl Daemon {
                 self.health.not_ready(format!("interface {} is gone; waiting for it to come back", self.iface));
                 warn!(iface = %self.iface, "interface gone: the program went with it; waiting for it to come back")
             }
-            (_, Some(index)) if known != Some(index) => match self.limiter.reattach(self.mode) {
+            (_, Some(index)) if known != Some(index) => match self.limiter.reattach(&self.placement) {
                 Ok(attached) => {
                     self.health.ready();
-                    info!(iface = %self.iface, mode = %attached.mode, "interface re-created: reattached")
+                    if let Some(reason) = &attached.fallback {
+                        warn!(iface = %self.iface, %reason, "reattached, not as asked");
+                    }
+                    let why = attached.why_tcx.as_deref().unwrap_or("");
+                    info!(iface = %self.iface, hook = %attached.mode.hook(), mode = %attached.mode, why, "interface re-created: reattached")
                 }
                 Err(e) => {
                     warn!(iface = %self.iface, error = %e, "reattaching failed; will retry");

@@ -1,90 +1,45 @@
-//! Attaching the program to an interface, in place of a pinned predecessor when there is one,
-//! and detaching it.
+//! Attaching the program to an interface, at XDP or at tc ingress (tcx), in place of a pinned
+//! predecessor when there is one; moving it from one hook to the other without a gap; and
+//! detaching it.
 
-use std::fmt;
+use std::path::Path;
 
 use aya::programs::{
-    ProgramError, XdpMode,
-    links::{FdLink, PinnedLink},
+    TcAttachType, XdpMode,
+    links::{FdLink, LinkType, PinnedLink},
+    tc::{SchedClassifierLink, TcAttachOptions},
     xdp::{XdpLink, XdpLinkId},
 };
 use limiter_common::maps::Config;
 
 use super::{
-    Error, Limiter, interface_exists,
+    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement, interface_exists,
     pins::{PinDir, map_names, xdp_program},
+    tcx::{self, TcxPlace},
 };
 
-/// The attach mode an operator asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum ModeRequest {
-    /// Native (driver) mode, falling back to skb mode with a warning.
-    #[default]
-    Auto,
-    Native,
-    Skb,
-}
-
-/// The mode the program runs in once attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttachMode {
-    Native,
-    Skb,
-}
-
-impl AttachMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Native => "native",
-            Self::Skb => "skb",
-        }
-    }
-
-    fn xdp_mode(self) -> XdpMode {
-        match self {
-            Self::Native => XdpMode::Driver,
-            Self::Skb => XdpMode::Skb,
-        }
-    }
-}
-
-impl fmt::Display for AttachMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// How the program got attached.
-#[derive(Debug)]
-pub struct Attached {
-    pub mode: AttachMode,
-    /// Why native mode was not used, when auto fell back to skb mode.
-    pub fallback: Option<String>,
-    /// The program replaced a pinned predecessor in place (no moment unprotected).
-    pub replaced: bool,
-    /// Why `mode` is an assumption: replacing a predecessor whose config is not ours, the kernel
-    /// could not be asked which mode its link has.
-    pub mode_unknown: Option<String>,
-}
-
-/// The XDP link, held by the program (unpinned) or pinned on bpffs (outlives the process).
-enum Held {
-    Program(XdpLinkId),
-    Pinned(PinnedLink),
-}
-
+/// The limiter's link: held here, and pinned too (at [`PinDir::link`]) when it has pins, so it
+/// outlives the process.
 pub(super) struct Link {
-    iface: String,
-    held: Held,
+    pub(super) iface: String,
+    pub(super) hook: Hook,
+    fd: FdLink,
+    why_tcx: Option<String>,
 }
 
 impl Limiter {
-    /// Attaches to `iface`. With pins: a pinned predecessor's link gets this program swapped in
-    /// atomically (its attach mode stays); otherwise a new link is made and pinned. A program
-    /// loaded in place of one it could not adopt ([`Limiter::replaces_incompatible`]) then pins
-    /// its own maps where the predecessor's were.
+    /// Attaches to `iface` at XDP in `mode` ([`Limiter::attach_as`]).
     pub fn attach(&mut self, iface: &str, mode: ModeRequest) -> Result<Attached, Error> {
-        let attached = self.attach_link(iface, mode)?;
+        self.attach_as(iface, &Placement { hook: HookRequest::Xdp, mode, tcx: TcxPlace::First })
+    }
+
+    /// Attaches to `iface` as `want` says. With pins: a pinned predecessor's link gets this
+    /// program swapped in atomically (its hook, XDP mode and tcx place stay), then an explicit
+    /// hook other than that link's is moved to ([`Limiter::move_to`]); otherwise a new link is
+    /// made and pinned. A program loaded in place of one it could not adopt
+    /// ([`Limiter::replaces_incompatible`]) then pins its own maps where the predecessor's were.
+    pub fn attach_as(&mut self, iface: &str, want: &Placement) -> Result<Attached, Error> {
+        let attached = self.attach_link(iface, want)?;
         if self.stale.is_some() {
             self.pin_maps()?;
         }
@@ -92,130 +47,246 @@ impl Limiter {
             // A fresh config: record the mode the link was made in (or, replacing, found in).
             self.record_mode(attached.mode)?;
         }
-        Ok(attached)
+        match want.hook.explicit() {
+            Some(hook) if hook != attached.mode.hook() => {
+                let why = format!("asked for (--attach {hook})");
+                Ok(Attached { replaced: attached.replaced, ..self.move_to(hook, want, why)? })
+            }
+            _ => Ok(attached),
+        }
     }
 
-    fn attach_link(&mut self, iface: &str, mode: ModeRequest) -> Result<Attached, Error> {
+    fn attach_link(&mut self, iface: &str, want: &Placement) -> Result<Attached, Error> {
         if !interface_exists(iface) {
             return Err(Error::NoSuchInterface(iface.into()));
         }
-        if let Some(path) = self.pins.as_ref().map(PinDir::link).filter(|p| p.exists()) {
-            match self.replace_in_pinned_link(&path) {
-                Ok(id) => {
-                    self.link = Some(Link { iface: iface.into(), held: Held::Program(id) });
-                    let (mode, mode_unknown) = if self.stale.is_some() {
-                        // The predecessor's config is not readable as ours: ask the kernel.
-                        match xdp_program(iface) {
-                            Ok(Some(p)) if p.mode == "skb" => (AttachMode::Skb, None),
-                            Ok(_) => (AttachMode::Native, None),
-                            Err(e) => (AttachMode::Native, Some(e.to_string())),
-                        }
-                    } else {
-                        (self.attach_mode()?, None)
-                    };
-                    return Ok(Attached { mode, fallback: None, replaced: true, mode_unknown });
+        let mut defunct = None;
+        if let Some(pins) = self.pins.clone() {
+            // A move that died half way left its new link pinned beside the old: it goes.
+            remove_pin(&pins.link_next(), "removing the unfinished move's")?;
+            let path = pins.link();
+            if path.exists() {
+                let (hook, link) = open_pinned(&path)?;
+                self.load_hook(hook)?;
+                match self.swap_into(&path, hook, link) {
+                    Ok(fd) => return self.took_over(iface, hook, fd),
+                    // Defunct: its interface went away (re-created since?). A new link, at the
+                    // same hook unless another is asked for.
+                    Err(_) => {
+                        remove_pin(&path, "removing the stale")?;
+                        defunct = Some(hook);
+                    }
                 }
-                // Defunct: its interface went away (re-created since?). Start a new link.
-                Err(_) => std::fs::remove_file(&path).map_err(|error| Error::PinFile {
-                    doing: "removing the stale",
-                    path: path.clone(),
-                    error,
-                })?,
             }
         }
-        let (id, attached) = self.attach_new(iface, mode).map_err(|e| match xdp_program(iface) {
+        let (fd, attached) = self.attach_new(iface, want, defunct)?;
+        let fd = match &self.pins {
+            None => fd,
+            Some(pins) => {
+                let path = pins.link();
+                FdLink::from(fd.pin(&path).map_err(|error| Error::PinLink { path: path.clone(), error })?)
+            }
+        };
+        self.link =
+            Some(Link { iface: iface.into(), hook: attached.mode.hook(), fd, why_tcx: attached.why_tcx.clone() });
+        Ok(attached)
+    }
+
+    /// The pinned predecessor's link now runs this program: its hook and mode are the link's.
+    fn took_over(&mut self, iface: &str, hook: Hook, fd: FdLink) -> Result<Attached, Error> {
+        let (mode, mode_unknown, why_tcx) = match hook {
+            Hook::Tcx => (AttachMode::Tcx, None, Some("kept at tcx ingress, where the pinned limiter was".to_string())),
+            Hook::Xdp => match self.attach_mode() {
+                Ok(recorded) if self.stale.is_none() && recorded.hook() == Hook::Xdp => (recorded, None, None),
+                // The predecessor's config is not readable as ours: ask the kernel.
+                _ => match xdp_program(iface) {
+                    Ok(Some(p)) if p.mode == "skb" => (AttachMode::Skb, None, None),
+                    Ok(_) => (AttachMode::Native, None, None),
+                    Err(e) => (AttachMode::Native, Some(e.to_string()), None),
+                },
+            },
+        };
+        self.link = Some(Link { iface: iface.into(), hook, fd, why_tcx: why_tcx.clone() });
+        Ok(Attached { replaced: true, mode_unknown, why_tcx, ..Attached::new(mode) })
+    }
+
+    /// A new link (not pinned yet) at the hook `want` asks for; under auto, at tcx if `keep` (the
+    /// hook of a pinned link whose interface went away) says so, else XDP when it is free, tcx
+    /// when another program holds it (or XDP refuses the program).
+    fn attach_new(&mut self, iface: &str, want: &Placement, keep: Option<Hook>) -> Result<(FdLink, Attached), Error> {
+        match (want.hook, keep) {
+            (HookRequest::Xdp, _) => self.attach_xdp(iface, want.mode),
+            (HookRequest::Tcx, _) => self.attach_tcx(iface, &want.tcx, "asked for (--attach tcx)".into()),
+            (HookRequest::Auto, Some(Hook::Tcx)) => {
+                self.attach_tcx(iface, &want.tcx, "kept at tcx ingress, where the pinned limiter was".into())
+            }
+            (HookRequest::Auto, Some(Hook::Xdp) | None) => {
+                // Another program holds XDP: it is left alone, the limiter judges after it.
+                if let Ok(Some(holder)) = xdp_program(iface) {
+                    return self.attach_tcx(iface, &want.tcx, format!("another program holds XDP ({holder})"));
+                }
+                match self.attach_xdp(iface, want.mode) {
+                    Ok(attached) => Ok(attached),
+                    Err(xdp) => {
+                        let why = match &xdp {
+                            Error::Occupied { holder, .. } => format!("another program holds XDP ({holder})"),
+                            other => format!("XDP refused the program ({})", chain(other)),
+                        };
+                        self.attach_tcx(iface, &want.tcx, why).map_err(|tcx| Error::NoHook {
+                            iface: iface.into(),
+                            xdp: chain(&xdp),
+                            tcx: chain(&tcx),
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    fn attach_xdp(&mut self, iface: &str, mode: ModeRequest) -> Result<(FdLink, Attached), Error> {
+        self.load_hook(Hook::Xdp)?;
+        let (id, attached) = self.attach_xdp_in(iface, mode).map_err(|e| match xdp_program(iface) {
             // Most often another tool's program (or a limiter under another --pin-dir): say which.
             Ok(Some(holder)) => Error::Occupied { iface: iface.into(), holder: Box::new(holder), source: Box::new(e) },
             Ok(None) | Err(_) => e,
         })?;
-        let held = match &self.pins {
-            None => Held::Program(id),
-            Some(pins) => {
-                let path = pins.link();
-                let link = self.xdp_mut()?.take_link(id).map_err(|source| Error::Attach {
-                    iface: iface.into(),
-                    mode: attached.mode.as_str(),
-                    source,
-                })?;
-                let fd = FdLink::try_from(link).map_err(Error::NotBpfLink)?;
-                Held::Pinned(fd.pin(&path).map_err(|error| Error::PinLink { path: path.clone(), error })?)
-            }
-        };
-        self.link = Some(Link { iface: iface.into(), held });
-        Ok(attached)
-    }
-
-    fn record_mode(&mut self, mode: AttachMode) -> Result<(), Error> {
-        let mut config = self.read_config()?;
-        config.flags =
-            (config.flags & !Config::ATTACHED_SKB) | if mode == AttachMode::Skb { Config::ATTACHED_SKB } else { 0 };
-        self.store_config(&config)
-    }
-
-    /// Pins every map in the pin directory, in place of whatever is pinned under its name.
-    fn pin_maps(&mut self) -> Result<(), Error> {
-        let Some(pins) = self.pins.clone() else { return Ok(()) };
-        for name in map_names() {
-            let path = pins.map(name);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => return Err(Error::PinFile { doing: "removing the replaced", path, error }),
-            }
-            self.map(name)?.pin(&path).map_err(|error| Error::PinMap { path: path.clone(), error })?;
-        }
-        Ok(())
-    }
-
-    /// How the program is attached, as recorded in the kernel's config when the link was made
-    /// (so it survives reattaching and adoption).
-    pub fn attach_mode(&self) -> Result<AttachMode, Error> {
-        Ok(if self.read_config()?.flags & Config::ATTACHED_SKB != 0 { AttachMode::Skb } else { AttachMode::Native })
-    }
-
-    fn replace_in_pinned_link(&mut self, path: &std::path::Path) -> Result<XdpLinkId, Error> {
-        let pinned =
-            PinnedLink::from_pin(path).map_err(|error| Error::OpenPinnedLink { path: path.to_path_buf(), error })?;
-        let link = XdpLink::try_from(FdLink::from(pinned))
-            .map_err(|error| Error::PinnedLinkNotXdp { path: path.to_path_buf(), error })?;
-        self.xdp_mut()?.attach_to_link(link).map_err(|source| Error::Attach {
-            iface: "(pinned link)".into(),
-            mode: "replace",
+        let program = self.xdp_mut()?;
+        let link = program.take_link(id).map_err(|source| Error::Attach {
+            iface: iface.into(),
+            mode: attached.mode.as_str(),
             source,
-        })
+        })?;
+        Ok((FdLink::try_from(link).map_err(Error::NotBpfLink)?, attached))
     }
 
-    fn attach_new(&mut self, iface: &str, mode: ModeRequest) -> Result<(XdpLinkId, Attached), Error> {
+    fn attach_xdp_in(&mut self, iface: &str, mode: ModeRequest) -> Result<(XdpLinkId, Attached), Error> {
         let first = match mode {
             ModeRequest::Auto | ModeRequest::Native => AttachMode::Native,
             ModeRequest::Skb => AttachMode::Skb,
         };
+        let xdp_mode = |m| if m == AttachMode::Skb { XdpMode::Skb } else { XdpMode::Driver };
         let program = self.xdp_mut()?;
-        match program.attach(iface, first.xdp_mode()) {
-            Ok(id) => Ok((id, Attached { mode: first, fallback: None, replaced: false, mode_unknown: None })),
+        match program.attach(iface, xdp_mode(first)) {
+            Ok(id) => Ok((id, Attached::new(first))),
             Err(native_err) if mode == ModeRequest::Auto => {
-                let reason = error_chain(&native_err);
+                let reason = chain(&native_err);
                 let id = program.attach(iface, XdpMode::Skb).map_err(|source| Error::Attach {
                     iface: iface.into(),
                     mode: "skb",
                     source,
                 })?;
-                Ok((
-                    id,
-                    Attached { mode: AttachMode::Skb, fallback: Some(reason), replaced: false, mode_unknown: None },
-                ))
+                Ok((id, Attached { fallback: Some(reason), ..Attached::new(AttachMode::Skb) }))
             }
             Err(source) => Err(Error::Attach { iface: iface.into(), mode: first.as_str(), source }),
         }
     }
 
-    /// Attaches again after the interface was re-created (the old link died with it).
-    pub fn reattach(&mut self, mode: ModeRequest) -> Result<Attached, Error> {
-        let Some(link) = self.link.take() else {
-            return Err(Error::NotAttached);
+    fn attach_tcx(&mut self, iface: &str, place: &TcxPlace, why: String) -> Result<(FdLink, Attached), Error> {
+        self.load_hook(Hook::Tcx)?;
+        let order = tcx::link_order(iface, place)?;
+        let failed = |source| Error::Attach { iface: iface.into(), mode: "tcx", source };
+        let program = self.tcx_mut()?;
+        let id = program
+            .attach_with_options(iface, TcAttachType::Ingress, TcAttachOptions::TcxOrder(order))
+            .map_err(failed)?;
+        let link = program.take_link(id).map_err(failed)?;
+        let fd = FdLink::try_from(link).map_err(Error::NotBpfLink)?;
+        Ok((fd, Attached { why_tcx: Some(why), ..Attached::new(AttachMode::Tcx) }))
+    }
+
+    /// Swaps this program into the pinned link `link` of `hook` (BPF_LINK_UPDATE: the hook, its
+    /// mode and its place stay); the link is then held here too.
+    fn swap_into(&mut self, path: &Path, hook: Hook, link: FdLink) -> Result<FdLink, Error> {
+        let invalid = |error| Error::PinnedLinkInvalid { path: path.to_path_buf(), error };
+        let replace = |source| Error::Attach { iface: "(pinned link)".into(), mode: "replace", source };
+        match hook {
+            Hook::Xdp => {
+                let program = self.xdp_mut()?;
+                let id = program.attach_to_link(XdpLink::try_from(link).map_err(invalid)?).map_err(replace)?;
+                FdLink::try_from(program.take_link(id).map_err(replace)?).map_err(invalid)
+            }
+            Hook::Tcx => {
+                let program = self.tcx_mut()?;
+                let id =
+                    program.attach_to_link(SchedClassifierLink::try_from(link).map_err(invalid)?).map_err(replace)?;
+                FdLink::try_from(program.take_link(id).map_err(replace)?).map_err(invalid)
+            }
+        }
+    }
+
+    /// Moves the program to `hook` without a gap: attached there first (both hooks judge for a
+    /// moment, the strict side), the new link pinned in place of the old, then the old released.
+    /// Already at `hook`: nothing changes (`moved_from` is None). On a failure the program stays
+    /// where it was.
+    pub fn move_to(&mut self, hook: Hook, want: &Placement, why: String) -> Result<Attached, Error> {
+        let Some(link) = &self.link else { return Err(Error::NotAttached) };
+        let from = self.attach_mode()?;
+        if link.hook == hook {
+            return Ok(Attached { why_tcx: link.why_tcx.clone(), ..Attached::new(from) });
+        }
+        let iface = link.iface.clone();
+        let (fd, mut attached) = match hook {
+            Hook::Xdp => self.attach_xdp(&iface, want.mode)?,
+            Hook::Tcx => self.attach_tcx(&iface, &want.tcx, why)?,
         };
-        self.drop_link(link.held, &link.iface, false)?;
-        self.attach(&link.iface, mode)
+        // Recorded before the pin names the new link, and put back if pinning fails.
+        self.record_mode(attached.mode)?;
+        let fd = match &self.pins {
+            Some(pins) => pin_over(pins, fd).inspect_err(|_| {
+                // Best effort: the error said is the pin's.
+                let _ = self.record_mode(from);
+            })?,
+            None => fd,
+        };
+        let old = self.link.replace(Link { iface, hook, fd, why_tcx: attached.why_tcx.clone() });
+        // Closing the old link's last descriptor (its pin is gone) releases it: one hook judges.
+        drop(old);
+        attached.moved_from = Some(from);
+        Ok(attached)
+    }
+
+    /// Attaches again after the interface was re-created (the old link died with it), at the
+    /// hook it was at; at tcx, first if the program it was placed against is not there (yet).
+    /// On a failure the dead link is kept, for the next try.
+    pub fn reattach(&mut self, want: &Placement) -> Result<Attached, Error> {
+        let Some(link) = &self.link else { return Err(Error::NotAttached) };
+        let (iface, hook) = (link.iface.clone(), link.hook);
+        if let Some(pins) = &self.pins {
+            remove_pin(&pins.link(), "removing the defunct")?;
+        }
+        let why_tcx = link.why_tcx.clone();
+        // Auto may go to tcx if another program took XDP on the new interface first.
+        let want = Placement {
+            hook: match (hook, want.hook) {
+                (Hook::Xdp, HookRequest::Auto) => HookRequest::Auto,
+                (Hook::Xdp, _) => HookRequest::Xdp,
+                (Hook::Tcx, _) => HookRequest::Tcx,
+            },
+            ..want.clone()
+        };
+        let (fd, mut attached) = match self.attach_new(&iface, &want, None) {
+            Err(e @ (Error::NoSuchTcxProgram { .. } | Error::AmbiguousTcxProgram { .. })) => {
+                let first = Placement { tcx: TcxPlace::First, ..want.clone() };
+                let (fd, mut attached) = self.attach_new(&iface, &first, None)?;
+                attached.fallback = Some(format!("attached first at tcx ingress: {e}"));
+                (fd, attached)
+            }
+            other => other?,
+        };
+        let fd = match &self.pins {
+            None => fd,
+            Some(pins) => {
+                let path = pins.link();
+                FdLink::from(fd.pin(&path).map_err(|error| Error::PinLink { path: path.clone(), error })?)
+            }
+        };
+        if attached.mode == AttachMode::Tcx && hook == Hook::Tcx {
+            attached.why_tcx = why_tcx.or(attached.why_tcx);
+        }
+        let hook = attached.mode.hook();
+        self.link = Some(Link { iface, hook, fd, why_tcx: attached.why_tcx.clone() });
+        self.record_mode(attached.mode)?;
+        Ok(attached)
     }
 
     /// Detaches from the interface and removes the pins: the next start begins afresh.
@@ -224,39 +295,109 @@ impl Limiter {
         let Some(link) = self.link.take() else {
             return Ok(None);
         };
-        self.drop_link(link.held, &link.iface, true)?;
+        // Unpinning first: then closing our descriptor destroys the link.
+        if let Some(pins) = &self.pins {
+            remove_pin(&pins.link(), "removing")?;
+        }
+        drop(link.fd);
         if let Some(pins) = &self.pins {
             pins.remove()?;
         }
         Ok(Some(link.iface))
     }
 
-    fn drop_link(&mut self, held: Held, iface: &str, detach: bool) -> Result<(), Error> {
-        let pin = self.pins.as_ref().map(PinDir::link);
-        // Unpinning first: then closing our descriptor destroys the link.
-        if let Some(path) = pin.filter(|p| p.exists()) {
-            std::fs::remove_file(&path).map_err(|error| Error::PinFile {
-                doing: "removing",
-                path: path.clone(),
-                error,
-            })?;
-        }
-        match held {
-            Held::Pinned(p) => drop(FdLink::from(p)),
-            Held::Program(id) => {
-                let result = self.xdp_mut()?.detach(id);
-                if detach {
-                    result.map_err(|source| Error::Detach { iface: iface.into(), source })?;
-                }
-            }
+    /// The hook the program is attached at, if it is.
+    pub fn hook(&self) -> Option<Hook> {
+        self.link.as_ref().map(|l| l.hook)
+    }
+
+    /// Why the program runs at tcx ingress, when it does.
+    pub fn why_tcx(&self) -> Option<&str> {
+        self.link.as_ref().and_then(|l| l.why_tcx.as_deref())
+    }
+
+    fn record_mode(&mut self, mode: AttachMode) -> Result<(), Error> {
+        let mut config = self.read_config()?;
+        config.flags = (config.flags & !(Config::ATTACHED_SKB | Config::ATTACHED_TCX))
+            | match mode {
+                AttachMode::Native => 0,
+                AttachMode::Skb => Config::ATTACHED_SKB,
+                AttachMode::Tcx => Config::ATTACHED_TCX,
+            };
+        self.store_config(&config)
+    }
+
+    /// Pins every map in the pin directory, in place of whatever is pinned under its name.
+    fn pin_maps(&mut self) -> Result<(), Error> {
+        let Some(pins) = self.pins.clone() else { return Ok(()) };
+        for name in map_names() {
+            let path = pins.map(name);
+            remove_pin(&path, "removing the replaced")?;
+            self.map(name)?.pin(&path).map_err(|error| Error::PinMap { path: path.clone(), error })?;
         }
         Ok(())
     }
+
+    /// How the program is attached, as recorded in the kernel's config when the link was made
+    /// (so it survives reattaching and adoption).
+    pub fn attach_mode(&self) -> Result<AttachMode, Error> {
+        let flags = self.read_config()?.flags;
+        Ok(if flags & Config::ATTACHED_TCX != 0 {
+            AttachMode::Tcx
+        } else if flags & Config::ATTACHED_SKB != 0 {
+            AttachMode::Skb
+        } else {
+            AttachMode::Native
+        })
+    }
 }
 
-fn error_chain(e: &ProgramError) -> String {
+/// The link pinned at `path`, and its hook (read from the kernel's link info).
+fn open_pinned(path: &Path) -> Result<(Hook, FdLink), Error> {
+    let opening = |error| Error::OpenPinnedLink { path: path.to_path_buf(), error };
+    let link = FdLink::from(PinnedLink::from_pin(path).map_err(opening)?);
+    let hook = match link.info().and_then(|i| i.link_type()).map_err(opening)? {
+        LinkType::Xdp => Hook::Xdp,
+        LinkType::Tcx => Hook::Tcx,
+        other => return Err(Error::PinnedLinkType { path: path.to_path_buf(), found: format!("{other:?}") }),
+    };
+    Ok((hook, link))
+}
+
+/// The hook and program id of the link pinned at `path`, the descriptor closed again (a held
+/// descriptor would keep the link alive past its unpinning).
+pub(super) fn pinned_link(path: &Path) -> Result<(Hook, u32), Error> {
+    let (hook, link) = open_pinned(path)?;
+    let info = link.info().map_err(|error| Error::OpenPinnedLink { path: path.to_path_buf(), error })?;
+    Ok((hook, info.program_id()))
+}
+
+/// Pins `link` in place of the link pinned in `pins`: under a temporary name first, then renamed
+/// over it, so the pin always names a live link. The old link's pin goes; a descriptor keeps it.
+fn pin_over(pins: &PinDir, link: FdLink) -> Result<FdLink, Error> {
+    let (next, path) = (pins.link_next(), pins.link());
+    // On a failure the new link is dropped with its descriptor: it detaches, the old stays.
+    let pinned = link.pin(&next).map_err(|error| Error::PinLink { path: next.clone(), error })?;
+    if let Err(error) = std::fs::rename(&next, &path) {
+        let _ = std::fs::remove_file(&next);
+        return Err(Error::PinFile { doing: "renaming the new link over", path, error });
+    }
+    Ok(FdLink::from(pinned))
+}
+
+/// Removes a pin, if it is there.
+fn remove_pin(path: &Path, doing: &'static str) -> Result<(), Error> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(Error::PinFile { doing, path: path.to_path_buf(), error }),
+    }
+}
+
+/// An error and its causes, each after a colon, in one line.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
-    let mut source = std::error::Error::source(e);
+    let mut source = e.source();
     while let Some(s) = source {
         out.push_str(": ");
         out.push_str(&s.to_string());

@@ -14,7 +14,7 @@ use super::pins::{BPFFS, Owner, XdpProgram};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("loading the XDP program failed: {0} (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)")]
+    #[error("loading the BPF program failed: {0} (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)")]
     Load(#[source] EbpfError),
     #[error("the kernel rejected the XDP program: {0}")]
     Verify(#[source] ProgramError),
@@ -67,9 +67,11 @@ pub enum Error {
     MountBpffs(nix::Error),
     #[error("opening {path}: {error}")]
     OpenPinnedLink { path: PathBuf, error: LinkError },
-    #[error("{path}: {error}")]
-    PinnedLinkNotXdp { path: PathBuf, error: LinkError },
-    #[error("the XDP link is not a bpf_link ({0}); this kernel cannot pin it")]
+    #[error("{path}: not a link the limiter can take over ({error})")]
+    PinnedLinkInvalid { path: PathBuf, error: LinkError },
+    #[error("{path} is a {found} link, not an XDP or tcx one: not the limiter's; `limiter-ctl detach` removes it")]
+    PinnedLinkType { path: PathBuf, found: String },
+    #[error("the link is not a bpf_link ({0}); this kernel cannot pin it")]
     NotBpfLink(LinkError),
     #[error("pinning {path}: {error}")]
     PinLink { path: PathBuf, error: PinError },
@@ -102,6 +104,22 @@ pub enum Error {
          {iface} --pin-dir DIR`) [{source}]"
     )]
     Occupied { iface: String, holder: Box<XdpProgram>, source: Box<Error> },
+    // tc ingress (tcx).
+    #[error("listing the programs at tc ingress of {iface} failed: {source}")]
+    TcxQuery {
+        iface: String,
+        #[source]
+        source: ProgramError,
+    },
+    #[error(
+        "no program '{prog}' at tc ingress of {iface} (there: {chain}); name one of those, by the name `bpftool \
+         prog` shows or as id:N"
+    )]
+    NoSuchTcxProgram { iface: String, prog: String, chain: String },
+    #[error("'{prog}' names several programs at tc ingress of {iface} ({ids}): name one by its id")]
+    AmbiguousTcxProgram { iface: String, prog: String, ids: String },
+    #[error("neither XDP nor tc ingress of {iface} took the program: at XDP, {xdp}; at tcx, {tcx}")]
+    NoHook { iface: String, xdp: String, tcx: String },
     // What this build's own maps should never do.
     #[error("internal error: {0} is not a per-CPU array")]
     NotPerCpu(&'static str),
@@ -115,6 +133,13 @@ pub enum Error {
     PerCpuValues(io::Error),
     #[error(transparent)]
     Io(#[from] io::Error),
+}
+
+impl Error {
+    /// Bad input (a tcx program named that is not there): nothing was changed.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, Self::NoSuchTcxProgram { .. } | Self::AmbiguousTcxProgram { .. })
+    }
 }
 
 /// Why the maps pinned by a predecessor cannot be adopted.

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, Map, MapData, PerCpuArray, ProgramArray},
-    programs::Xdp,
+    programs::{SchedClassifier, Xdp},
 };
 use limiter_common::maps::{
-    Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_HOST_BUCKETS, MAP_JUMPS, MAP_LAYOUT, PROGRAM,
-    PROGRAM_LAYERS,
+    Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_HOST_BUCKETS, MAP_JUMPS, MAP_JUMPS_TCX,
+    MAP_LAYOUT, PROGRAM, PROGRAM_LAYERS, PROGRAM_LAYERS_TCX, PROGRAM_TCX,
 };
 
-use super::{Error, Incompatible, attach::Link, check_buckets, check_rows, objects, pins::PinDir};
+use super::{Error, Hook, Incompatible, attach::Link, check_buckets, check_rows, objects, pins::PinDir};
 
 /// The handle on the limiter's XDP program and its maps. Dropping it without
 /// [`Limiter::detach`] leaves a pinned program attached (fail static); an unpinned one goes.
@@ -27,16 +27,36 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// Loads the program with its maps pinned in `pins`. When a limiter was left there (its
-    /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
-    /// they are what this build expects; [`Limiter::adopted`] says so.
+    /// Loads the XDP program with its maps, pinned in `pins` if given ([`Limiter::open_pinned`]).
+    #[cfg(feature = "testing")]
     pub(crate) fn open(buckets: u32, rows: u32, pins: Option<PinDir>) -> Result<Self, Error> {
         Self::open_object(objects::LIMITER, EbpfLoader::new(), buckets, rows, pins)
     }
 
+    /// Creates the maps pinned in `pins`, or adopts them: when a limiter was left there (its
+    /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
+    /// they are what this build expects; [`Limiter::adopted`] says so. No program is loaded yet:
+    /// attaching loads those of the hook it attaches at (see [`Limiter::load_hook`]).
+    pub(crate) fn open_pinned(buckets: u32, rows: u32, pins: PinDir) -> Result<Self, Error> {
+        Self::open_maps(objects::LIMITER, EbpfLoader::new(), buckets, rows, Some(pins))
+    }
+
     /// [`Limiter::open`] of `object` (the shipped program, or a test build of it with the same
     /// maps), with `loader` as the caller prepared it.
+    #[cfg(feature = "testing")]
     pub(super) fn open_object(
+        object: &[u8],
+        loader: EbpfLoader<'_>,
+        buckets: u32,
+        rows: u32,
+        pins: Option<PinDir>,
+    ) -> Result<Self, Error> {
+        let mut limiter = Self::open_maps(object, loader, buckets, rows, pins)?;
+        limiter.load_hook(Hook::Xdp)?;
+        Ok(limiter)
+    }
+
+    fn open_maps(
         object: &[u8],
         mut loader: EbpfLoader<'_>,
         buckets: u32,
@@ -76,14 +96,7 @@ impl Limiter {
         for (name, path) in pin_paths {
             loader.map_pin_path(name, path);
         }
-        let mut ebpf = loader.load(object).map_err(Error::Load)?;
-        let program: &mut Xdp = ebpf
-            .program_mut(PROGRAM)
-            .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
-            .try_into()
-            .map_err(Error::Verify)?;
-        program.load().map_err(Error::Verify)?;
-        load_layers(&mut ebpf)?;
+        let ebpf = loader.load(object).map_err(Error::Load)?;
         let mut limiter = Self { ebpf, buckets, link: None, pins, adopted, stale };
         if !adopted {
             let row_len = limiter_common::rows::row_len(buckets, rows);
@@ -123,15 +136,43 @@ impl Limiter {
         p.check_rows(config.rows.max(1), rows)
     }
 
-    /// The id the kernel gave the loaded program.
+    /// The id the kernel gave the program of the hook it is attached at (XDP's, before it is).
     pub fn program_id(&self) -> Result<u32, Error> {
-        let program: &Xdp = self
-            .ebpf
-            .program(PROGRAM)
-            .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
-            .try_into()
-            .map_err(Error::Verify)?;
+        let name = hook_programs(self.hook().unwrap_or(Hook::Xdp)).0;
+        let program = self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?;
         program.info().map(|i| i.id()).map_err(Error::Verify)
+    }
+
+    /// Loads the programs of `hook`, unless they are: the limiter's, and its layered judgement,
+    /// put where the limiter's tail call goes (`JUMPS` or `JUMPS_TCX`). Adopted maps: the
+    /// predecessor's program, still attached until this one takes its link, reaches this build's
+    /// judgement from now on (same layout, same task).
+    pub fn load_hook(&mut self, hook: Hook) -> Result<(), Error> {
+        let (main, layers, jumps) = hook_programs(hook);
+        let loaded = |ebpf: &Ebpf, name| ebpf.program(name).is_some_and(|p| p.fd().is_ok());
+        if loaded(&self.ebpf, main) && loaded(&self.ebpf, layers) {
+            return Ok(());
+        }
+        for name in [layers, main] {
+            let program = self.ebpf.program_mut(name).ok_or(Error::Missing { kind: "program", name })?;
+            if program.fd().is_ok() {
+                continue;
+            }
+            match hook {
+                Hook::Xdp => <&mut Xdp>::try_from(program).map_err(Error::Verify)?.load(),
+                Hook::Tcx => <&mut SchedClassifier>::try_from(program).map_err(Error::Verify)?.load(),
+            }
+            .map_err(Error::Verify)?;
+        }
+        let program = self.ebpf.program(layers).ok_or(Error::Missing { kind: "program", name: layers })?;
+        let fd = program.fd().map_err(Error::Verify)?.try_clone().map_err(|error| Error::PinFile {
+            doing: "duplicating the descriptor of",
+            path: layers.into(),
+            error,
+        })?;
+        let map = self.map_mut(jumps)?;
+        let mut jumps_map = ProgramArray::try_from(map).map_err(|source| Error::Map { name: jumps, source })?;
+        jumps_map.set(0, &fd, 0).map_err(|source| Error::Map { name: jumps, source })
     }
 
     pub fn buckets(&self) -> u32 {
@@ -142,6 +183,14 @@ impl Limiter {
         self.ebpf
             .program_mut(PROGRAM)
             .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
+            .try_into()
+            .map_err(Error::Verify)
+    }
+
+    pub(super) fn tcx_mut(&mut self) -> Result<&mut SchedClassifier, Error> {
+        self.ebpf
+            .program_mut(PROGRAM_TCX)
+            .ok_or(Error::Missing { kind: "program", name: PROGRAM_TCX })?
             .try_into()
             .map_err(Error::Verify)
     }
@@ -177,22 +226,11 @@ impl Limiter {
     }
 }
 
-/// Loads the layered judgement (`PROGRAM_LAYERS`) and puts it where the limiter's tail call
-/// goes (`JUMPS`). Adopted maps: the predecessor's program, still attached until this one takes
-/// its link, reaches this build's judgement from now on (same layout, same task).
-fn load_layers(ebpf: &mut Ebpf) -> Result<(), Error> {
-    let program: &mut Xdp = ebpf
-        .program_mut(PROGRAM_LAYERS)
-        .ok_or(Error::Missing { kind: "program", name: PROGRAM_LAYERS })?
-        .try_into()
-        .map_err(Error::Verify)?;
-    program.load().map_err(Error::Verify)?;
-    let fd = program.fd().map_err(Error::Verify)?.try_clone().map_err(|error| Error::PinFile {
-        doing: "duplicating the descriptor of",
-        path: PROGRAM_LAYERS.into(),
-        error,
-    })?;
-    let map = ebpf.map_mut(MAP_JUMPS).ok_or(Error::Missing { kind: "map", name: MAP_JUMPS })?;
-    let mut jumps = ProgramArray::try_from(map).map_err(|source| Error::Map { name: MAP_JUMPS, source })?;
-    jumps.set(0, &fd, 0).map_err(|source| Error::Map { name: MAP_JUMPS, source })
+/// The programs of a hook: the limiter, its layered judgement, and the map the one tail-calls
+/// the other through (a program array holds programs of one type only).
+fn hook_programs(hook: Hook) -> (&'static str, &'static str, &'static str) {
+    match hook {
+        Hook::Xdp => (PROGRAM, PROGRAM_LAYERS, MAP_JUMPS),
+        Hook::Tcx => (PROGRAM_TCX, PROGRAM_LAYERS_TCX, MAP_JUMPS_TCX),
+    }
 }

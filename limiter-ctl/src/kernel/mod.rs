@@ -1,5 +1,6 @@
-//! The kernel room: the handle on the XDP program and its maps, [`Limiter`]. It loads the
-//! program or adopts a pinned one (`load`), pins it on bpffs (`pins`), attaches and detaches it
+//! The kernel room: the handle on the limiter's programs and maps, [`Limiter`]. It loads the
+//! program or adopts a pinned one (`load`), pins it on bpffs (`pins`), attaches it at XDP or at
+//! tc ingress (`tcx`; `hook` says where it runs), moves it between the two and detaches it
 //! (`attach`), rotates its salt (`rotate`), reads and writes its maps (`maps`), and brings the
 //! maps from one state to another, touching only what differs (`view`), in the kernel's terms
 //! of the validated state (`compile`: policy records, routes). One `impl Limiter` per concern,
@@ -15,6 +16,7 @@
 mod attach;
 pub mod compile;
 mod error;
+mod hook;
 mod host;
 mod load;
 mod maps;
@@ -22,17 +24,20 @@ mod objects;
 pub(crate) mod pins;
 mod refusals;
 mod rotate;
+pub(crate) mod tcx;
 #[cfg(feature = "testing")]
 mod testing;
 mod view;
 
-pub use attach::{AttachMode, Attached, ModeRequest};
+pub(crate) use attach::chain as error_chain;
 pub use compile::Routes;
 pub use error::{Error, Incompatible, MapShape};
+pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
 pub use load::Limiter;
 pub use maps::BucketScan;
 pub use refusals::{DEFAULT_SAMPLE_REFUSALS, Refusals};
 pub use rotate::draw_salt;
+pub use tcx::{ProgRef, TcxPlace};
 pub use view::MapView;
 
 pub(crate) use host::{
@@ -41,7 +46,10 @@ pub(crate) use host::{
 
 /// Test-only: the BPF objects only the tests and benchmarks load.
 #[cfg(feature = "testing")]
-pub use objects::{BENCH, GEN, PROBE};
+pub use objects::{BENCH, GEN, NEIGHBOUR, PROBE};
 /// Test-only: the names of the maps pinned beside the link.
 #[cfg(feature = "testing")]
 pub use pins::map_names;
+/// Test-only: the hook a test runs the program at (`Limiter::test_run_at`).
+#[cfg(feature = "testing")]
+pub use testing::TestHook;

@@ -15,3 +15,7 @@ pub static BENCH: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "
 /// Test-only: the flood generator (`limiter_gen`), for BPF_PROG_TEST_RUN live frames.
 #[cfg(feature = "testing")]
 pub static GEN: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-gen"));
+/// Test-only: another tcx program (`neighbour`) the sharing tests load beside the limiter at tc
+/// ingress: counts what it sees, drops UDP to the port its loader sets (`DROP_PORT`).
+#[cfg(feature = "testing")]
+pub static NEIGHBOUR: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/limiter-neighbour"));

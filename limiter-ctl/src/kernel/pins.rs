@@ -18,8 +18,8 @@ use std::{
 use aya::maps::{MapInfo, MapType};
 use limiter_common::maps::{
     Config, Counters, GENERATIONS, LAYER_TASK_BYTES, LAYOUT_VERSION, LayerSet, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS,
-    MAP_CONFIG, MAP_COUNTERS, MAP_HOST_BUCKETS, MAP_JUMPS, MAP_LAYER_SETS, MAP_LAYER_TASK, MAP_LAYOUT, MAP_POLICIES,
-    MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES, POLICY_NAME_LEN,
+    MAP_CONFIG, MAP_COUNTERS, MAP_HOST_BUCKETS, MAP_JUMPS, MAP_JUMPS_TCX, MAP_LAYER_SETS, MAP_LAYER_TASK, MAP_LAYOUT,
+    MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES, POLICY_NAME_LEN,
     PORT_POLICY_ENTRIES, Policy,
 };
 
@@ -28,12 +28,15 @@ use nix::{
     fcntl::{Flock, FlockArg},
 };
 
-use super::{Error, Incompatible, MapShape, host::if_index};
+use super::{Error, Hook, Incompatible, MapShape, host::if_index};
 
 pub(crate) const DEFAULT_ROOT: &str = "/sys/fs/bpf/limiter";
 pub(super) const BPFFS: &str = "/sys/fs/bpf";
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const LINK: &str = "link";
+/// A move's new link, pinned here until it is renamed over [`LINK`]. (No dot: bpffs refuses
+/// names with one.)
+const LINK_NEXT: &str = "link_next";
 
 #[derive(Clone, Debug)]
 pub(crate) struct PinDir {
@@ -55,6 +58,11 @@ impl PinDir {
 
     pub fn link(&self) -> PathBuf {
         self.dir.join(LINK)
+    }
+
+    /// Where a move pins its new link before renaming it over [`PinDir::link`].
+    pub fn link_next(&self) -> PathBuf {
+        self.dir.join(LINK_NEXT)
     }
 
     /// A limiter was left here (its link is pinned): adopt it.
@@ -167,7 +175,8 @@ impl PinDir {
     /// [`PinDir::remove`], keeping the directory (whose lock the caller holds).
     pub fn remove_pins(&self) -> Result<Vec<PathBuf>, Error> {
         let mut removed = Vec::new();
-        for path in std::iter::once(self.link()).chain(map_names().map(|m| self.map(m))) {
+        let links = [self.link(), self.link_next()];
+        for path in links.into_iter().chain(map_names().map(|m| self.map(m))) {
             match std::fs::remove_file(&path) {
                 Ok(()) => removed.push(path),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -251,7 +260,7 @@ pub fn map_names() -> impl Iterator<Item = &'static str> {
 }
 
 /// Each map's name, type, key size, value size and entries, as this build creates it.
-fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 13] {
+fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 14] {
     let size = |n: usize| n as u32;
     [
         (MAP_CONFIG, MapType::Array, 4, size(size_of::<Config>()), 1),
@@ -259,6 +268,7 @@ fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 13] {
         (MAP_PORT_POLICY, MapType::Array, 4, 2, PORT_POLICY_ENTRIES),
         (MAP_LAYER_SETS, MapType::Array, 4, size(size_of::<LayerSet>()), MAX_LAYER_SETS),
         (MAP_JUMPS, MapType::ProgramArray, 4, 4, 1),
+        (MAP_JUMPS_TCX, MapType::ProgramArray, 4, 4, 1),
         (MAP_LAYER_TASK, MapType::PerCpuArray, 4, LAYER_TASK_BYTES, 1),
         (MAP_BUCKETS, MapType::PerCpuArray, 4, 8, GENERATIONS * buckets),
         (MAP_HOST_BUCKETS, MapType::Array, 4, 8, GENERATIONS * buckets),
@@ -281,6 +291,9 @@ fn mount_bpffs() -> Result<(), Error> {
     nix::mount::mount(Some("bpf"), BPFFS, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
         .map_err(Error::MountBpffs)
 }
+
+/// How long a released link may take to leave its hook (the kernel frees it from a workqueue).
+const RELEASE: Duration = Duration::from_secs(2);
 
 /// How long `detach --force` waits for the owning daemon to exit after SIGTERM.
 const OWNER_EXIT: Duration = Duration::from_secs(15);
@@ -316,20 +329,67 @@ pub(crate) fn detach(root: &Path, iface: &str, force: bool) -> Result<String, Er
         }
         Err((_, error)) => return Err(Error::Lock { dir: pins.dir().to_path_buf(), error }),
     };
+    // Which hook the link is at, asked before it goes (unreadable: taken as XDP, as before tcx).
+    let at = super::attach::pinned_link(&pins.link()).ok();
     let removed = pins.remove()?;
     report.push_str(&format!("removed {} pins from {}\n", removed.len(), pins.dir().display()));
-    match still_attached_after_release(iface) {
-        Ok(Some(program)) => report.push_str(&format!(
-            "an XDP program is still attached to {iface}: another tool holds it ({program}); `bpftool net` shows it\n"
-        )),
-        Ok(None) => report.push_str(&format!("no XDP program is attached to {iface}\n")),
-        // The pins are gone all the same: only the check is missing, and the report says so.
-        Err(e) => report.push_str(&format!(
-            "could not check whether an XDP program is still attached to {iface} (asking the kernel over netlink \
-             failed: {e}); `ip link show dev {iface}` shows it\n"
-        )),
+    match at {
+        Some((Hook::Tcx, program)) => report.push_str(&tcx_after_release(iface, program)),
+        Some((Hook::Xdp, _)) | None => report.push_str(&xdp_after_release(iface)),
     }
     Ok(report)
+}
+
+/// What is at XDP once the limiter's XDP link is released, in a line.
+fn xdp_after_release(iface: &str) -> String {
+    match still_attached_after_release(iface) {
+        Ok(Some(program)) => {
+            format!(
+                "an XDP program is still attached to {iface}: another tool holds it ({program}); `bpftool net` shows it\n"
+            )
+        }
+        Ok(None) => format!("no XDP program is attached to {iface}\n"),
+        // The pins are gone all the same: only the check is missing, and the report says so.
+        Err(e) => format!(
+            "could not check whether an XDP program is still attached to {iface} (asking the kernel over netlink \
+             failed: {e}); `ip link show dev {iface}` shows it\n"
+        ),
+    }
+}
+
+/// What is at tc ingress once the limiter's tcx link (running `program`) is released, in a line:
+/// the other programs there stay, in their order.
+fn tcx_after_release(iface: &str, program: u32) -> String {
+    let start = Instant::now();
+    loop {
+        match super::tcx::programs(iface) {
+            // Released from a workqueue, a moment after the unpin (see `still_attached_after_release`).
+            Ok(chain) if chain.iter().any(|p| p.id == program) && start.elapsed() < RELEASE => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Ok(chain) if chain.iter().any(|p| p.id == program) => {
+                return format!(
+                    "the limiter's program (id {program}) is still at tc ingress of {iface}: a process holds its link \
+                     (`bpftool link` shows it)\n"
+                );
+            }
+            Ok(chain) if chain.is_empty() => {
+                return format!("the limiter left tc ingress of {iface}; no program is there\n");
+            }
+            Ok(chain) => {
+                return format!(
+                    "the limiter left tc ingress of {iface}; the other programs there stay: {}\n",
+                    super::tcx::listed(&chain)
+                );
+            }
+            Err(e) => {
+                return format!(
+                    "could not check that the limiter left tc ingress of {iface} ({e}); `bpftool net show dev {iface}` \
+                     shows it\n"
+                );
+            }
+        }
+    }
 }
 
 /// The lock on `dir`, once `pid` has let go of it (within [`OWNER_EXIT`]).
@@ -386,8 +446,7 @@ pub(crate) fn detach_all(root: &Path, force: bool) -> Result<String, Error> {
 /// kernel frees an unpinned link from a workqueue, a moment after the unlink returns, so one
 /// query right away can still see it; a daemon that holds the link keeps it for good.
 fn still_attached_after_release(iface: &str) -> io::Result<Option<XdpProgram>> {
-    const RELEASE: std::time::Duration = std::time::Duration::from_secs(2);
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     loop {
         match xdp_program(iface)? {
             Some(program) if start.elapsed() >= RELEASE => return Ok(Some(program)),

@@ -6,10 +6,10 @@
 use aya::{
     EbpfLoader,
     maps::Map,
-    programs::{TestRun as _, TestRunOptions, Xdp},
+    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
 };
 use limiter_common::maps::{
-    CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_HOST_BUCKETS, MAP_POLICIES, PROGRAM, Policy,
+    CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_HOST_BUCKETS, MAP_POLICIES, PROGRAM, PROGRAM_TCX, Policy,
 };
 
 use super::{Error, Limiter, MapView, objects};
@@ -112,7 +112,48 @@ impl Limiter {
         let opts = TestRunOptions { data_in: Some(frame), ..TestRunOptions::default() };
         Ok(self.program()?.test_run(opts).map_err(Error::TestRun)?.return_value)
     }
+
+    /// The tc program `name` of the object.
+    pub fn classifier_named(&self, name: &'static str) -> Result<&SchedClassifier, Error> {
+        self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?.try_into().map_err(Error::Verify)
+    }
+
+    /// [`Limiter::test_run`] at `hook`: at tcx (`Limiter::load_hook(Hook::Tcx)` first), the
+    /// tc action is read back as the XDP action of the same meaning (TC_ACT_SHOT is XDP_DROP,
+    /// TC_ACT_UNSPEC XDP_PASS); any other tc action is returned as `u32::MAX - 100 + action`,
+    /// which no XDP action is, so that a test comparing the hooks sees it.
+    pub fn test_run_at(&self, hook: TestHook, frame: &[u8]) -> Result<u32, Error> {
+        match hook {
+            TestHook::Xdp => self.test_run(frame),
+            TestHook::Tcx => {
+                let opts = TestRunOptions { data_in: Some(frame), ..TestRunOptions::default() };
+                let program = self.classifier_named(PROGRAM_TCX)?;
+                let action = program.test_run(opts).map_err(Error::TestRun)?.return_value as i32;
+                Ok(match action {
+                    TC_ACT_SHOT => XDP_DROP,
+                    TC_ACT_UNSPEC => XDP_PASS,
+                    other => (u32::MAX - 100).wrapping_add(other as u32),
+                })
+            }
+        }
+    }
 }
+
+/// The hook a test runs the program at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestHook {
+    Xdp,
+    Tcx,
+}
+
+impl TestHook {
+    pub const ALL: [TestHook; 2] = [TestHook::Xdp, TestHook::Tcx];
+}
+
+const TC_ACT_UNSPEC: i32 = -1;
+const TC_ACT_SHOT: i32 = 2;
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
 
 impl MapView {
     /// What a limiter's maps say, each map found by name through `map`: the tests read a

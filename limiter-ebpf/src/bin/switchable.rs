@@ -8,7 +8,10 @@
 #[path = "../program/mod.rs"]
 mod program;
 
-use aya_ebpf::{macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 use limiter_ebpf::memo::Shortcuts;
 
 /// 0 turns the key memo off (and with it the tick refusal): every packet hashes its key.
@@ -38,13 +41,25 @@ impl Shortcuts for AtLoad {
 
 #[xdp]
 pub fn limiter(ctx: XdpContext) -> u32 {
-    program::limiter::<AtLoad>(&ctx)
+    program::limiter::<AtLoad, _>(&ctx)
 }
 
 /// The layered judgement (`program::layers`), reached from `limiter` by tail call.
 #[xdp]
 pub fn limiter_layers(ctx: XdpContext) -> u32 {
     program::limiter_layers(&ctx)
+}
+
+/// `limiter` at tc ingress (tcx).
+#[classifier]
+pub fn limiter_tcx(ctx: TcContext) -> i32 {
+    program::limiter_tcx::<AtLoad>(&ctx)
+}
+
+/// `limiter_layers` at tc ingress, reached from `limiter_tcx` by tail call.
+#[classifier]
+pub fn limiter_lay_tcx(ctx: TcContext) -> i32 {
+    program::tc_action(program::limiter_layers(&ctx))
 }
 
 limiter_ebpf::program_object!();

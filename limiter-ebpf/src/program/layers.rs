@@ -7,7 +7,7 @@
 //! the layers written before it charged for a packet that was dropped: at most one charge per
 //! layer per lost race (docs/DESIGN.md, Layers).
 //!
-//! The judgement runs in its own program, `limiter_layers`, reached by a tail call (`JUMPS`),
+//! The judgement runs in its own program, `limiter_layers` (`limiter_lay_tcx` at tc), reached by a tail call (`JUMPS`, `JUMPS_TCX`),
 //! one layer's look or one host-scope layer's commit per run, the packet and what was decided so far in this CPU's
 //! `LAYER_TASK`: the verifier walks one judgement per program, where one program walking them
 //! all (one inlined judgement per layer and step) goes past its million instructions and its
@@ -16,7 +16,6 @@
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
     helpers::bpf_ktime_get_ns,
-    programs::XdpContext,
 };
 use limiter_common::{
     key::key_hash,
@@ -29,7 +28,7 @@ use limiter_ebpf::{
     parse::Packet,
 };
 
-use super::{CONFIG, JUMPS, LAYER_SETS, LAYER_TASK, POLICIES, act, buckets, policy::predicates_hold};
+use super::{CONFIG, Hook, LAYER_SETS, LAYER_TASK, POLICIES, act, buckets, policy::predicates_hold};
 
 /// The packet handed to `limiter_layers`, and what its runs have decided so far, in this CPU's
 /// slot of `LAYER_TASK` (pinned with the other maps, so a program of the next daemon that
@@ -94,7 +93,7 @@ fn verdict(code: u8) -> Verdict {
 /// Judges a packet through the layer set `set` (its route without `LAYERED`): hands it to
 /// `limiter_layers`. Returns only when the tail call fails (the limiter's fault: passed).
 #[inline(always)]
-pub fn hand_over(ctx: &XdpContext, pkt: &Packet, set: u16, frame_len: u64) -> u32 {
+pub fn hand_over<H: Hook>(ctx: &H, pkt: &Packet, set: u16, frame_len: u64) -> u32 {
     let Some(task) = LAYER_TASK.get_ptr_mut(0) else {
         return act::fault();
     };
@@ -104,7 +103,7 @@ pub fn hand_over(ctx: &XdpContext, pkt: &Packet, set: u16, frame_len: u64) -> u3
         (*task).frame_len = frame_len;
         (*task).set = u32::from(set);
         (*task).step = 0;
-        JUMPS.tail_call(ctx, 0);
+        H::jumps().tail_call(ctx, 0);
     }
     act::fault()
 }
@@ -113,7 +112,7 @@ pub fn hand_over(ctx: &XdpContext, pkt: &Packet, set: u16, frame_len: u64) -> u3
 /// one host-scope layer, then hands on to the next run; the last writes the per-CPU layers'
 /// rows, counts the outcome and returns the XDP action.
 #[inline(always)]
-pub fn run(ctx: &XdpContext) -> u32 {
+pub fn run<H: Hook>(ctx: &H) -> u32 {
     let (Some(task), Some(cfg)) = (LAYER_TASK.get_ptr_mut(0), CONFIG.get(0)) else {
         return act::fault();
     };
@@ -133,7 +132,10 @@ pub fn run(ctx: &XdpContext) -> u32 {
     let frame_len = t.frame_len;
     if step < n {
         // The look at layer `step`: judged, nothing written.
-        let k = step & (MAX_LAYERS - 1);
+        // Opaque to the compiler, so the mask stays: knowing `step < n <= MAX_LAYERS`, it
+        // dropped it in the tc program, and the verifier, which does not follow `n`, refused
+        // the rows' write as out of the task's bounds.
+        let k = core::hint::black_box(step) & (MAX_LAYERS - 1);
         let Some(policy) = POLICIES.get(u32::from(t.ids[k])) else {
             return act::fault();
         };
@@ -201,7 +203,7 @@ pub fn run(ctx: &XdpContext) -> u32 {
     }
     t.step = step as u32 + 1;
     // SAFETY: `ctx` is this program's context.
-    unsafe { JUMPS.tail_call(ctx, 0) };
+    unsafe { H::jumps().tail_call(ctx, 0) };
     act::fault()
 }
 

@@ -1,5 +1,10 @@
 //! The limiter program: its maps and its steps, parse → policy → key → decide → act
-//! ([`limiter`]); a packet several policies cover is judged by each (`layers`). Anything it cannot judge, and any fault of its own, passes and is counted.
+//! ([`limiter`]); a packet several policies cover is judged by each (`layers`). Anything it
+//! cannot judge, and any fault of its own, passes and is counted.
+//!
+//! One judgement, two hooks ([`Hook`]): XDP (`xdp_md`) and tc ingress through tcx
+//! (`__sk_buff`), for an interface whose XDP another program holds. The steps speak XDP's two
+//! actions; the tc entry points turn them into TC_ACT_SHOT and TC_ACT_UNSPEC ([`tc_action`]).
 //!
 //! Not part of limiter-ebpf's library: the shipped object (`main.rs`, every shortcut on) and the
 //! test object `limiter-switchable` (`bin/switchable.rs`, shortcuts set at load) each compile it,
@@ -11,15 +16,18 @@ mod layers;
 mod policy;
 
 use aya_ebpf::{
+    EbpfContext,
+    bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_DROP},
     macros::map,
     maps::{Array, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
-    programs::XdpContext,
+    programs::{TcContext, XdpContext},
 };
 use limiter_common::maps::{
     Config, Counters, DEFAULT_BUCKETS, GENERATIONS, LayerSet, Lease, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES,
     POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
 };
 use limiter_ebpf::{
+    frame::{Frame, pull_headers},
     key::key_words,
     memo::{KeyMemo, Shortcuts},
     parse::parse,
@@ -68,21 +76,59 @@ static LEASES: PerCpuArray<Lease> = PerCpuArray::with_max_entries(MAX_POLICIES, 
 /// `limiter_layers` at index 0, set by userspace after loading: where a layered packet goes.
 #[map]
 static JUMPS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+/// `JUMPS` for the tc programs: a program array holds programs of one type only.
+#[map]
+static JUMPS_TCX: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// Each CPU's refusal sampler state (`limiter_common::sample`). Not pinned: reseeded after a
 /// reload.
 #[map]
 static SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
+/// Where the judgement runs: what it reads the frame through, and where its tail call goes.
+pub trait Hook: Frame + EbpfContext {
+    /// The program array holding this hook's `limiter_layers`.
+    fn jumps() -> &'static ProgramArray;
+}
+
+impl Hook for XdpContext {
+    #[inline(always)]
+    fn jumps() -> &'static ProgramArray {
+        &JUMPS
+    }
+}
+
+impl Hook for TcContext {
+    #[inline(always)]
+    fn jumps() -> &'static ProgramArray {
+        &JUMPS_TCX
+    }
+}
+
+/// The XDP action the judgement returns, as tcx's: a refusal is TC_ACT_SHOT; anything else
+/// goes on to the next program in the chain (TC_ACT_UNSPEC), never TC_ACT_OK, which would skip
+/// the programs after the limiter.
+#[inline(always)]
+pub fn tc_action(xdp: u32) -> i32 {
+    if xdp == XDP_DROP { TC_ACT_SHOT as i32 } else { TC_ACT_UNSPEC }
+}
+
 /// The layered judgement's program body (`layers`), reached by tail call.
 #[inline(always)]
-pub fn limiter_layers(ctx: &XdpContext) -> u32 {
+pub fn limiter_layers<H: Hook>(ctx: &H) -> u32 {
     layers::run(ctx)
 }
 
-/// The XDP program's body, with the memo's shortcuts `S`.
+/// The tc program's body: headers an skb holds in its pages are pulled in first.
 #[inline(always)]
-pub fn limiter<S: Shortcuts>(ctx: &XdpContext) -> u32 {
-    let frame_len = (ctx.data_end() - ctx.data()) as u64;
+pub fn limiter_tcx<S: Shortcuts>(ctx: &TcContext) -> i32 {
+    pull_headers(ctx);
+    tc_action(limiter::<S, TcContext>(ctx))
+}
+
+/// The program's body, with the memo's shortcuts `S`, at hook `H`: an XDP action.
+#[inline(always)]
+pub fn limiter<S: Shortcuts, H: Hook>(ctx: &H) -> u32 {
+    let frame_len = ctx.len();
     let pkt = match parse(ctx) {
         Ok(pkt) => pkt,
         Err(skip) => return act::skipped(skip),

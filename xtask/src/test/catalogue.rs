@@ -102,6 +102,7 @@ pub const TARGETS: &[Target] = &[
         offline: Offline::Some { tests: &["config_check_judges_a_file_offline"], needs: &[] },
     },
     root("lifecycle", &[Kernel]),
+    root("sharing", &[Kernel, XdpTools]),
     root("rotation", &[Kernel]),
     root("metrics", &[Kernel]),
     root("local_user", &[Kernel, Python]),
