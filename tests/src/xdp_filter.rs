@@ -35,11 +35,16 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/xdp-filter";
 pub const LOCK: &str = "/run/lock/limiter-tests-xdp-filter.lock";
 /// The start of the name of every program xdp-filter attaches (`xdpfilt_alw_all`, ...).
 pub const PROGRAM_PREFIX: &str = "xdpfilt_";
+/// libxdp's own directory on bpffs (its lock, and a dispatcher's pins where one loads): made by
+/// the first xdp-filter command, and left empty by the last unload on this kernel.
+pub const LIBXDP_DIR: &str = "/sys/fs/bpf/xdp";
 
 /// xdp-filter loaded on one interface (a namespace's veth end), unloaded on drop.
 pub struct XdpFilter {
     end: End,
     loaded: bool,
+    /// [`LIBXDP_DIR`] was not there before this load: it goes with it, if left empty.
+    made_libxdp_dir: bool,
     /// The program xdp-filter attached (its id, from `ip link`).
     pub program: u32,
     /// What `xdp-filter load` printed (stdout and stderr).
@@ -100,12 +105,15 @@ impl XdpFilter {
     pub fn try_load(end: &End) -> anyhow::Result<Result<Self, Outcome>> {
         let lock = lock()?;
         remove_stale(end)?;
+        let made_libxdp_dir = !Path::new(LIBXDP_DIR).exists();
         let out = run(end, &["load", "--verbose", "--mode", "native", &end.iface])?;
         if !out.success() {
+            remove_libxdp_dir(made_libxdp_dir);
             return Ok(Err(out));
         }
         // From here on, dropping `filter` unloads it.
-        let mut filter = Self { end: end.clone(), loaded: true, program: 0, load_output: out.output, _lock: lock };
+        let mut filter =
+            Self { end: end.clone(), loaded: true, made_libxdp_dir, program: 0, load_output: out.output, _lock: lock };
         filter.program = attached(end)?.with_context(|| {
             format!("`{XDP_FILTER} load` exited 0 but {} has no XDP program: {}", end.iface, filter.load_output)
         })?;
@@ -147,6 +155,7 @@ impl XdpFilter {
 impl Drop for XdpFilter {
     fn drop(&mut self) {
         if !self.loaded {
+            remove_libxdp_dir(self.made_libxdp_dir);
             return;
         }
         // The namespace may have gone first (a test's rig owning it dropped before this), its
@@ -159,6 +168,15 @@ impl Drop for XdpFilter {
         if let Err(e) = forget(&self.end.iface) {
             eprintln!("xdp-filter: {e:#}");
         }
+        remove_libxdp_dir(self.made_libxdp_dir);
+    }
+}
+
+/// Removes [`LIBXDP_DIR`] when this harness made it (`made`) and it is empty: a test leaves
+/// nothing on the machine's bpffs. Not empty (a dispatcher pinned there since), it stays.
+fn remove_libxdp_dir(made: bool) {
+    if made && let Err(e) = std::fs::remove_dir(LIBXDP_DIR) {
+        eprintln!("xdp-filter: leaving {LIBXDP_DIR}: {e}");
     }
 }
 
