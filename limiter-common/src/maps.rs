@@ -74,12 +74,15 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 7;
+pub const LAYOUT_VERSION: u64 = 8;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// ACL values: allowed sources bypass limiting; denied ones are always dropped.
 pub const ACL_ALLOW: u8 = 1;
 pub const ACL_DENY: u8 = 2;
+
+/// The window of `Config::sample_budget`.
+pub const SAMPLE_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Two sets of buckets, so a salt rotation can judge against the old and the new.
 pub const GENERATIONS: u32 = 2;
@@ -148,6 +151,16 @@ pub struct Config {
     pub rows: u32,
     /// Buckets per row: `(bucket_mask + 1) / rows` (0 reads as `bucket_mask + 1`).
     pub row_len: u32,
+    /// Host-scope buckets (`HOST_BUCKETS`) per generation minus one: sized apart from the
+    /// per-CPU ones (`bucket_mask`), since they are paid for once, not once per CPU.
+    pub host_mask: u32,
+    /// Count-min rows of the host-scope buckets (1..=`rows::MAX_ROWS`; 0 reads as 1), of
+    /// `host_row_len` buckets each (0 reads as `host_mask + 1`).
+    pub host_rows: u32,
+    pub host_row_len: u32,
+    /// With `SAMPLE_REFUSALS`: at most this many samples per CPU in each [`SAMPLE_WINDOW_NS`]
+    /// (0: no cap), so the daemon's cost is bounded whatever the flood's rate.
+    pub sample_budget: u32,
 }
 
 impl Config {
@@ -362,7 +375,7 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 4);
+        assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 4 + 4 * 4);
         assert_eq!(size_of::<Policy>(), 16 + 8 + 16 + 8 + 4 + 2 + 2 + 4 + 4 + 8 + 8 + 16 + 16);
         assert_eq!(size_of::<Counters>(), 14 * 8);
         assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4);

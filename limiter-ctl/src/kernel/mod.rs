@@ -16,6 +16,7 @@
 mod attach;
 pub mod compile;
 mod error;
+mod geometry;
 mod hook;
 mod host;
 mod load;
@@ -32,6 +33,7 @@ mod view;
 pub(crate) use attach::chain as error_chain;
 pub use compile::Routes;
 pub use error::{Error, Incompatible, MapShape};
+pub use geometry::Geometry;
 pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
 pub use load::Limiter;
 pub use maps::BucketScan;
