@@ -267,3 +267,111 @@ fn cli_changes_keep_the_operators_file() {
     assert_eq!(rig.snapshot().rules, rules, "the kernel's rules after a reload");
     check_file(&rig, &expected, "after a reload");
 }
+
+/// A file written before scope host became the default (no `version = 2`): one policy without
+/// `scope`, one with `scope = "host"`.
+const UNVERSIONED_CONFIG: &str = r#"# Written by an older limiter.
+deny = ["198.19.66.0/24"] # scanner
+
+[[policy]]
+name = "old"   # per CPU, as it always was
+match = "udp:7000"
+rate = "300/s"
+burst = 30
+
+[[policy]]
+name = "shared"
+match = "tcp"
+rate = "200/s"
+scope = "host"
+"#;
+
+/// A file from before the format marker keeps its meaning on upgrade: `config check` says so in
+/// one `note:` line (exit 0), the daemon logs it once at start and writes nothing; the policy
+/// without `scope` runs as scope cpu in the kernel, `policy show`, `policy list` and `stats`
+/// (text and JSON). The first change rewrites the file with the marker on top and `scope =
+/// "cpu"` on that policy, every other line kept; the new policy is scope host. A hand-written
+/// file with the marker and no `scope` means host.
+#[test]
+fn a_file_from_before_the_format_marker_keeps_its_meaning() {
+    use limiter_common::maps::Policy;
+    require_root!();
+    let net = TestNet::new().expect("test network");
+    let scratch = Scratch::new().expect("scratch directory");
+    let path = scratch.config();
+    std::fs::write(&path, UNVERSIONED_CONFIG).expect("writing the old config");
+    let bin = limiter_tests::daemon::limiter_ctl_binary().expect("limiter-ctl");
+    let check = |what: &str| {
+        let mut cmd = std::process::Command::new(&bin);
+        let out = limiter_tests::daemon::Ctl::run(cmd.arg("config").arg("check").arg(&path)).expect("config check");
+        assert_eq!(out.code, Some(0), "{what}: {out:?}");
+        out.stdout.lines().filter(|l| l.starts_with("note:")).map(str::to_string).collect::<Vec<_>>()
+    };
+    let notes = check("the old file");
+    assert_eq!(notes.len(), 1, "one note: {notes:?}");
+    for needle in ["'old'", "scope cpu", "version = 2", &path.display().to_string()] {
+        assert!(notes[0].contains(needle), "the note lacks {needle:?}: {}", notes[0]);
+    }
+    assert!(!notes[0].contains("'shared'"), "{}", notes[0]);
+
+    let daemon = Daemon::start(&net.receiver, &scratch, &[]).expect("starting the daemon");
+    let rig = Rig { daemon, scratch, net };
+    let logged: Vec<String> =
+        rig.daemon.lines().iter().map(|(_, l)| l.clone()).filter(|l| l.contains("keep scope cpu")).collect();
+    assert_eq!(logged.len(), 1, "the note once in the log:\n{}", rig.daemon.output());
+    assert!(logged[0].contains("'old'"), "{}", logged[0]);
+    assert_eq!(std::fs::read_to_string(&path).expect("config"), UNVERSIONED_CONFIG, "the start wrote the file");
+
+    // Every view says the scope: the kernel, `policy show` (both forms), `policy list`, `stats`.
+    let scope_host = |rig: &Rig, name: &str| {
+        let rules = rig.snapshot().rules;
+        rules.policy(rig.policy_id(name)).unwrap_or_else(|e| panic!("{e:#}")).flags & Policy::SCOPE_HOST != 0
+    };
+    assert!(!scope_host(&rig, "old") && scope_host(&rig, "shared"), "scopes in the kernel");
+    assert_eq!((rig.show("old")["scope"].as_str(), rig.show("shared")["scope"].as_str()), (Some("cpu"), Some("host")));
+    let shown = rig.ctl_ok(&["policy", "show", "old"]);
+    assert!(shown.lines().any(|l| l.split_whitespace().eq(["scope", "cpu"])), "`policy show old`:\n{shown}");
+    let listed = rig.ctl_ok(&["policy", "list"]);
+    assert!(listed.lines().next().is_some_and(|h| h.contains("SCOPE")), "`policy list`:\n{listed}");
+    let row = |text: &str, name: &str| {
+        text.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_default().to_string()
+    };
+    assert!(row(&listed, "old").contains(" cpu ") && row(&listed, "shared").contains(" host "), "{listed}");
+    let stats = rig.ctl_ok(&["stats"]);
+    assert!(stats.lines().next().is_some_and(|h| h.split_whitespace().nth(1) == Some("SCOPE")), "`stats`:\n{stats}");
+    assert_eq!(row(&stats, "old").split_whitespace().nth(1), Some("cpu"), "`stats`:\n{stats}");
+    assert_eq!(row(&stats, "shared").split_whitespace().nth(1), Some("host"), "`stats`:\n{stats}");
+    let json: serde_json::Value = serde_json::from_str(&rig.ctl_ok(&["stats", "--json"])).expect("stats --json");
+    let scopes: Vec<(&str, &str)> = json["policies"]
+        .as_array()
+        .expect("policies")
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap_or_default(), p["scope"].as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(scopes, [("old", "cpu"), ("shared", "host")], "`stats --json`");
+
+    // The first change: the marker on top, `scope = "cpu"` on `old`, nothing else moved; the
+    // new policy takes the new default, host.
+    rig.ctl_ok(&["policy", "set", "new", "--match", "icmp", "--rate", "10/s"]);
+    let written = std::fs::read_to_string(&path).expect("config");
+    let lines: Vec<&str> = written.lines().collect();
+    assert!(lines[0].starts_with("version = 2"), "the marker is not on top:\n{written}");
+    let expected = UNVERSIONED_CONFIG.replace("burst = 30\n", "burst = 30\nscope = \"cpu\"\n").to_string()
+        + "\n[[policy]]\nname = \"new\"\nmatch = \"icmp\"\nrate = \"10/s\"\n";
+    assert_eq!(lines[1..].join("\n").trim_start(), expected.trim_end(), "the rewritten file:\n{written}");
+    assert!(scope_host(&rig, "new") && !scope_host(&rig, "old"), "scopes in the kernel after the change");
+    assert_eq!(rig.show("new")["scope"].as_str(), Some("host"));
+    assert_eq!(check("the rewritten file"), Vec::<String>::new(), "a note on the rewritten file");
+
+    // Re-reading the rewritten file changes nothing; a hand edit with the marker and no scope is host.
+    let mut rig = rig;
+    let before = rig.snapshot().rules;
+    rig.hup("reloaded");
+    assert_eq!(rig.snapshot().rules, before, "the kernel's rules after re-reading the rewritten file");
+    std::fs::write(&path, written.replace("scope = \"cpu\"\n", "")).expect("editing the config");
+    rig.hup("reloaded");
+    assert!(scope_host(&rig, "old"), "`old` without scope in a file with the marker is not host");
+    assert_eq!(rig.show("old")["scope"].as_str(), Some("host"));
+    let notes: usize = rig.daemon.lines().iter().filter(|(_, l)| l.contains("keep scope cpu")).count();
+    assert_eq!(notes, 1, "a note for a file with the marker:\n{}", rig.daemon.output());
+}

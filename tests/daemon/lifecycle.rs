@@ -408,3 +408,55 @@ fn another_row_count_is_replaced_not_adopted() {
     let config = rig.daemon.maps().expect("maps").rules.config;
     assert_eq!((config.rows, config.row_len), (2, 512));
 }
+
+/// The bucket arrays: by default (`auto`) sized from this host's memory and possible CPUs, as
+/// the formulas give them; numbers given are taken as they are. The start line, `stats` and
+/// `stats --json` say the geometry and each array's memory.
+#[test]
+fn the_bucket_arrays_are_sized_from_the_host_unless_given() {
+    use limiter_ctl::kernel::{HostSize, auto_buckets, auto_host_buckets, bytes_text};
+    require_root!();
+    let host = HostSize::read().expect("reading the host's size");
+    let (buckets, host_buckets) = (auto_buckets(host.mem_total, host.cpus), auto_host_buckets(host.mem_total));
+    eprintln!("{host:?}: buckets {buckets}, host buckets {host_buckets}");
+    assert!(buckets.is_power_of_two() && (1 << 12..=1 << 16).contains(&buckets), "{buckets}");
+    assert!(host_buckets.is_power_of_two() && (1 << 20..=1 << 22).contains(&host_buckets), "{host_buckets}");
+    let cases: [(&[&str], [u32; 4]); 2] = [
+        (&["--metrics", "off"], [buckets, 4, host_buckets, 2]),
+        (
+            &["--metrics", "off", "--buckets", "1024", "--rows", "2", "--host-buckets", "4096", "--host-rows", "1"],
+            [1024, 2, 4096, 1],
+        ),
+    ];
+    for (args, [b, r, hb, hr]) in cases {
+        let rig = Rig::start(args).expect("rig");
+        let start =
+            rig.daemon.lines().iter().map(|(_, l)| l.as_str()).find(|l| l.contains(" attached")).unwrap_or_default();
+        let cpu_bytes = u64::from(b) * 16 * u64::from(host.cpus);
+        let host_bytes = u64::from(hb) * 16;
+        for field in [
+            format!("buckets={b} "),
+            format!("rows={r} "),
+            format!("host_buckets={hb} "),
+            format!("host_rows={hr} "),
+            format!("buckets_memory=\"{} ({} CPUs)\"", bytes_text(cpu_bytes), host.cpus),
+            format!("host_buckets_memory=\"{}\"", bytes_text(host_bytes)),
+        ] {
+            assert!(start.contains(&field), "{args:?}: the start line lacks {field}: {start}");
+        }
+        let json: serde_json::Value = serde_json::from_str(&rig.ctl_ok(&["stats", "--json"])).expect("stats --json");
+        let g = &json["geometry"];
+        let got = ["buckets", "rows", "host_buckets", "host_rows", "cpus", "buckets_bytes", "host_buckets_bytes"]
+            .map(|k| g[k].as_u64().unwrap_or_else(|| panic!("no {k} in {g}")));
+        let want = [b.into(), r.into(), hb.into(), hr.into(), host.cpus.into(), cpu_bytes, host_bytes];
+        assert_eq!(got, want, "{args:?}: `stats --json` geometry {g}");
+        let text = rig.ctl_ok(&["stats"]);
+        let line = format!(
+            "per-CPU buckets {b} x {r} rows ({} over {} CPUs), host buckets {hb} x {hr} rows ({})",
+            bytes_text(cpu_bytes),
+            host.cpus,
+            bytes_text(host_bytes)
+        );
+        assert!(text.lines().any(|l| l == line), "{args:?}: `stats` lacks {line:?}:\n{text}");
+    }
+}

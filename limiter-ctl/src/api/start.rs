@@ -3,7 +3,10 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use crate::{config::Rate, kernel::Placement};
+use crate::{
+    config::Rate,
+    kernel::{GeometryRequest, Placement},
+};
 
 /// What `limiter-ctl daemon` was asked to do (its flags, parsed).
 // Fields paired by what they configure (rustfmt would put each on a line of its own).
@@ -19,9 +22,9 @@ pub(crate) struct Options {
     pub watch_config: bool,
     /// Install (or replace) the policy "default", matching all traffic, at this rate and burst.
     pub rate: Option<Rate>, pub burst: Option<u64>,
-    /// Buckets per generation and CPU, the count-min rows they are split into, and where the
+    /// The bucket arrays asked for (`auto` resolved at start against the host), and where the
     /// maps and link are pinned.
-    pub buckets: u32, pub rows: u32, pub pin_dir: PathBuf,
+    pub geometry: GeometryRequest, pub pin_dir: PathBuf,
     /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
     pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
     /// The Prometheus endpoint; 1 in N refusals sampled for `top`.

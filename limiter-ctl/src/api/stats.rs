@@ -10,7 +10,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::ipc::PolicyCounters;
-use crate::config::FIELDS;
+use crate::{config::FIELDS, kernel};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rates {
@@ -98,6 +98,55 @@ pub struct Snapshot {
     /// `--rotate-every` in seconds (None: rotated only on request).
     #[serde(default)]
     pub rotate_every_s: Option<f64>,
+    /// The bucket arrays the limiter runs with (`auto` resolved), and their memory.
+    #[serde(default)]
+    pub geometry: Option<Arrays>,
+}
+
+/// The two bucket arrays: per CPU (policies of scope cpu) and shared (scope host), each with its
+/// count-min rows and the memory it takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Arrays {
+    /// Per-CPU buckets per generation, on each of `cpus` possible CPUs.
+    pub buckets: u32,
+    pub rows: u32,
+    pub cpus: u32,
+    /// buckets x 16 B x cpus.
+    pub buckets_bytes: u64,
+    /// Host-scope buckets per generation, shared by every CPU.
+    pub host_buckets: u32,
+    pub host_rows: u32,
+    /// host_buckets x 16 B.
+    pub host_buckets_bytes: u64,
+}
+
+impl Arrays {
+    pub fn of(geometry: &kernel::Geometry, cpus: u32) -> Self {
+        Self {
+            buckets: geometry.buckets,
+            rows: geometry.rows,
+            cpus,
+            buckets_bytes: geometry.cpu_bytes(cpus),
+            host_buckets: geometry.host_buckets,
+            host_rows: geometry.host_rows,
+            host_buckets_bytes: geometry.host_bytes(),
+        }
+    }
+
+    /// In one line: `per-CPU buckets 65536 x 4 rows (2 MiB over 2 CPUs), host buckets 4194304 x 2
+    /// rows (64 MiB)`.
+    pub fn text(&self) -> String {
+        format!(
+            "per-CPU buckets {} x {} rows ({} over {} CPUs), host buckets {} x {} rows ({})",
+            self.buckets,
+            self.rows,
+            kernel::bytes_text(self.buckets_bytes),
+            self.cpus,
+            self.host_buckets,
+            self.host_rows,
+            kernel::bytes_text(self.host_buckets_bytes)
+        )
+    }
 }
 
 /// Config reloads since the daemon started, applied and refused.

@@ -12,7 +12,7 @@ use crate::{
         start::{MetricsAt, Options},
     },
     config::{self, Dash, FIELDS, Flag, Name, PolicyEdit, Rate, parse_burst},
-    kernel::{self, Hook, HookRequest, ModeRequest, Placement, ProgRef, TcxPlace, pins},
+    kernel::{self, BucketCount, GeometryRequest, Hook, HookRequest, ModeRequest, Placement, ProgRef, TcxPlace, pins},
 };
 
 #[derive(Debug, Parser)]
@@ -151,14 +151,25 @@ pub(crate) struct DaemonArgs {
     /// Burst of the "default" policy [default: one second's worth of the rate].
     #[arg(long, value_name = "N", value_parser = parse_burst, requires = "rate", allow_negative_numbers = true)]
     pub burst: Option<u64>,
-    /// Buckets per CPU (a power of two from 16 to 16777216); memory is buckets x 16 bytes x CPUs.
-    #[arg(long, value_name = "N", default_value_t = limiter_common::maps::DEFAULT_BUCKETS, value_parser = parse_buckets)]
-    pub buckets: u32,
-    /// Count-min rows (1 to 4): the buckets are split into this many rows and a source keeps
-    /// one bucket in each; it is judged by the least spent, so an innocent source is refused
-    /// only when a flooder shares every one of its rows. Same memory whatever the count.
+    /// Buckets per CPU, for policies of scope cpu (a power of two from 16 to 16777216), or auto:
+    /// the largest power of two within 1/512 of the host's memory over its possible CPUs,
+    /// 4096 to 65536. Memory is buckets x 16 bytes x CPUs.
+    #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_buckets)]
+    pub buckets: BucketCount,
+    /// Count-min rows of the per-CPU buckets (1 to 4): the buckets are split into this many rows
+    /// and a source keeps one bucket in each; it is judged by the least spent, so an innocent
+    /// source is refused only when a flooder shares every one of its rows. Same memory whatever
+    /// the count.
     #[arg(long, value_name = "D", default_value_t = limiter_common::rows::DEFAULT_ROWS, value_parser = parse_rows)]
     pub rows: u32,
+    /// Buckets for policies of scope host, shared by every CPU (a power of two from 16 to
+    /// 16777216), or auto: the largest power of two within 1/256 of the host's memory,
+    /// 1048576 to 4194304. Memory is buckets x 16 bytes, once.
+    #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_buckets)]
+    pub host_buckets: BucketCount,
+    /// Count-min rows of the host-scope buckets (1 to 4), as --rows is of the per-CPU ones.
+    #[arg(long, value_name = "D", default_value_t = DEFAULT_HOST_ROWS, value_parser = parse_rows)]
+    pub host_rows: u32,
     /// Where to judge packets: xdp (cheapest; alone on the interface), tcx (tc ingress, shared
     /// with other programs in order, leaving XDP free), or auto: XDP when it is free, tcx when
     /// another program holds it (logged, naming it); a limiter pinned here keeps its hook.
@@ -364,8 +375,12 @@ impl DaemonArgs {
             watch_config: self.watch_config,
             rate: self.rate,
             burst: self.burst,
-            buckets: self.buckets,
-            rows: self.rows,
+            geometry: GeometryRequest {
+                buckets: self.buckets,
+                rows: self.rows,
+                host_buckets: self.host_buckets,
+                host_rows: self.host_rows,
+            },
             placement: Placement {
                 hook: self.attach,
                 mode: self.mode,
@@ -420,11 +435,17 @@ fn parse_cidr(s: &str) -> Result<IpNet, String> {
     config::parse_net(s).map_err(|e| e.to_string())
 }
 
-fn parse_buckets(s: &str) -> Result<u32, String> {
+/// Host-scope rows by default: 2, where a row past the first still pays (see docs/OPERATIONS.md).
+const DEFAULT_HOST_ROWS: u32 = 2;
+
+fn parse_buckets(s: &str) -> Result<BucketCount, String> {
+    if s == "auto" {
+        return Ok(BucketCount::Auto);
+    }
     let n = config::decimal(s).and_then(|n| u32::try_from(n).ok());
-    n.and_then(|n| kernel::check_buckets(n).ok()).ok_or_else(|| {
+    n.and_then(|n| kernel::check_buckets(n).ok()).map(BucketCount::Exactly).ok_or_else(|| {
         format!(
-            "invalid bucket count '{s}': expected a power of two from {} to {}",
+            "invalid bucket count '{s}': expected auto, or a power of two from {} to {}",
             limiter_common::maps::MIN_BUCKETS,
             limiter_common::maps::MAX_BUCKETS
         )

@@ -268,7 +268,8 @@ fn signals(page: Page) -> Vec<(&'static str, String)> {
 }
 
 /// An example config, every key set; the unit test parses and validates it.
-const EXAMPLE: &str = r#"allow = ["198.51.100.0/24"]
+const EXAMPLE: &str = r#"version = 2
+allow = ["198.51.100.0/24"]
 deny = ["2001:db8:bad::/48"]
 
 [[policy]]
@@ -314,6 +315,14 @@ fn config_page() -> String {
             "A list of IPv4 and IPv6 networks (\"198.51.100.0/24\") that bypass limiting; the longest prefix wins. Default: empty.",
         ),
         ("deny", "A list of networks whose packets are always dropped. Default: empty."),
+        (
+            "version",
+            "The file's format: 2. With it, a policy without scope is scope host (one allowance for the whole \
+             host). A file without it was written before scope host became the default: there a policy without \
+             scope is scope cpu, as it was then, and limiter-ctl config check says so in a note. The daemon \
+             writes version = 2 into a file it creates, and into one without it at its first change to it, with \
+             scope = \"cpu\" on the policies that had no scope. Any other value is refused.",
+        ),
         (
             "[[policy]]",
             "A table per rate policy, with the keys below. Default: none. To run without rules on purpose, say policy = [].",

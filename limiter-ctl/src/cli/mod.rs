@@ -185,8 +185,11 @@ pub(crate) fn main() -> Run {
         }),
         Command::Attach { hook, before, after } => attach_command(&cli.socket, hook, before, after),
         Command::Config(ConfigCommand::Check { file, iface }) => match config_check(&file, iface.as_deref()) {
-            Ok((summary, warnings)) => {
+            Ok((summary, notes, warnings)) => {
                 println!("{}", escape::controls(&summary, false));
+                for note in notes {
+                    println!("note: {}", escape::controls(&note, false));
+                }
                 for warning in warnings {
                     println!("warning: {}", escape::controls(&warning, false));
                 }
@@ -227,8 +230,9 @@ fn one_line(rendered: &str) -> String {
 
 /// `config check FILE`: the file read, parsed and validated as the daemon reads a config (at
 /// start and on reload), with no daemon and no kernel; a one-line summary.
-/// The summary line, and what the check says without refusing the file (one line each).
-fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<(String, Vec<String>), Error> {
+/// The summary line, notes (a file from before the format marker), and what the check warns of
+/// without refusing the file (one line each).
+fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<(String, Vec<String>, Vec<String>), Error> {
     let max_frame = match iface {
         None => config::DEFAULT_MAX_FRAME,
         Some(iface) => kernel::interface_mtu(iface)
@@ -253,7 +257,8 @@ fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<(String, 
     if file.has_no_rules() && !config::says_no_rules(&text) {
         summary.push_str(" (no rules: a reload onto it is refused while rules run, unless it says `policy = []`)");
     }
-    Ok((summary, state.warnings()))
+    let notes = config::unversioned(&text).map(|names| config::unversioned_note(path, &names)).into_iter().collect();
+    Ok((summary, notes, state.warnings()))
 }
 
 /// `attach HOOK`: the daemon moves the program there without a gap, or says it is there.

@@ -74,6 +74,7 @@ pub(super) fn nets(nets: &[IpNet]) -> String {
 pub(super) fn stats(s: &stats::Snapshot) -> String {
     let mut t = table(&[
         "POLICY",
+        "SCOPE",
         "ADMITTED/S",
         "REFUSED/S",
         "DRY-RUN/S",
@@ -85,8 +86,11 @@ pub(super) fn stats(s: &stats::Snapshot) -> String {
     ]);
     let per_s = |v: f64| Cell::new(format!("{v:.0}")).set_alignment(CellAlignment::Right);
     for p in &s.policies {
+        // Every policy says its scope: a rate per CPU and one for the host differ k-fold.
+        let scope = p.labels.get("scope").map_or("-", String::as_str);
         t.add_row(vec![
             Cell::new(&p.name),
+            Cell::new(scope),
             per_s(p.rates.admitted_per_s),
             per_s(p.rates.refused_per_s),
             per_s(p.rates.dry_run_per_s),
@@ -103,6 +107,7 @@ pub(super) fn stats(s: &stats::Snapshot) -> String {
         let dash = || Cell::new("-").set_alignment(CellAlignment::Right);
         t.add_row(vec![
             Cell::new("(no policy)"),
+            dash(),
             dash(),
             dash(),
             dash(),
@@ -128,8 +133,9 @@ pub(super) fn stats(s: &stats::Snapshot) -> String {
     };
     let u = &s.unjudged;
     let occupancy = s.bucket_occupancy.map_or("not measured yet".to_string(), |o| format!("{:.2}%", o * 100.0));
+    let geometry = s.geometry.map(|g| format!("{}\n", g.text())).unwrap_or_default();
     format!(
-        "{}\n{overruled}passed unjudged: {} not IP, {} malformed, {} unmatched, {} allow-listed; dropped unjudged: {} deny-listed, {} with unreadable ports; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n",
+        "{}\n{overruled}passed unjudged: {} not IP, {} malformed, {} unmatched, {} allow-listed; dropped unjudged: {} deny-listed, {} with unreadable ports; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n{geometry}",
         t.trim_fmt(),
         u.not_ip,
         u.malformed,

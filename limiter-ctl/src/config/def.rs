@@ -316,13 +316,14 @@ policy_fields! {
     scope: Scope => "scope" {
         flag: Flag::Value {
             value_name: "SCOPE",
-            help: "Whose allowance the rate is: each CPU's (cpu: a source spread over k CPUs can get k times the \
-                   rate; no atomics) or the whole host's (host: one allowance, updated by compare-and-exchange \
-                   on admission) [new policy: cpu]",
+            help: "Whose allowance the rate is: the whole host's (host: one allowance per source however its \
+                   packets spread over CPUs, updated by compare-and-exchange on admission) or each CPU's (cpu: a \
+                   source spread over k CPUs can get k times the rate; no atomics) [new policy: host]",
             dash: Dash::None,
         },
-        about: "Whose allowance: cpu (each CPU its own; a source spread over k CPUs may get k times the rate) or \
-                host (one for the whole host). Default: cpu.",
+        about: "Whose allowance: host (one for the whole host) or cpu (each CPU its own; a source spread over k \
+                CPUs may get k times the rate). Default: host; in a file without version = 2 (written before \
+                host was the default), cpu.",
     }
 }
 
@@ -420,7 +421,7 @@ pub(crate) mod tests {
             key: "src/24,/56+dport".parse().unwrap(),
             unit: Unit::Bytes,
             mode: Mode::DryRun,
-            scope: Scope::Host,
+            scope: Scope::Cpu,
         }
     }
 
@@ -483,9 +484,13 @@ pub(crate) mod tests {
         // The whole policy round-trips through the file's and the socket's forms.
         assert_eq!(serde_json::from_value::<PolicyDef>(json).unwrap(), set);
         assert_eq!(toml::from_str::<PolicyDef>(&toml_text).unwrap(), set);
-        // A file that leaves a field out means its default, as `policy set` does for a new policy.
-        let file = "[[policy]]\nname = \"dns\"\nrate = \"7/s\"\n";
-        assert_eq!(super::super::parse(Path::new("x"), file).unwrap().policies, vec![defaults]);
+        // A file that leaves a field out means its default, as `policy set` does for a new policy;
+        // but in a file from before the format marker, a policy without scope is scope cpu.
+        let file = "version = 2\n\n[[policy]]\nname = \"dns\"\nrate = \"7/s\"\n";
+        assert_eq!(super::super::parse(Path::new("x"), file).unwrap().policies, vec![defaults.clone()]);
+        let old = file.trim_start_matches("version = 2\n\n");
+        let cpu = PolicyDef { scope: Scope::Cpu, ..defaults };
+        assert_eq!(super::super::parse(Path::new("x"), old).unwrap().policies, vec![cpu]);
     }
 
     #[test]
@@ -502,12 +507,13 @@ pub(crate) mod tests {
             PolicyDef { mode: Mode::Enforce, burst: None, ..existing.clone() }
         );
         assert_eq!(PolicyEdit::default().apply(&name, Some(&existing)).unwrap(), existing);
-        let cpu = PolicyEdit { scope: Some(Scope::Cpu), ..PolicyEdit::default() };
-        assert_eq!(cpu.apply(&name, Some(&existing)).unwrap(), PolicyDef { scope: Scope::Cpu, ..existing.clone() });
+        let host = PolicyEdit { scope: Some(Scope::Host), ..PolicyEdit::default() };
+        assert_eq!(host.apply(&name, Some(&existing)).unwrap(), PolicyDef { scope: Scope::Host, ..existing.clone() });
         // A new policy: the defaults, and a rate is required.
         let new = rate.apply(&name, None).unwrap();
         assert_eq!((new.matches, new.key, new.unit, new.mode, new.burst, new.scope), Default::default());
-        assert_eq!(new.scope, Scope::Cpu);
+        // One allowance for the whole host, unless asked otherwise.
+        assert_eq!(new.scope, Scope::Host);
         let err = PolicyEdit::default().apply(&name, None).unwrap_err().to_string();
         assert!(err.contains("'dns'") && err.contains("--rate"), "{err}");
         assert_eq!(PolicyDef::any(rate.rate.unwrap(), 9), PolicyDef { burst: Some(9), ..new.with_name("any") });

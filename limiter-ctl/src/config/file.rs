@@ -2,6 +2,7 @@
 //! edited in place on every change (`write.rs`: comments and order kept, written atomically).
 //!
 //! ```toml
+//! version = 2             # the format: without it, a policy without `scope` is scope cpu
 //! allow = ["198.18.7.0/24"]
 //! deny = ["2001:db8:bad::/48"]
 //!
@@ -13,36 +14,127 @@
 //! key = "src/24,/56"      # default src/32,/64; +dport to key on the destination port too
 //! unit = "packets"        # or "bytes"
 //! mode = "enforce"        # or "dry-run"
-//! scope = "cpu"           # or "host": one allowance for the whole host, not one per CPU
+//! scope = "cpu"           # default "host": one allowance for the whole host; "cpu": one per CPU
 //! ```
+//!
+//! The format marker `version = 2` says that a policy without `scope` is scope host. A file
+//! without it was written before scope host became the default: there such a policy keeps
+//! scope cpu, as it always had (see [`unversioned`]), and the daemon's first write of the file
+//! adds the marker and writes `scope = "cpu"` on those policies, so the file keeps its meaning.
 
 use std::{fs, io, path::Path};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::{Error, def::PolicyDef, field::net_serde, policy::Name};
+use super::{
+    Error,
+    def::PolicyDef,
+    field::net_serde,
+    policy::{Name, Scope},
+};
 
 pub const DEFAULT_PATH: &str = "/etc/limiter/limiter.toml";
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The format this version reads and writes: the value of the top-level `version` key.
+pub const FORMAT_VERSION: i64 = 2;
+/// The key that says the format.
+pub const FORMAT_KEY: &str = "version";
+
+/// The rules a file says, every policy's scope resolved (see the module's comment): the file's
+/// format marker is not among them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ConfigFile {
-    // Through the config's own parser: ipnet's reads `010.1.1.1/32` as 10.1.1.1.
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "net_serde::deserialize_vec")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<IpNet>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty", deserialize_with = "net_serde::deserialize_vec")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<IpNet>,
-    #[serde(default, rename = "policy", skip_serializing_if = "Vec::is_empty")]
+    #[serde(rename = "policy", skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<PolicyDef>,
 }
 
-/// Parses config text; errors carry the line and column they were found at.
+/// The file as written: the marker beside the rules.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Document {
+    #[serde(default, deserialize_with = "format_version")]
+    version: Option<i64>,
+    // Through the config's own parser: ipnet's reads `010.1.1.1/32` as 10.1.1.1.
+    #[serde(default, deserialize_with = "net_serde::deserialize_vec")]
+    allow: Vec<IpNet>,
+    #[serde(default, deserialize_with = "net_serde::deserialize_vec")]
+    deny: Vec<IpNet>,
+    #[serde(default, rename = "policy")]
+    policies: Vec<PolicyDef>,
+}
+
+/// The marker: 2 alone (a later format must not be read as this one).
+fn format_version<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    let v = i64::deserialize(d)?;
+    if v != FORMAT_VERSION {
+        return Err(serde::de::Error::custom(format!(
+            "unsupported version {v}: this limiter-ctl reads version {FORMAT_VERSION} (and files without a version, \
+             from before it)"
+        )));
+    }
+    Ok(Some(v))
+}
+
+/// Parses config text; errors carry the line and column they were found at. In a file without
+/// the format marker, a policy without `scope` is scope cpu (see the module's comment).
 pub fn parse(path: &Path, text: &str) -> Result<ConfigFile, Error> {
-    toml::from_str(text).map_err(|e| {
+    let doc: Document = toml::from_str(text).map_err(|e| {
         let (line, column) = e.span().map_or((1, 1), |span| line_column(text, span.start));
         Error::Parse { path: path.to_path_buf(), line, column, message: e.message().trim().replace('\n', " ") }
-    })
+    })?;
+    let mut file = ConfigFile { allow: doc.allow, deny: doc.deny, policies: doc.policies };
+    if doc.version.is_none() {
+        let unsaid = scope_unsaid(text);
+        for (def, _) in file.policies.iter_mut().zip(&unsaid).filter(|(_, unsaid)| **unsaid) {
+            def.scope = Scope::Cpu;
+        }
+    }
+    Ok(file)
+}
+
+/// For each policy of the text, in order, whether it leaves `scope` out.
+fn scope_unsaid(text: &str) -> Vec<bool> {
+    let table = text.parse::<toml::Table>().unwrap_or_default();
+    let policies = table.get("policy").and_then(toml::Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    policies.iter().map(|p| p.as_table().is_some_and(|t| !t.contains_key("scope"))).collect()
+}
+
+/// A file without the format marker (written before scope host became the default): the
+/// policies that take scope cpu for leaving `scope` out, in the file's order. None for a file
+/// with the marker, and for one where no policy leaves `scope` out (nothing differs there).
+pub fn unversioned(text: &str) -> Option<Vec<Name>> {
+    let table = text.parse::<toml::Table>().ok()?;
+    if table.contains_key(FORMAT_KEY) {
+        return None;
+    }
+    let policies = table.get("policy").and_then(toml::Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let names: Vec<Name> = policies
+        .iter()
+        .filter_map(toml::Value::as_table)
+        .filter(|t| !t.contains_key("scope"))
+        .filter_map(|t| t.get("name")?.as_str()?.parse().ok())
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
+/// What the daemon logs and `config check` says of an [`unversioned`] file: which policies keep
+/// scope cpu, and how to opt in to the new default.
+pub fn unversioned_note(path: &Path, names: &[Name]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+    format!(
+        "{} has no `version = {FORMAT_VERSION}` (written before scope host became the default): its {} without \
+         `scope` ({}) keep scope cpu, a rate per CPU; add `version = {FORMAT_VERSION}` on top of the file for \
+         one allowance for the whole host (the daemon adds it, with `scope = \"cpu\"` on them, when it next \
+         writes the file)",
+        path.display(),
+        if names.len() == 1 { "policy" } else { "policies" },
+        quoted.join(", ")
+    )
 }
 
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
@@ -179,7 +271,7 @@ pub fn position(text: &str, error: &Error) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Match, Mode, Scope, Unit};
+    use crate::config::{Mode, Scope, Unit};
 
     const EXAMPLE: &str = r#"
 allow = ["198.18.7.0/24"]
@@ -222,6 +314,39 @@ rate = "10/s"
         // Nothing but the file is left behind in the directory.
         let names: Vec<_> = fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("limiter.toml")]);
+    }
+
+    /// `version = 2` says a policy without scope is host; without it (a file from before), cpu.
+    #[test]
+    fn the_format_marker_says_what_a_policy_without_scope_means() {
+        let p = Path::new("/etc/limiter/limiter.toml");
+        let scopes = |text: &str| parse(p, text).unwrap().policies.iter().map(|d| d.scope).collect::<Vec<_>>();
+        let two = "[[policy]]\nname = \"a\"\nrate = \"1/s\"\n\n[[policy]]\nname = \"b\"\nrate = \"1/s\"\nscope = \"host\"\n\n\
+                   [[policy]]\nname = \"c\"\nrate = \"1/s\"\nscope = \"cpu\"\n";
+        assert_eq!(scopes(two), [Scope::Cpu, Scope::Host, Scope::Cpu]);
+        let versioned = format!("version = 2\n\n{two}");
+        assert_eq!(scopes(&versioned), [Scope::Host, Scope::Host, Scope::Cpu]);
+        // The note names the policies that keep cpu for leaving scope out, and how to opt in.
+        let names = unversioned(two).unwrap();
+        assert_eq!(names, vec![Name::from_static("a")]);
+        let note = unversioned_note(p, &names);
+        assert!(note.contains("'a'") && !note.contains("'b'") && note.contains("version = 2"), "{note}");
+        assert!(note.contains(&p.display().to_string()) && !note.contains('\n'), "{note}");
+        assert_eq!(unversioned(&versioned), None);
+        // Nothing differs where no policy leaves scope out: no note.
+        assert_eq!(unversioned("allow = [\"198.18.0.0/24\"]\n"), None);
+        assert_eq!(unversioned("[[policy]]\nname = \"a\"\nrate = \"1/s\"\nscope = \"cpu\"\n"), None);
+        // Inline tables too.
+        assert_eq!(scopes("policy = [{ name = \"a\", rate = \"1/s\" }]\n"), [Scope::Cpu]);
+        // Any other version is refused, where it is written.
+        for bad in ["version = 3\n", "version = 1\n", "version = \"2\"\n", "version = 2.0\n"] {
+            match parse(p, bad) {
+                Err(Error::Parse { line: 1, message, .. }) => assert!(!message.contains('\n'), "{message}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        let err = parse(p, "version = 3\n").unwrap_err().to_string();
+        assert!(err.contains("unsupported version 3"), "{err}");
     }
 
     #[test]

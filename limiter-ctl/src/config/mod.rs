@@ -23,7 +23,10 @@ mod write;
 pub use def::{Dash, FIELDS, Field, FieldValue, Flag, PolicyDef, PolicyEdit, Visit};
 pub use error::Error;
 pub use field::{FieldError, decimal, net_serde, parse_net};
-pub use file::{ConfigFile, DEFAULT_PATH, MAX_FILE_BYTES, load, load_with_text, parse, position, read, says_no_rules};
+pub use file::{
+    ConfigFile, DEFAULT_PATH, FORMAT_KEY, FORMAT_VERSION, MAX_FILE_BYTES, load, load_with_text, parse, position, read,
+    says_no_rules, unversioned, unversioned_note,
+};
 pub use layers::{Layering, PortStretch};
 pub use policy::{
     BurstEdit, Destination, KeySpec, List, Match, Mode, Name, Ports, Proto, Scope, SourcePorts, Unit, parse_burst,

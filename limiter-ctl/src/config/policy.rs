@@ -395,8 +395,9 @@ words!(Mode, "mode" { Enforce = "enforce", DryRun = "dry-run" });
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
-    #[default]
     Cpu,
+    /// The default of a new policy (and of a file with `version = 2`; see `file`).
+    #[default]
     Host,
 }
 

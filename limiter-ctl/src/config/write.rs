@@ -30,6 +30,9 @@ const HEADER: &str = "# limiter: policies and allow/deny lists.\n\
 # limiter-ctl edits this file in place on every change (comments and order are kept);\n\
 # edit by hand, then `systemctl reload limiter` (SIGHUP).\n";
 
+/// The format marker, as the daemon writes it on top of a file that has none (see `file`).
+const MARKER: &str = "version = 2 # a policy without `scope` is one allowance for the whole host\n";
+
 /// Mode of a file the daemon creates (it holds no secret; an existing file keeps its own).
 const NEW_FILE_MODE: u32 = 0o644;
 
@@ -61,12 +64,26 @@ pub fn save(path: &Path, config: &ConfigFile, last: Option<&str>) -> Result<Stri
     // The comment block that opens the file is the file's own, not the first key's: kept apart,
     // so that it stays on top whatever happens to what follows.
     let (opening, rest) = if meta.is_some() { split_opening(&text) } else { (format!("{HEADER}\n"), String::new()) };
-    let mut doc = rest.parse::<DocumentMut>().map_err(|e| {
-        let (line, column) = e.span().map_or((1, 1), |span| line_column(&rest, span.start));
-        let line = line + opening.matches('\n').count();
-        let message = format!("{} (not overwritten: fix it, then retry)", e.message().trim().replace('\n', " "));
-        Error::Parse { path: target.clone(), line, column, message }
-    })?;
+    let parse = |rest: &str| {
+        rest.parse::<DocumentMut>().map_err(|e| {
+            let (line, column) = e.span().map_or((1, 1), |span| line_column(rest, span.start));
+            let line = line + opening.matches('\n').count();
+            let message = format!("{} (not overwritten: fix it, then retry)", e.message().trim().replace('\n', " "));
+            Error::Parse { path: target.clone(), line, column, message }
+        })
+    };
+    let mut doc = parse(&rest)?;
+    if !doc.contains_key(super::FORMAT_KEY) {
+        // A file from before the marker (or a new one). The same rules: left alone, the marker
+        // waits for a change. Else the marker goes on top, and with it every policy of scope cpu
+        // gets `scope = "cpu"` written out below (no longer the default the marker says).
+        if meta.is_some() && super::parse(&target, &text).is_ok_and(|old| old.same_rules(config)) {
+            return Ok(text);
+        }
+        // A blank line between it and what the file said (none in a new file: its keys follow).
+        let gap = if rest.trim().is_empty() { "" } else { "\n" };
+        doc = parse(&format!("{MARKER}{gap}{rest}"))?;
+    }
     edit(&mut doc, config);
     let body = format!("{opening}{doc}");
     if meta.is_some() && body == text {
@@ -314,6 +331,7 @@ mod tests {
     use crate::config::{Mode, PolicyEdit, load};
 
     const OPERATOR: &str = r#"# Site limits. Ask ops before changing.
+version = 2
 deny = [
     "198.51.100.0/24", # scanner
     "2001:db8:bad::/48",
@@ -404,7 +422,7 @@ mode = "dry-run" # watching first
     #[test]
     fn a_burst_left_to_its_default_is_taken_out_and_spellings_are_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let text = "[[policy]]\nname = \"a\"\nrate = \"10/s\"\nburst = 5\nkey = \"src\"\nunit = \"packets\"\nmatch = \"any\"\n";
+        let text = "version = 2\n[[policy]]\nname = \"a\"\nrate = \"10/s\"\nburst = 5\nkey = \"src\"\nunit = \"packets\"\nmatch = \"any\"\n";
         let path = write(dir.path(), "limiter.toml", text);
         let config = load(&path).unwrap();
         let next = edited(
@@ -441,12 +459,54 @@ mode = "dry-run" # watching first
         // Lists added after the policies go above them, the header stays on top, once.
         let with_deny = ConfigFile { deny: vec!["203.0.113.0/24".parse().unwrap()], ..config.clone() };
         let text = save(&path, &with_deny, Some(&text)).unwrap();
-        assert!(text.starts_with(&format!("{HEADER}\ndeny = [")), "{text}");
+        assert!(text.starts_with(&format!("{HEADER}\n{MARKER}deny = [")), "{text}");
         assert_eq!(text.matches(HEADER).count(), 1, "{text}");
         // Emptied: the policies and lists go, the header stays, and the file says it has no rules.
         save(&path, &ConfigFile::default(), Some(&text)).unwrap();
-        assert_eq!(fs::read_to_string(&path).unwrap(), format!("{HEADER}\npolicy = []\n"));
+        assert_eq!(fs::read_to_string(&path).unwrap(), format!("{HEADER}\n{MARKER}policy = []\n"));
         assert_eq!(load(&path).unwrap(), ConfigFile::default());
+    }
+
+    /// A file from before the format marker: written as it was until a change, then with the
+    /// marker on top and `scope = "cpu"` on the policies that left scope out, nothing else moved.
+    #[test]
+    fn a_file_from_before_the_marker_keeps_its_meaning_when_rewritten() {
+        use crate::config::{Scope, unversioned};
+        let dir = tempfile::tempdir().unwrap();
+        let old = OPERATOR.replace("version = 2\n", "");
+        let old = old.replace(
+            "mode = \"dry-run\" # watching first\n",
+            "mode = \"dry-run\" # watching first\nscope = \"host\"\n",
+        );
+        let path = write(dir.path(), "limiter.toml", &old);
+        let config = load(&path).unwrap();
+        let scopes = |c: &ConfigFile| c.policies.iter().map(|d| (d.name.to_string(), d.scope)).collect::<Vec<_>>();
+        // web leaves scope out: cpu, as before the marker; dns says host.
+        assert_eq!(scopes(&config), [("web".into(), Scope::Cpu), ("dns".into(), Scope::Host)]);
+        assert_eq!(unversioned(&old), Some(vec!["web".parse().unwrap()]));
+        // The same rules: left alone, unversioned.
+        assert_eq!(save(&path, &config, Some(&old)).unwrap(), old);
+        // A change: the marker, and web's scope written out.
+        let rate = PolicyEdit { rate: Some("80/s".parse().unwrap()), ..PolicyEdit::default() };
+        let next = edited(&config, "web", rate);
+        let text = save(&path, &next, Some(&old)).unwrap();
+        assert_eq!(load(&path).unwrap(), next, "{text}");
+        assert_eq!(unversioned(&text), None, "{text}");
+        // On top, above the comment that opens the file (the first key's, without a blank line).
+        let web = "rate = \"80/s\"  # agreed with the web team\nkey = \"src/24\"\nscope = \"cpu\"\n";
+        let want = format!(
+            "{MARKER}\n{}",
+            old.replace("rate = \"50/s\"  # agreed with the web team\nkey = \"src/24\"\n", web)
+        );
+        assert_eq!(text, want, "the marker and web's scope added, nothing else");
+        // From now on a policy without scope is host, and a new one is written without it.
+        let new = PolicyEdit { rate: Some("5/s".parse().unwrap()), ..PolicyEdit::default() };
+        let mut more = next.clone();
+        more.policies.push(new.apply(&"icmp".parse().unwrap(), None).unwrap());
+        let text = save(&path, &more, Some(&text)).unwrap();
+        assert!(text.ends_with("\n[[policy]]\nname = \"icmp\"\nrate = \"5/s\"\n"), "{text}");
+        assert_eq!(scopes(&load(&path).unwrap())[2], ("icmp".into(), Scope::Host));
+        assert_eq!(text.matches("version = 2").count(), 1, "{text}");
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub enum Error {
     // Failures.
     #[error(transparent)]
     Kernel(Box<kernel::Error>),
+    /// The host's memory or CPU count could not be read to size the buckets (`auto`).
+    #[error(transparent)]
+    HostSize(kernel::HostSizeError),
     #[error("interface '{iface}' did not appear within {waited} (--wait-iface); see `ip link`")]
     InterfaceNeverAppeared { iface: String, waited: String },
     #[error("the pins at {dir} were removed while the daemon ran, so the program left the interface with it")]

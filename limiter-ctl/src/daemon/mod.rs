@@ -48,7 +48,10 @@ use serve::{Daemon, Signals};
 use socket::bind;
 
 use crate::{
-    api::start::{MetricsAt, Options},
+    api::{
+        start::{MetricsAt, Options},
+        stats::Arrays,
+    },
     config::{self, BurstEdit, Name, PolicyEdit, State},
     kernel::{self, Limiter, MapView, pins::PinDir},
 };
@@ -122,8 +125,16 @@ pub(crate) fn main(args: Options, socket: &Path) -> Result<(), Error> {
 async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let mut signals = Signals::install()?;
     reserve_descriptors();
+    // The bucket arrays: `auto` sized from the host's memory and possible CPUs.
+    let host = kernel::HostSize::read().map_err(Error::HostSize)?;
+    let geometry = args.geometry.resolve(&host);
+    let arrays = Arrays::of(&geometry, host.cpus);
     // Everything the operator gave is checked before anything is loaded, bound or waited for.
     let (file, text) = config::load_with_text(&args.config).map_err(Error::File)?;
+    // A file from before the format marker keeps its meaning: said once, here.
+    if let Some(names) = text.as_deref().and_then(config::unversioned) {
+        info!("note: {}", config::unversioned_note(&args.config, &names));
+    }
     // --rate and --burst edit the policy `default` as `policy set default --rate .. --burst ..`
     // would: its other fields (a dry-run mode, a key) stay as the file has them.
     let default_name = Name::from_static(DEFAULT_POLICY);
@@ -172,7 +183,7 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     }
     let mut made = Made::default();
     health.not_ready(format!("loading and attaching the program on {}", args.iface));
-    let probes = Probes { shared, health, metrics_addr };
+    let probes = Probes { shared, health, metrics_addr, arrays };
     let started =
         start(&args, socket, &pins, (&file, text.as_deref()), |ids| desired(ids, max_frame), probes, &mut made).await;
     let (mut daemon, listener, refusals) = match started {
@@ -292,6 +303,8 @@ struct Probes {
     shared: stats::Shared,
     health: Health,
     metrics_addr: Option<SocketAddr>,
+    /// The bucket arrays, resolved: what the limiter is loaded with, and `stats` says.
+    arrays: Arrays,
 }
 
 /// Binds the socket, loads (or adopts) the program, makes its maps say what the config says,
@@ -305,7 +318,7 @@ async fn start(
     probes: Probes,
     made: &mut Made,
 ) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<kernel::Refusals>), Error> {
-    let Probes { shared, health, metrics_addr } = probes;
+    let Probes { shared, health, metrics_addr, arrays } = probes;
     let listener = bind(socket)?;
     made.socket = true;
 
@@ -314,7 +327,7 @@ async fn start(
     if args.placement.hook == kernel::HookRequest::Tcx && !pins.has_link() {
         kernel::tcx::check_place(&args.iface, &args.placement.tcx)?;
     }
-    let mut limiter = Limiter::open_pinned(args.buckets, args.rows, pins.clone())?;
+    let mut limiter = Limiter::open_pinned(arrays.buckets, arrays.rows, pins.clone())?;
     made.pins = !limiter.adopted() && limiter.replaces_incompatible().is_none();
     // What the maps hold now: a pinned predecessor's state, or nothing.
     let before = if limiter.adopted() {
@@ -352,8 +365,13 @@ async fn start(
         hook = %attached.mode.hook(),
         mode = %attached.mode,
         policies = state.policies().count(),
-        buckets = args.buckets,
-        rows = args.rows,
+        buckets = arrays.buckets,
+        rows = arrays.rows,
+        // Quoted (Debug): values with spaces stay one field for whoever reads the line.
+        buckets_memory = ?format!("{} ({} CPUs)", kernel::bytes_text(arrays.buckets_bytes), arrays.cpus),
+        host_buckets = arrays.host_buckets,
+        host_rows = arrays.host_rows,
+        host_buckets_memory = ?kernel::bytes_text(arrays.host_buckets_bytes),
         config = %args.config.display(),
         socket = %socket.display(),
         pins = %pins.dir().display(),
@@ -365,7 +383,7 @@ async fn start(
     if let Some(why) = &attached.why_tcx {
         info!(iface = %args.iface, why = %why, "judging at tc ingress (tcx): after XDP, beside the other programs there");
     }
-    let mut daemon = Daemon::new(limiter, state, args, shared, health.clone(), longest_window);
+    let mut daemon = Daemon::new(limiter, state, args, shared, health.clone(), longest_window, arrays);
     daemon.start_up(file, text)?;
     health.ready();
     let status = format!(

@@ -83,6 +83,9 @@ impl Daemon {
         let next = State::build_for(&file, &self.state.ids(), self.state.max_frame())
             .map_err(|error| Error::Config { path: path.clone(), error })?;
         self.commit(next, false)?;
+        if let Some(names) = config::unversioned(&text) {
+            info!("note: {}", config::unversioned_note(&self.config_path, &names));
+        }
         self.synced = Some(text);
         Ok(Reloaded {
             config: self.config_path.clone(),

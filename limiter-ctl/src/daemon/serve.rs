@@ -29,7 +29,10 @@ use super::{
     watch::{self, ConfigWatch},
 };
 use crate::{
-    api::{start::Options, stats::Reloads},
+    api::{
+        start::Options,
+        stats::{Arrays, Reloads},
+    },
     config::State,
     kernel::{self, Limiter, Placement},
 };
@@ -101,6 +104,8 @@ pub(super) struct Daemon {
     pub(super) rotate_every: Option<Duration>,
     /// The interface lookup is failing (not "gone": it could not be asked); said once.
     pub(super) lookup_failing: bool,
+    /// The bucket arrays the limiter was loaded with, for `stats`.
+    pub(super) arrays: Arrays,
 }
 
 /// How often the buckets are scanned for the occupancy gauge (it reads them all).
@@ -117,6 +122,7 @@ impl Daemon {
         shared: stats::Shared,
         health: Health,
         longest_window: Duration,
+        arrays: Arrays,
     ) -> Self {
         Self {
             limiter,
@@ -138,6 +144,7 @@ impl Daemon {
             writing: Arc::default(),
             rotate_every: args.rotate_every,
             lookup_failing: false,
+            arrays,
         }
     }
 
@@ -255,6 +262,7 @@ impl Daemon {
         snapshot.reloads = self.reloads.clone();
         snapshot.attach_reason = self.limiter.why_tcx().map(str::to_string);
         snapshot.rotate_every_s = self.rotate_every.map(|d| d.as_secs_f64());
+        snapshot.geometry = Some(self.arrays);
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
         }

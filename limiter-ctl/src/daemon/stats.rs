@@ -87,6 +87,7 @@ impl Sampler {
             bucket_occupancy: occupancy,
             reloads: Reloads::default(),
             rotate_every_s: None,
+            geometry: None,
         }
     }
 }

@@ -336,7 +336,8 @@ mod tests {
     #[test]
     fn each_field_lands_in_the_kernel_policy() {
         let rate = Rate { count: 10, period_ns: 1_000_000_000 };
-        let plain = PolicyDef::any(rate, 5);
+        // Scope cpu: no flag, so each other field's flag shows alone.
+        let plain = PolicyDef { scope: Scope::Cpu, ..PolicyDef::any(rate, 5) };
         let cpu = policy(&plain, 3).unwrap();
         assert_eq!((cpu.flags, cpu.id, cpu.v4_prefix, cpu.v6_prefix), (Policy::ACTIVE, 3, 32, 64));
         let host = policy(&PolicyDef { scope: Scope::Host, ..plain.clone() }, 3).unwrap();

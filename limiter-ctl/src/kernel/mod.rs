@@ -33,7 +33,9 @@ mod view;
 pub(crate) use attach::chain as error_chain;
 pub use compile::Routes;
 pub use error::{Error, Incompatible, MapShape};
-pub use geometry::Geometry;
+pub use geometry::{
+    BucketCount, Geometry, GeometryRequest, HostSize, HostSizeError, auto_buckets, auto_host_buckets, bytes_text,
+};
 pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
 pub use load::Limiter;
 pub use maps::BucketScan;
