@@ -92,6 +92,7 @@ fn sighup_applies_a_valid_edit_and_keeps_running_on_a_bad_one() {
     let mut rig = Rig::start(&[]).expect("starting the rig");
     rig.set(&Pol::new("dns", "udp:53", 300, 30));
     let edited = "# edited by hand\n\
+        version = 2\n\
         allow = [\"198.19.10.0/24\"]\n\n\
         [[policy]]\nname = \"dns\"\nmatch = \"udp:53\"\nrate = \"400/s\"\nburst = 40\n\n\
         [[policy]]\nname = \"web\"\nmatch = \"tcp:80\"\nrate = \"150/s\"\nburst = 15\n";
@@ -175,6 +176,7 @@ fn a_bad_config_at_start_aborts_with_its_position() {
 
 /// The operator's config, with comments and an order of its own, reached through a symlink.
 const OPERATOR_CONFIG: &str = r#"# Edge limits: ask the network team before changing.
+version = 2
 deny = [
     "198.19.66.0/24", # scanner
     "2001:db8:bad::/48",

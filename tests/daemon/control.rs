@@ -152,7 +152,8 @@ fn a_reload_never_removes_protection_by_accident() {
     assert_eq!((applied, refused, successful), (0, 2 * BAD_FILES.len() as u64, 0.0), "reload metrics");
     assert_eq!(at, loaded_at, "the time of the last successful load moved without a success");
 
-    Bad::Text("[[policy]]\nname = \"dns\"\nmatch = \"udp:53\"\nrate = \"400/s\"\nburst = 40\n").make(&path);
+    Bad::Text("version = 2\n\n[[policy]]\nname = \"dns\"\nmatch = \"udp:53\"\nrate = \"400/s\"\nburst = 40\n")
+        .make(&path);
     let out = rig.ctl_ok(&["reload"]);
     assert_eq!(out.trim(), format!("reloaded {shown}: 1 policies, 0 allow and 0 deny entries"), "`reload` output");
     rig.check_installed(&Pol::new("dns", "udp:53", 400, 40), rig.policy_id("dns"));
@@ -206,7 +207,7 @@ fn config_check_judges_a_file_offline() {
 
     std::fs::write(
         &path,
-        "allow = [\"198.18.7.0/24\"]\ndeny = [\"2001:db8:bad::/48\"]\n\n[[policy]]\nname = \"dns\"\nmatch = \"udp:53\"\n\
+        "version = 2\nallow = [\"198.18.7.0/24\"]\ndeny = [\"2001:db8:bad::/48\"]\n\n[[policy]]\nname = \"dns\"\nmatch = \"udp:53\"\n\
          rate = \"100/s\"\n\n[[policy]]\nname = \"big\"\nmatch = \"tcp\"\nrate = \"1000000/s\"\nunit = \"bytes\"\n\
          burst = 2000\n",
     )
@@ -217,7 +218,7 @@ fn config_check_judges_a_file_offline() {
     // lo's 65536-byte MTU: a 2000-byte burst cannot hold its largest frame.
     let (out, _) = check(&["--iface", "lo"]);
     assert_eq!(out.code, Some(2), "a byte burst below lo's frames: {out:?}");
-    assert!(out.stderr.starts_with(&format!("{shown}:10:8: policy 'big'")), "{:?}", out.stderr);
+    assert!(out.stderr.starts_with(&format!("{shown}:11:8: policy 'big'")), "{:?}", out.stderr);
     assert!(out.stderr.contains("65535 bytes"), "{:?}", out.stderr);
     let (out, _) = check(&["--iface", "lmt-no-such-iface"]);
     assert_eq!(out.code, Some(2), "an unknown interface: {out:?}");

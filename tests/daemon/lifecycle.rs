@@ -435,8 +435,8 @@ fn the_bucket_arrays_are_sized_from_the_host_unless_given() {
         let cpu_bytes = u64::from(b) * 16 * u64::from(host.cpus);
         let host_bytes = u64::from(hb) * 16;
         for field in [
-            format!("buckets={b} "),
-            format!("rows={r} "),
+            format!(" buckets={b} "),
+            format!(" rows={r} "),
             format!("host_buckets={hb} "),
             format!("host_rows={hr} "),
             format!("buckets_memory=\"{} ({} CPUs)\"", bytes_text(cpu_bytes), host.cpus),

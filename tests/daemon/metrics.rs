@@ -345,7 +345,10 @@ fn metrics_and_stats_answer_within_100_ms_during_a_salt_rotation() {
 fn top_names_the_flooding_prefixes_and_not_the_quiet_ones() {
     require_root!();
     let rig = Rig::start(&["--buckets", "1024", "--metrics", "off", "--rotate-every", "off"]).expect("rig");
-    rig.ctl_ok(&["policy", "set", "p", "--match", "udp", "--rate", "1000/s", "--burst", "100", "--key", "src/24,/48"]);
+    // Scope cpu: the test reads the per-CPU buckets the kernel picked (the host-scope ones are
+    // another array).
+    let p = ["policy", "set", "p", "--match", "udp", "--rate", "1000/s", "--burst", "100", "--key", "src/24,/48"];
+    rig.ctl_ok(&[&p[..], &["--scope", "cpu"]].concat());
     let id = rig.policy_id("p");
     let before = rig.daemon.counters(id).expect("counters");
     let flood4 = rig.udp(Sources::Spoofed { prefix: "198.19.5.0/24".parse().expect("prefix"), count: 64 }, 7000);
@@ -475,7 +478,8 @@ fn bucket_occupancy_is_measured_every_15_s() {
     require_root!();
     let rig = Rig::start(&["--buckets", "1024", "--rotate-every", "off", "--sample-refusals", "0"]).expect("rig");
     let started = Instant::now();
-    rig.ctl_ok(&["policy", "set", "sweep", "--match", "udp", "--rate", "1/s", "--burst", "30"]);
+    // Scope cpu: the gauge measures the per-CPU buckets (host-scope ones are not scanned yet).
+    rig.ctl_ok(&["policy", "set", "sweep", "--match", "udp", "--rate", "1/s", "--burst", "30", "--scope", "cpu"]);
     let id = rig.policy_id("sweep");
     let occupancy = |rig: &Rig| gauge(&metrics(rig).1, "limiter_bucket_occupancy_ratio", &[]);
     fresh_stats(&rig);

@@ -198,7 +198,8 @@ fn the_daemons_rate_flag_changes_the_rate_alone() {
 fn a_rate_edit_keeps_the_edited_policys_spent_buckets() {
     require_root!();
     let rig = Rig::start(&["--buckets", "64", "--rotate-every", "off"]).expect("starting the rig");
-    let old = Pol::new("edited", "udp:7000", 200, 800);
+    // Scope cpu: the test reads the per-CPU buckets the source spent.
+    let old = Pol::new("edited", "udp:7000", 200, 800).cpu();
     let new = Pol { per_sec: 250, ..old.clone() };
     rig.set(&old);
     let id = rig.policy_id("edited");

@@ -42,11 +42,14 @@ pub struct Pol {
     pub key: Option<&'static str>,
     pub bytes: bool,
     pub dry_run: bool,
+    /// Scope cpu (`--scope cpu`) rather than the default, host: for tests that read the per-CPU
+    /// buckets.
+    pub cpu: bool,
 }
 
 impl Pol {
     pub fn new(name: &'static str, matches: &'static str, per_sec: u64, burst: u64) -> Self {
-        Self { name, matches, per_sec, burst, key: None, bytes: false, dry_run: false }
+        Self { name, matches, per_sec, burst, key: None, bytes: false, dry_run: false, cpu: false }
     }
 
     pub fn key(self, key: &'static str) -> Self {
@@ -61,6 +64,10 @@ impl Pol {
         Self { dry_run: true, ..self }
     }
 
+    pub fn cpu(self) -> Self {
+        Self { cpu: true, ..self }
+    }
+
     /// Every field given (`policy set` changes only the fields given): setting a `Pol` over an
     /// existing policy makes it exactly this one.
     pub fn args(&self) -> Vec<String> {
@@ -69,6 +76,7 @@ impl Pol {
         args.extend(["--key".into(), self.key.unwrap_or("src/32,/64").into()]);
         args.extend(["--unit".into(), if self.bytes { "bytes" } else { "packets" }.into()]);
         args.push(if self.dry_run { "--dry-run" } else { "--enforce" }.into());
+        args.extend(["--scope".into(), if self.cpu { "cpu" } else { "host" }.into()]);
         args
     }
 
@@ -115,6 +123,7 @@ impl PolicyRig for Rig {
         assert_eq!(kernel.gcra, pol.gcra(), "policy '{}' (id {id}) in the kernel", pol.name);
         assert_eq!(kernel.flags & Policy::BYTES != 0, pol.bytes, "'{}' byte flag", pol.name);
         assert_eq!(kernel.flags & Policy::DRY_RUN != 0, pol.dry_run, "'{}' dry-run flag", pol.name);
+        assert_eq!(kernel.flags & Policy::SCOPE_HOST == 0, pol.cpu, "'{}' scope flag", pol.name);
         let syn = pol.matches.ends_with(",syn");
         assert_eq!(kernel.flags & Policy::SYN_ONLY != 0, syn, "'{}' SYN-only flag", pol.name);
     }
@@ -195,11 +204,16 @@ pub fn list_json(rig: &Rig, list: &str) -> Vec<String> {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("`{list} list --json` ({e}): {out}"))
 }
 
-/// A policy as TOML (one `[[policy]]` table).
+/// A policy as TOML (one `[[policy]]` table), its scope said (a file without `version = 2`
+/// reads a policy without it as scope cpu).
 pub fn toml(p: &Pol) -> String {
     format!(
-        "[[policy]]\nname = \"{}\"\nmatch = \"{}\"\nrate = \"{}/s\"\nburst = {}\n\n",
-        p.name, p.matches, p.per_sec, p.burst
+        "[[policy]]\nname = \"{}\"\nmatch = \"{}\"\nrate = \"{}/s\"\nburst = {}\nscope = \"{}\"\n\n",
+        p.name,
+        p.matches,
+        p.per_sec,
+        p.burst,
+        if p.cpu { "cpu" } else { "host" }
     )
 }
 

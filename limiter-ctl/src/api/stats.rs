@@ -133,6 +133,12 @@ impl Arrays {
         }
     }
 
+    /// The geometry the limiter is loaded with.
+    pub fn geometry(&self) -> kernel::Geometry {
+        let Self { buckets, rows, host_buckets, host_rows, .. } = *self;
+        kernel::Geometry { buckets, rows, host_buckets, host_rows }
+    }
+
     /// In one line: `per-CPU buckets 65536 x 4 rows (2 MiB over 2 CPUs), host buckets 4194304 x 2
     /// rows (64 MiB)`.
     pub fn text(&self) -> String {
