@@ -7,7 +7,14 @@
 //! happens on that CPU too) and reads: packets the system saw and let through, kernel CPU time of
 //! the whole machine, and the memory of the limiting state (this limiter: its maps as the kernel
 //! charges them; netfilter: the slab and vmalloc memory the run added beyond what the same flood
-//! added with no rules). The bare XDP_DROP
+//! added with no rules).
+//!
+//! The limiter runs as it ships: the release `limiter-ctl daemon` (build it first: `cargo build
+//! --release -p limiter-ctl --bins`; `cargo xtask bench --peers` does) with its default flags,
+//! its policy set through its socket with no scope given. Its cost is the machine's kernel time
+//! plus the daemon's user time (its system time is already kernel time); the daemon's own share
+//! (user + system) is reported beside it, and once more with no traffic over one period of its
+//! bucket scan (15 s; with the floods, when the limiter at XDP is in the run). The bare XDP_DROP
 //! run of the same workload is the cost of the flood itself; subtracting it gives each system's
 //! net cost.
 //!
@@ -218,7 +225,12 @@ struct Run {
     offered: u64,
     admitted: u64,
     bound: u64,
+    /// Kernel time of the whole machine, plus the limiter's daemon's user time.
     cpu: Duration,
+    /// The limiter's daemon's CPU time (user + system) over the flood; None for the others.
+    daemon: Option<Duration>,
+    /// The wall time the CPU times were taken over (the flood, and the drain after it).
+    window: Duration,
     seconds: f64,
     /// Kernel memory (slab + vmalloc) the run added.
     grew: i64,
@@ -229,7 +241,26 @@ struct Run {
 
 impl Run {
     fn cpu_per_million(&self) -> f64 {
-        self.cpu.as_secs_f64() / (self.offered.max(1) as f64 / 1e6)
+        self.per_million(self.cpu)
+    }
+
+    /// [`Run::cpu_per_million`] less the daemon's share: what the kernel program alone costs.
+    fn cpu_per_million_without_daemon(&self) -> f64 {
+        self.per_million(self.cpu.saturating_sub(self.daemon.unwrap_or_default()))
+    }
+
+    /// The daemon's CPU s per million offered.
+    fn daemon_per_million(&self) -> Option<f64> {
+        Some(self.per_million(self.daemon?))
+    }
+
+    /// The daemon's CPU time over the flood, in percent of one core.
+    fn daemon_share(&self) -> Option<f64> {
+        Some(self.daemon?.as_secs_f64() / self.window.as_secs_f64().max(1e-9) * 100.0)
+    }
+
+    fn per_million(&self, cpu: Duration) -> f64 {
+        cpu.as_secs_f64() / (self.offered.max(1) as f64 / 1e6)
     }
 }
 
@@ -252,15 +283,24 @@ fn flood(system: System, workload: Workload, length: Duration) -> anyhow::Result
     let memory_before = peers::kernel_memory()?;
     let receiver = peers::setup(system, &net, policy)?;
     let sender = net.sender.iface.clone();
+    let daemon_before = receiver.daemon_cpu()?;
     let cpu_before = peers::busy_cpu()?;
+    let window = Instant::now();
     let report = net.sender.run(move || -> anyhow::Result<_> {
         pin_current_thread(SENDER_CPU)?;
         // Bounded by time: the packet cap is far beyond what any machine sends in it.
         generator.send(&sender, cap(length), length)
     })??;
-    // Let the receiver's queue drain before reading.
+    // Let the receiver's queue drain, and the daemon read the last samples, before reading.
     std::thread::sleep(Duration::from_millis(100));
-    let cpu = peers::busy_cpu()?.saturating_sub(cpu_before);
+    let kernel = peers::busy_cpu()?.saturating_sub(cpu_before);
+    let daemon = match (daemon_before, receiver.daemon_cpu()?) {
+        (Some(before), Some(after)) => Some(after.since(before)),
+        _ => None,
+    };
+    let window = window.elapsed();
+    // The daemon's system time is in the machine's kernel time already: only its user time adds.
+    let cpu = kernel + daemon.map_or(Duration::ZERO, |d| d.user);
     let counts = receiver.counts(&net.receiver)?;
     let keys = receiver.keys(&net.receiver)?;
     let grew = peers::kernel_memory()? as i64 - memory_before as i64;
@@ -273,11 +313,29 @@ fn flood(system: System, workload: Workload, length: Duration) -> anyhow::Result
         admitted: counts.admitted,
         bound: if system.limits() { bound(&gcra, sources, report.sent, seconds) } else { counts.offered },
         cpu,
+        daemon: daemon.map(|d| d.total()),
+        window,
         seconds,
         grew,
         maps,
         keys,
     })
+}
+
+/// How long the daemon is watched at rest: the period of its bucket scan (`OCCUPANCY_EVERY` in
+/// limiter-ctl's daemon), so that one scan falls in the window.
+const AT_REST: Duration = Duration::from_secs(15);
+
+/// The limiter's daemon with its policy set and no traffic, from a settled start, over
+/// [`AT_REST`]: its CPU time, and the wall time it was taken over.
+fn at_rest(system: System) -> anyhow::Result<(peers::ProcessCpu, Duration)> {
+    let net = TestNet::new()?;
+    let receiver = peers::setup(system, &net, POLICY)?;
+    let before = receiver.daemon_cpu()?.context("the system runs no daemon")?;
+    let start = Instant::now();
+    std::thread::sleep(AT_REST);
+    let used = receiver.daemon_cpu()?.context("the system runs no daemon")?.since(before);
+    Ok((used, start.elapsed()))
 }
 
 /// State memory: the limiter's maps; for netfilter what the run added beyond what the same
@@ -385,6 +443,15 @@ fn memory_sweep(system: System, sources: u32) -> anyhow::Result<Run> {
     })
 }
 
+/// `mmm` of a figure only some systems have ("-" for the others).
+fn optional(runs: &[Run], f: fn(&Run) -> Option<f64>, digits: usize) -> String {
+    let v: Option<Vec<f64>> = runs.iter().map(f).collect();
+    match v {
+        Some(v) if !v.is_empty() => mmm(&v, digits),
+        _ => "-".into(),
+    }
+}
+
 fn stats(v: &[f64]) -> (f64, f64, f64) {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -420,6 +487,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let selected = |s: &System| opts.systems.contains(s);
+    let rest = match rounds > 0 && selected(&System::Limiter) {
+        true => Some(at_rest(System::Limiter).context("the daemon at rest")?),
+        false => None,
+    };
     let mut bursts = BTreeMap::new();
     for system in EXTRAS.into_iter().filter(selected) {
         if opts.burst {
@@ -476,11 +547,18 @@ fn main() -> anyhow::Result<()> {
         policies.join("; "),
         opts.flood.as_secs_f64()
     )?;
-    writeln!(
-        md,
-        "| workload | system | sent | offered (Mpps reached) | admitted | bound | admitted / bound | CPU s per M offered | net of XDP_DROP | net s per M dropped | state memory (MiB) | keys held |"
-    )?;
-    writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    // The floods' table (the boundary burst and the memory sweep have their own).
+    if rounds > 0 {
+        writeln!(
+            md,
+            "CPU: kernel time of the whole machine (system, irq and softirq, every CPU) over the flood and the 0.1 s after it; for the limiter, plus its daemon's user time (the release `limiter-ctl daemon` with its default flags, policy set through its socket; its system time is kernel time already). The daemon columns are its own user + system time over the same window. User time of the generator is left out for every system.\n"
+        )?;
+        writeln!(
+            md,
+            "| workload | system | sent | offered (Mpps reached) | admitted | bound | admitted / bound | CPU s per M offered | net of XDP_DROP | net s per M dropped | daemon, % of a core | daemon CPU s per M offered | state memory (MiB) | keys held |"
+        )?;
+        writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+    }
     // Per workload and system: the net cost per million dropped, (median, min, max).
     let mut per_dropped_cost: BTreeMap<(Workload, System), (f64, f64, f64)> = BTreeMap::new();
     for &workload in opts.workloads.iter().filter(|_| opts.floods) {
@@ -514,7 +592,7 @@ fn main() -> anyhow::Result<()> {
             }
             writeln!(
                 md,
-                "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 workload.name(),
                 system.name(),
                 mmm(&col(|r| r.sent as f64), 0),
@@ -526,6 +604,8 @@ fn main() -> anyhow::Result<()> {
                 mmm(&cpu, 3),
                 if system == System::XdpDrop || net.is_empty() { "-".into() } else { mmm(&net, 3) },
                 if per_dropped.is_empty() { "-".into() } else { mmm(&per_dropped, 3) },
+                optional(r, Run::daemon_share, 1),
+                optional(r, Run::daemon_per_million, 4),
                 {
                     let m: Vec<f64> =
                         r.iter().filter_map(|r| state_memory(system, r, stateless)).map(|b| b / 1048576.0).collect();
@@ -535,6 +615,17 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
     }
+    if let Some((used, window)) = rest {
+        writeln!(
+            md,
+            "\nThe daemon at rest (its policy set, no traffic) over {:.1} s, one period of its bucket scan: {:.2} % of a core (user {:.2} s, system {:.2} s).",
+            window.as_secs_f64(),
+            used.total().as_secs_f64() / window.as_secs_f64() * 100.0,
+            used.user.as_secs_f64(),
+            used.system.as_secs_f64()
+        )?;
+    }
+    bound_shares(&mut md, &opts, &runs)?;
     let image = |alt: &str, name: &str| opts.images.as_ref().map(|p| format!("\n![{alt}]({p}/{name}.svg)\n"));
     if !bursts.is_empty() {
         if let Some(i) = image(
@@ -624,6 +715,35 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The share of the bound each limiting system admitted on the many-source workloads, side by
+/// side: every system's figure from the same run (the defaults' goal is stated against them).
+fn bound_shares(md: &mut String, opts: &Opts, runs: &BTreeMap<(Workload, System), Vec<Run>>) -> anyhow::Result<()> {
+    let many: Vec<Workload> = opts.workloads.iter().copied().filter(|w| opts.floods && !w.one_source()).collect();
+    let systems: Vec<System> = opts.systems.iter().copied().filter(|s| s.limits()).collect();
+    if many.is_empty() || systems.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "\nShare of the bound admitted with many sources (1: every source got all the policy allows it; below: innocent refusals of shared buckets or a full table; above: over-admission), median (min-max):\n"
+    )?;
+    let names: Vec<&str> = systems.iter().map(|s| s.label()).collect();
+    writeln!(md, "| workload | {} |", names.join(" | "))?;
+    writeln!(md, "|---|{}", "---:|".repeat(systems.len()))?;
+    for w in many {
+        let cells: Vec<String> = systems
+            .iter()
+            .map(|s| {
+                runs.get(&(w, *s)).map_or("-".into(), |r| {
+                    mmm(&r.iter().map(|r| r.admitted as f64 / r.bound.max(1) as f64).collect::<Vec<_>>(), 3)
+                })
+            })
+            .collect();
+        writeln!(md, "| {} | {} |", w.name(), cells.join(" | "))?;
+    }
+    Ok(())
+}
+
 /// The claims, in the order the docs make them. From the one-source flood at [`POLICY`] (nearly
 /// every packet dropped): the limiter's net cost per million dropped against the cheapest
 /// netfilter placement, then against INPUT as commonly configured; the same against the cheapest
@@ -648,7 +768,7 @@ fn headline(
     if let (Some(limiter), false) = (cost(w, System::Limiter), others.is_empty()) {
         writeln!(
             md,
-            "One source flooding at {}/s burst {} (nearly every packet dropped), net CPU s per million dropped (median):\n",
+            "One source flooding at {}/s burst {} (nearly every packet dropped), net CPU s per million dropped (median; the limiter's daemon included):\n",
             POLICY.rate_per_s, POLICY.burst
         )?;
         writeln!(md, "| system | net CPU s per M dropped | limiter cheaper by |")?;
@@ -690,22 +810,35 @@ fn headline(
         )?;
     }
     for w in Workload::ALL.into_iter().filter(|w| w.one_source()) {
-        let gross =
-            |s: System| runs.get(&(w, s)).map(|r| stats(&r.iter().map(Run::cpu_per_million).collect::<Vec<_>>()));
-        if let (Some(l), Some(d)) = (gross(System::Limiter), gross(System::XdpDrop)) {
-            writeln!(
+        let median =
+            |s: System, f: fn(&Run) -> f64| runs.get(&(w, s)).map(|r| stats(&r.iter().map(f).collect::<Vec<_>>()));
+        let (Some(l), Some(d)) =
+            (median(System::Limiter, Run::cpu_per_million), median(System::XdpDrop, Run::cpu_per_million))
+        else {
+            continue;
+        };
+        write!(
+            md,
+            "End to end, a refused packet costs the limiter **{:.2}x** a bare XDP_DROP, its daemon included (CPU s per million offered, {}: {:.3} ({:.3}-{:.3}) against {:.3} ({:.3}-{:.3}))",
+            l.1 / d.1,
+            w.claim(),
+            l.1,
+            l.0,
+            l.2,
+            d.1,
+            d.0,
+            d.2
+        )?;
+        let share = runs.get(&(w, System::Limiter)).map(|r| optional(r, Run::daemon_share, 1));
+        if let (Some(k), Some(share)) = (median(System::Limiter, Run::cpu_per_million_without_daemon), share) {
+            write!(
                 md,
-                "End to end, a refused packet costs the limiter **{:.2}x** a bare XDP_DROP (CPU s per million offered, {}: {:.3} ({:.3}-{:.3}) against {:.3} ({:.3}-{:.3})).\n",
-                l.1 / d.1,
-                w.claim(),
-                l.1,
-                l.0,
-                l.2,
-                d.1,
-                d.0,
-                d.2
+                "; without the daemon's share, {:.2}x ({:.3}); the daemon used {share} % of a core",
+                k.1 / d.1,
+                k.1
             )?;
         }
+        writeln!(md, ".\n")?;
     }
     Ok(md)
 }

@@ -4,6 +4,11 @@
 //!
 //! The veth receiver only takes the generator's XDP frames while it runs an XDP program, so the
 //! netfilter systems and "nothing" get the bare XDP_PASS program: the same for all of them.
+//!
+//! The limiter runs as it ships: the release `limiter-ctl daemon` with its default flags (only
+//! the paths a test needs: interface, socket, config, pins), its policy set through its socket as
+//! an operator sets it, with no scope or geometry given; what it counted is read from its pinned
+//! maps. Its CPU time is the bench's to count ([`Receiver::daemon_cpu`]).
 
 use std::{io::Write as _, process::Stdio, time::Duration};
 
@@ -11,15 +16,14 @@ use anyhow::{Context as _, bail, ensure};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray},
-    programs::{Xdp, XdpMode},
+    programs::{Xdp, XdpMode, loaded_programs},
 };
-use limiter_ctl::{
-    HookRequest, Limiter, ModeRequest, Placement,
-    config::{PolicyDef, State},
-    objects,
-};
+use limiter_ctl::objects;
 
-use crate::netns::{End, TestNet};
+use crate::{
+    daemon::{Daemon, Scratch},
+    netns::{End, TestNet},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum System {
@@ -120,12 +124,18 @@ pub struct PerSource {
 
 pub const PORT: u16 = 9;
 
+/// The name of the policy the limiter's daemon is given.
+const POLICY_NAME: &str = "flood";
+
 /// What a system holds for the run. Dropping it removes the XDP program; the netfilter rules
 /// go with the namespace.
 pub enum Receiver {
-    /// The limiter; at tcx, with the bare XDP_PASS program the veth needs (`pass`).
+    /// The limiter's daemon; at tcx, with the bare XDP_PASS program the veth needs (`pass`).
+    /// Dropped in this order: the daemon stops (SIGINT; it leaves its program pinned), the
+    /// scratch directory's pins go (which detaches the program), then the XDP_PASS.
     Limiter {
-        limiter: Limiter,
+        daemon: Daemon,
+        scratch: Scratch,
         pass: Option<Ebpf>,
     },
     Xdp {
@@ -145,36 +155,36 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
     let r = &net.receiver;
     match system {
         System::Limiter | System::LimiterTcx => {
-            // As the daemon runs it by default: its buckets, rows and refusal sampling.
-            let mut limiter =
-                Limiter::load_rows(limiter_common::maps::DEFAULT_BUCKETS, limiter_common::rows::DEFAULT_ROWS)?;
-            limiter.set_salt(limiter_ctl::kernel::draw_salt()?)?;
-            limiter.set_sampling(limiter_ctl::kernel::DEFAULT_SAMPLE_REFUSALS)?;
-            let def = PolicyDef {
-                name: "flood".parse()?,
-                matches: "udp:9".parse()?,
-                ..PolicyDef::any(format!("{}/s", policy.rate_per_s).parse()?, u64::from(policy.burst))
+            // At tcx the veth takes the generator's frames only with an XDP program on it: the
+            // same bare XDP_PASS as netfilter's rows, so the limiter at tcx pays what netfilter
+            // pays before it (the skb), and its own judgement. Attached first: the daemon finds
+            // XDP taken, as it would beside another tool.
+            let pass = match system {
+                System::LimiterTcx => Some(attach_bench(r, "bench_pass")?),
+                _ => None,
             };
-            let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!("{e}"))?;
-            limiter.sync(&State::default(), &state)?;
-            let iface = r.iface.clone();
+            let scratch = Scratch::new()?;
+            // The harness turns the config watch off by default (for tests that count reloads);
+            // the daemon as shipped watches its file, and pays for it.
+            let mut extra = vec!["--watch-config=true"];
             if system == System::LimiterTcx {
-                // The veth takes the generator's frames only with an XDP program on it: the
-                // same bare XDP_PASS as netfilter's rows, so the limiter at tcx pays what
-                // netfilter pays before it (the skb), and its own judgement.
-                let pass = attach_bench(r, "bench_pass")?;
-                let placement = Placement { hook: HookRequest::Tcx, ..Placement::default() };
-                let limiter = r.run(move || -> anyhow::Result<Limiter> {
-                    limiter.attach_as(&iface, &placement)?;
-                    Ok(limiter)
-                })??;
-                return Ok(Receiver::Limiter { limiter, pass: Some(pass) });
+                extra.extend(["--attach", "tcx"]);
             }
-            let limiter = r.run(move || -> anyhow::Result<Limiter> {
-                limiter.attach(&iface, ModeRequest::Native)?;
-                Ok(limiter)
-            })??;
-            Ok(Receiver::Limiter { limiter, pass: None })
+            let daemon = Daemon::start(r, &scratch, &extra)?;
+            let (rate, burst) = (format!("{}/s", policy.rate_per_s), policy.burst.to_string());
+            daemon.ctl_ok(&[
+                "policy",
+                "set",
+                POLICY_NAME,
+                "--match",
+                &format!("udp:{PORT}"),
+                "--rate",
+                &rate,
+                "--burst",
+                &burst,
+            ])?;
+            settle(daemon.daemon_pid().as_raw())?;
+            Ok(Receiver::Limiter { daemon, scratch, pass })
         }
         System::XdpDrop => Ok(Receiver::Xdp { ebpf: attach_bench(r, "bench_drop")?, system }),
         System::Hashlimit(_) | System::Nftables(_) | System::Nothing => {
@@ -297,8 +307,19 @@ fn run(end: &End, tool: &str, args: &[&str]) -> anyhow::Result<String> {
 impl Receiver {
     pub fn counts(&self, end: &End) -> anyhow::Result<Counts> {
         match self {
-            Self::Limiter { limiter: l, .. } => {
-                let c = crate::bounds::total(&l.counters()?);
+            Self::Limiter { daemon, .. } => {
+                // Read from its pins, exact now (`stats` answers from a snapshot taken once a
+                // second).
+                let maps = daemon.maps()?;
+                let id = maps
+                    .rules
+                    .view
+                    .policies
+                    .iter()
+                    .find(|(_, (_, name))| name.split(|b| *b == 0).next() == Some(POLICY_NAME.as_bytes()))
+                    .map(|(id, _)| *id)
+                    .with_context(|| format!("the daemon has no policy {POLICY_NAME:?} in the kernel"))?;
+                let c = maps.total(id);
                 Ok(Counts { offered: c.admitted_packets + c.refused_packets, admitted: c.admitted_packets })
             }
             Self::Xdp { ebpf, system: System::XdpDrop } => {
@@ -407,7 +428,9 @@ pub fn cpus() -> anyhow::Result<usize> {
 
 /// Kernel CPU time of the whole machine (all CPUs: system, irq and softirq), from /proc/stat.
 /// Everything a flood costs is kernel time (the generator's BPF_PROG_TEST_RUN calls, XDP, the
-/// stack, netfilter); user time is left out because on a shared machine it is other work.
+/// stack, netfilter), except the limiter's daemon's user time, which the bench adds from
+/// [`Receiver::daemon_cpu`]; other user time is left out because on a shared machine it is
+/// other work (the generator's included, the same for every system).
 pub fn busy_cpu() -> anyhow::Result<Duration> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let line = stat.lines().next().context("/proc/stat is empty")?;
@@ -415,8 +438,7 @@ pub fn busy_cpu() -> anyhow::Result<Duration> {
     ensure!(f.len() >= 8, "unexpected /proc/stat: {line}");
     // user nice system idle iowait irq softirq steal
     let busy: u64 = f[2] + f[5] + f[6];
-    // USER_HZ is 100 on Linux.
-    Ok(Duration::from_millis(busy * 10))
+    Ok(Duration::from_nanos(busy.saturating_mul(1_000_000_000) / clock_ticks()?))
 }
 
 /// Kernel memory netfilter state comes from: every slab cache (objects in use x object size)
@@ -458,13 +480,96 @@ impl Receiver {
     /// This limiter's maps, as the kernel charges them (fixed at load); None for the others.
     pub fn maps_memory(&self) -> anyhow::Result<Option<i64>> {
         match self {
-            Self::Limiter { limiter: l, .. } => {
-                let ids = l.program()?.info()?.map_ids()?.unwrap_or_default();
+            Self::Limiter { daemon, .. } => {
+                let program = daemon.program()?;
+                let info = loaded_programs()
+                    .filter_map(Result::ok)
+                    .find(|p| p.id() == program)
+                    .with_context(|| format!("the daemon's program {program} is not loaded"))?;
+                let ids = info.map_ids()?.unwrap_or_default();
                 Ok(Some(maps_memory(&ids)? as i64))
             }
             Self::Xdp { .. } => Ok(None),
         }
     }
+
+    /// The CPU time the limiter's daemon has used so far (None for the other systems).
+    pub fn daemon_cpu(&self) -> anyhow::Result<Option<ProcessCpu>> {
+        match self {
+            Self::Limiter { daemon, .. } => Ok(Some(process_cpu(daemon.daemon_pid().as_raw())?)),
+            Self::Xdp { .. } => Ok(None),
+        }
+    }
+}
+
+/// A process's CPU time, all its threads (those gone too), from /proc/PID/stat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessCpu {
+    pub user: Duration,
+    /// Already in [`busy_cpu`]'s system time: the machine's figure includes it.
+    pub system: Duration,
+}
+
+impl ProcessCpu {
+    /// What it used since `before`.
+    pub fn since(self, before: ProcessCpu) -> ProcessCpu {
+        ProcessCpu { user: self.user.saturating_sub(before.user), system: self.system.saturating_sub(before.system) }
+    }
+
+    pub fn total(self) -> Duration {
+        self.user + self.system
+    }
+}
+
+/// The thread group's utime and stime (fields 14 and 15 of /proc/PID/stat, in clock ticks):
+/// the sum over every thread, including those that exited.
+pub fn process_cpu(pid: i32) -> anyhow::Result<ProcessCpu> {
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let (user, system) = stat_ticks(&stat).with_context(|| format!("unexpected {path}: {stat}"))?;
+    let hz = clock_ticks()?;
+    let time = |t: u64| Duration::from_nanos(t.saturating_mul(1_000_000_000) / hz);
+    Ok(ProcessCpu { user: time(user), system: time(system) })
+}
+
+/// utime and stime, in clock ticks, from the text of /proc/PID/stat.
+fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    // The command name is in parentheses and may hold spaces and ')': the fields follow the
+    // last ')'. They start at field 3 (state): utime is field 14, stime 15.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut f = rest.split_whitespace().skip(11);
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+}
+
+/// How long a daemon must use no CPU to count as settled, and how long it may take.
+const QUIET: Duration = Duration::from_millis(300);
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Waits until the daemon `pid` has used no CPU for [`QUIET`] (at most [`SETTLE_TIMEOUT`]): its
+/// start done (the first bucket scan, which runs at once, the config file written and seen by
+/// the watch), so that a flood's window counts the daemon at work, not starting. Its periodic
+/// work after that (a bucket scan every 15 s) lands in a window as it would on a host.
+fn settle(pid: i32) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + SETTLE_TIMEOUT;
+    let mut last = process_cpu(pid)?;
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(QUIET);
+        let now = process_cpu(pid)?;
+        if now == last {
+            return Ok(());
+        }
+        last = now;
+    }
+    eprintln!("peers: the daemon (pid {pid}) was still busy {SETTLE_TIMEOUT:?} after its start; measuring anyway");
+    Ok(())
+}
+
+/// USER_HZ, the unit of /proc's CPU times.
+fn clock_ticks() -> anyhow::Result<u64> {
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ensure!(hz > 0, "sysconf(_SC_CLK_TCK) failed");
+    Ok(hz as u64)
 }
 
 #[cfg(test)]
@@ -481,5 +586,23 @@ mod tests {
         assert!(nft_rules(Place::Input, policy, "veth0").contains("meter m6"));
         assert!(nft_rules(Place::Raw, policy, "veth0").contains("hook prerouting priority raw"));
         assert!(nft_rules(Place::Ingress, policy, "veth0").contains("table netdev lmt"));
+    }
+
+    #[test]
+    fn reads_a_process_cpu_time() {
+        let stat = "4242 (a) b) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 23 0 0 20 0 3 0 100 1000 10";
+        assert_eq!(stat_ticks(stat), Some((17, 23)));
+        assert_eq!(stat_ticks("4242 (x) S 1"), None);
+        // Our own, while we work (syscalls: user and system time): it grows. On a shared
+        // machine the CPU we get is not the wall time, so the work is bounded by time.
+        let pid = std::process::id() as i32;
+        let before = process_cpu(pid).unwrap();
+        let spin = std::time::Instant::now();
+        let mut used = ProcessCpu::default();
+        while used.total() < Duration::from_millis(50) && spin.elapsed() < Duration::from_secs(10) {
+            std::hint::black_box(std::fs::metadata("/proc/self").ok());
+            used = process_cpu(pid).unwrap().since(before);
+        }
+        assert!(used.total() >= Duration::from_millis(50), "{used:?} in {:?} of spinning", spin.elapsed());
     }
 }

@@ -46,6 +46,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 fn peers(args: &Args) -> anyhow::Result<()> {
     crate::setup::apt(&["iptables", "nftables"])?;
+    // The limiter runs as it ships there: the release daemon, which the bench starts.
+    exec(cargo().args(["build", "--release", "--package", "limiter-ctl", "--bins"]))?;
     // The plots go to docs/bench (shown in BENCHMARKS.md), the table to target/ (recorded from there).
     let out = workspace_root().join(if args.quick { "target/peers" } else { "docs/bench" });
     let table = workspace_root().join("target/bench-peers.md");
