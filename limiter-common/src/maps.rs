@@ -144,7 +144,8 @@ pub struct Config {
     /// untouched).
     pub class_policy: [u16; CLASSES],
     pub flags: u32,
-    /// With `SAMPLE_REFUSALS`: a refusal is sampled when `random & sample_mask == 0`.
+    /// With `SAMPLE_REFUSALS`: a refusal is drawn when `random & sample_mask == 0` (then held to
+    /// `sample_budget`).
     pub sample_mask: u32,
     /// Count-min rows (1..=`rows::MAX_ROWS`; 0 reads as 1): each generation's buckets are split
     /// into this many rows of `row_len`, and a key has one bucket in each.
@@ -354,6 +355,10 @@ pub struct RefusalSample {
     /// 1 when the policy is dry-run (the packet passed).
     pub dry_run: u8,
     pub _pad: u8,
+    /// The refusals this sample stands for, in units of the 1-in-N draw: the draw's hits on its
+    /// CPU that `Config::sample_budget` kept from the ring since that CPU's last sample, and
+    /// this one (`sample::take`). Refusals estimated: `weight x N`.
+    pub weight: u32,
 }
 
 #[cfg(feature = "user")]
@@ -378,6 +383,6 @@ mod tests {
         assert_eq!(size_of::<Config>(), 2 * 32 + 8 + 8 + 4 + 4 + 8 + 4 + 4 + 4 + 4 + 4 * 4);
         assert_eq!(size_of::<Policy>(), 16 + 8 + 16 + 8 + 4 + 2 + 2 + 4 + 4 + 8 + 8 + 16 + 16);
         assert_eq!(size_of::<Counters>(), 14 * 8);
-        assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4);
+        assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4 + 4);
     }
 }

@@ -27,8 +27,9 @@ pub(crate) struct Options {
     pub geometry: GeometryRequest, pub pin_dir: PathBuf,
     /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
     pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
-    /// The Prometheus endpoint; 1 in N refusals sampled for `top`.
-    pub metrics: MetricsAt, pub sample_refusals: u32,
+    /// The Prometheus endpoint; 1 in N refusals sampled for `top`, at most so many samples a
+    /// second for the host (0: no cap).
+    pub metrics: MetricsAt, pub sample_refusals: u32, pub samples_per_s: u32,
 }
 
 /// Where the Prometheus endpoint listens.

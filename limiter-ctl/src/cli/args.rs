@@ -201,6 +201,11 @@ pub(crate) struct DaemonArgs {
     /// Send 1 in N refusals to `limiter-ctl top` (a power of two; 0: none).
     #[arg(long, value_name = "N", default_value_t = crate::kernel::DEFAULT_SAMPLE_REFUSALS, value_parser = parse_sample)]
     pub sample_refusals: u32,
+    /// Send at most N of those samples a second for the whole host (split evenly over the
+    /// possible CPUs, at least 1 each), so a flood of any rate costs the daemon almost nothing;
+    /// 0: no cap (every 1-in-N refusal, whatever the flood's rate).
+    #[arg(long, value_name = "N", default_value_t = crate::kernel::DEFAULT_SAMPLES_PER_S, value_parser = parse_samples_per_s)]
+    pub samples_per_s: u32,
     /// Log lines on stdout as text, or one JSON object per line (for collectors). RUST_LOG
     /// filters them (default info). Under systemd each line carries its syslog priority.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = super::logs::LogFormat::Text)]
@@ -234,6 +239,12 @@ fn parse_sample(s: &str) -> Result<u32, String> {
         Some(n) if n == 0 || (n.is_power_of_two() && n <= 1 << 20) => Ok(n),
         _ => Err(format!("invalid sample rate '{s}': expected 0 (none) or a power of two up to 1048576, such as 256")),
     }
+}
+
+fn parse_samples_per_s(s: &str) -> Result<u32, String> {
+    config::decimal(s).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+        format!("invalid samples per second '{s}': expected 0 (no cap) or a whole number up to 4294967295, such as 256")
+    })
 }
 
 #[derive(Debug, Subcommand)]
@@ -395,6 +406,7 @@ impl DaemonArgs {
             pin_dir: self.pin_dir,
             metrics: self.metrics.0,
             sample_refusals: self.sample_refusals,
+            samples_per_s: self.samples_per_s,
         }
     }
 }

@@ -165,5 +165,9 @@ pub(super) fn top(r: &top::Report) -> String {
             Cell::new(if e.dry_run { "dry-run" } else { "enforce" }),
         ]);
     }
-    format!("{}\n(1 in {} refusals sampled over the last {} s)\n", t.trim_fmt(), r.sample_one_in, r.window_s)
+    let budget = match r.samples_per_s {
+        0 => String::new(),
+        n => format!(", at most {n} samples/s"),
+    };
+    format!("{}\n(1 in {} refusals sampled{budget}, over the last {} s)\n", t.trim_fmt(), r.sample_one_in, r.window_s)
 }

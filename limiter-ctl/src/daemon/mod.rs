@@ -343,7 +343,7 @@ async fn start(
     // An adopted limiter's buckets may hold TATs of its policies, which this daemon never saw.
     let longest_window = before.max_window().max(state.max_window());
     limiter.apply(&before, &MapView::of(&state))?;
-    limiter.set_sampling(args.sample_refusals)?;
+    limiter.set_sampling_within(args.sample_refusals, args.samples_per_s)?;
     // SAFETY: the stream owns its descriptor (the ring's) and keeps it open for as long as the
     // AsyncFd lives.
     let refusals =

@@ -134,7 +134,7 @@ impl Daemon {
             sampler: stats::Sampler::default(),
             occupancy: Arc::default(),
             scanning: Arc::default(),
-            top: Top::new(args.sample_refusals.max(1)),
+            top: Top::new(args.sample_refusals.max(1), args.samples_per_s),
             longest_window,
             reloads: Reloads::default(),
             health,

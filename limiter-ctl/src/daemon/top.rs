@@ -1,6 +1,11 @@
 //! `limiter-ctl top`: the most-refused source prefixes right now, from the sample of refusals
-//! the XDP program sends (1 in N, through a ring buffer). Samples carry the key's prefix only
-//! (what the policy keys on), and this view is only reachable over the root-only socket.
+//! the XDP program sends (1 in N, at most `--samples-per-s` a second, through a ring buffer).
+//! Samples carry the key's prefix only (what the policy keys on), and this view is only
+//! reachable over the root-only socket.
+//!
+//! Prefixes are ranked by the refusals their samples stand for (each sample's weight: the draws
+//! the budget skipped on its CPU before it, and itself), not by the samples alone: under the
+//! budget every busy CPU sends about as many samples, whatever its share of the flood.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -27,14 +32,23 @@ struct Key {
     dry_run: bool,
 }
 
+/// A prefix's samples in a slot, and the draws they stand for (their weights).
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    samples: u64,
+    weight: u64,
+}
+
 pub struct Top {
     one_in: u32,
-    slots: VecDeque<(Instant, HashMap<Key, u64>)>,
+    per_s: u32,
+    slots: VecDeque<(Instant, HashMap<Key, Tally>)>,
 }
 
 impl Top {
-    pub fn new(one_in: u32) -> Self {
-        Self { one_in, slots: VecDeque::new() }
+    /// `one_in`: the kernel's 1-in-N draw; `per_s`: its budget of samples a second (0: none).
+    pub fn new(one_in: u32, per_s: u32) -> Self {
+        Self { one_in, per_s, slots: VecDeque::new() }
     }
 
     pub fn record(&mut self, sample: &RefusalSample) {
@@ -46,7 +60,10 @@ impl Top {
         }
         self.expire(now);
         if let Some((_, counts)) = self.slots.back_mut() {
-            *counts.entry(key).or_insert(0) += 1;
+            let tally = counts.entry(key).or_default();
+            tally.samples += 1;
+            // A sample from before weights existed stands for itself.
+            tally.weight += u64::from(sample.weight.max(1));
         }
     }
 
@@ -58,17 +75,24 @@ impl Top {
 
     pub fn report(&mut self, state: &State, limit: usize) -> Report {
         self.expire(Instant::now());
-        let mut totals: HashMap<Key, u64> = HashMap::new();
+        let mut totals: HashMap<Key, Tally> = HashMap::new();
         for (_, counts) in &self.slots {
             for (k, n) in counts {
-                *totals.entry(*k).or_insert(0) += n;
+                let t = totals.entry(*k).or_default();
+                t.samples += n.samples;
+                t.weight += n.weight;
             }
         }
         let names: HashMap<u16, (String, bool)> =
             state.policies().map(|e| (e.id, (e.def.name.to_string(), e.def.key.dport))).collect();
-        let mut entries: Vec<Entry> = totals
+        let mut ranked: Vec<(Key, Tally)> = totals.into_iter().collect();
+        ranked.sort_by(|(ka, a), (kb, b)| {
+            b.weight.cmp(&a.weight).then(b.samples.cmp(&a.samples)).then_with(|| ka.net.cmp(&kb.net))
+        });
+        ranked.truncate(limit);
+        let entries = ranked
             .into_iter()
-            .map(|(k, samples)| {
+            .map(|(k, t)| {
                 let (policy, keyed_on_port) =
                     names.get(&k.policy).cloned().unwrap_or_else(|| (format!("#{}", k.policy), false));
                 Entry {
@@ -76,14 +100,12 @@ impl Top {
                     policy,
                     dport: keyed_on_port.then_some(k.dport),
                     dry_run: k.dry_run,
-                    samples,
-                    refused_per_s: samples as f64 * f64::from(self.one_in) / WINDOW.as_secs_f64(),
+                    samples: t.samples,
+                    refused_per_s: t.weight as f64 * f64::from(self.one_in) / WINDOW.as_secs_f64(),
                 }
             })
             .collect();
-        entries.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.prefix.cmp(&b.prefix)));
-        entries.truncate(limit);
-        Report { window_s: WINDOW.as_secs(), sample_one_in: self.one_in, entries }
+        Report { window_s: WINDOW.as_secs(), sample_one_in: self.one_in, samples_per_s: self.per_s, entries }
     }
 }
 
@@ -101,14 +123,18 @@ mod tests {
     use super::*;
 
     fn sample(a: [u8; 4], policy: u16) -> RefusalSample {
+        weighed(a, policy, 1)
+    }
+
+    fn weighed(a: [u8; 4], policy: u16, weight: u32) -> RefusalSample {
         let mut addr = [0; 16];
         addr[..4].copy_from_slice(&a);
-        RefusalSample { addr, policy, family: FAMILY_V4, prefix_len: 24, ..Default::default() }
+        RefusalSample { addr, policy, family: FAMILY_V4, prefix_len: 24, weight, ..Default::default() }
     }
 
     #[test]
     fn ranks_prefixes_by_samples() {
-        let mut top = Top::new(256);
+        let mut top = Top::new(256, 0);
         for _ in 0..5 {
             top.record(&sample([198, 18, 5, 0], 1));
         }
@@ -119,5 +145,33 @@ mod tests {
         assert_eq!(r.entries[0].samples, 5);
         assert_eq!(r.entries[0].refused_per_s, 5.0 * 256.0 / 10.0);
         assert_eq!(top.report(&State::default(), 1).entries.len(), 1);
+    }
+
+    /// Under the budget, a CPU the flood keeps busy sends no more samples than a quieter one:
+    /// the weights, not the sample counts, rank and estimate.
+    #[test]
+    fn ranks_and_estimates_by_weight() {
+        let mut top = Top::new(256, 256);
+        // 10 samples standing for 50 draws each (a busy CPU), 20 standing for 1 (a quiet one).
+        for _ in 0..10 {
+            top.record(&weighed([198, 18, 5, 0], 1, 50));
+        }
+        for _ in 0..20 {
+            top.record(&weighed([198, 18, 9, 0], 1, 1));
+        }
+        // A weight of 0 (none sent it: an older program) counts as 1.
+        top.record(&weighed([198, 18, 7, 0], 1, 0));
+        let r = top.report(&State::default(), 10);
+        assert_eq!(r.samples_per_s, 256);
+        let got: Vec<(String, u64, f64)> =
+            r.entries.iter().map(|e| (e.prefix.to_string(), e.samples, e.refused_per_s)).collect();
+        assert_eq!(
+            got,
+            [
+                ("198.18.5.0/24".to_string(), 10, 500.0 * 256.0 / 10.0),
+                ("198.18.9.0/24".to_string(), 20, 20.0 * 256.0 / 10.0),
+                ("198.18.7.0/24".to_string(), 1, 256.0 / 10.0),
+            ]
+        );
     }
 }

@@ -39,7 +39,7 @@ pub use geometry::{
 pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
 pub use load::Limiter;
 pub use maps::BucketScan;
-pub use refusals::{DEFAULT_SAMPLE_REFUSALS, Refusals};
+pub use refusals::{DEFAULT_SAMPLE_REFUSALS, DEFAULT_SAMPLES_PER_S, Refusals, per_cpu_budget};
 pub use rotate::draw_salt;
 pub use tcx::{ProgRef, TcxPlace};
 pub use view::MapView;

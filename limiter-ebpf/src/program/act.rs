@@ -3,7 +3,7 @@
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
-    helpers::bpf_get_prandom_u32,
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
 };
 use limiter_common::{
     FlowKey,
@@ -37,31 +37,39 @@ pub fn sample(cfg: &Config, pkt: &Packet, policy: &Policy, verdict: Verdict) {
     }
 }
 
-/// Sends one refusal in `sample_mask + 1` to userspace: the key's prefix, nothing finer.
+/// Sends one refusal in `sample_mask + 1` to userspace, within the CPU's budget
+/// (`sample::hit`: a uniform one of the hits since the last sample sent, weighed by their count):
+/// the key's prefix, nothing finer.
 #[inline(always)]
 fn sample_refusal(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: Verdict) {
-    let Some(state) = SAMPLER.get_ptr_mut(0) else {
+    let Some(sampler) = SAMPLER.get_ptr_mut(0) else {
         return;
     };
     // SAFETY: a map value, valid for the program's run; only this CPU touches it. The kernel's
     // generator is asked only to seed a CPU's first draw.
-    let state = unsafe { &mut *state };
-    let seed = if *state == 0 { unsafe { bpf_get_prandom_u32() } } else { 0 };
-    if !sample::draw(state, seed, cfg.sample_mask) {
+    let sampler = unsafe { &mut *sampler };
+    let seed = if sampler.state == 0 { unsafe { bpf_get_prandom_u32() } } else { 0 };
+    if !sample::draw(&mut sampler.state, seed, cfg.sample_mask) {
         return;
     }
-    let mut sample = RefusalSample {
-        policy: policy.id,
-        family: pkt.family,
-        dry_run: u8::from(verdict == Verdict::WouldRefuse),
-        ..RefusalSample::default()
-    };
-    let key = FlowKey::from_words(pkt.family, words);
-    sample.addr = key.addr;
-    sample.dport = key.dport;
-    sample.prefix_len = if pkt.family == FAMILY_V4 { policy.v4_prefix } else { policy.v6_prefix };
-    // A full ring drops the sample, never the packet's verdict.
-    let _ = REFUSALS.output::<RefusalSample>(&sample, 0);
+    // Only a hit reads the clock and draws again: the refusal path keeps its cost.
+    let random = sample::next(&mut sampler.state);
+    let hit = sample::hit(&mut sampler.window, unsafe { bpf_ktime_get_ns() }, cfg.sample_budget, random);
+    let sample = &mut sampler.candidate;
+    if hit.replace {
+        let key = FlowKey::from_words(pkt.family, words);
+        sample.addr = key.addr;
+        sample.dport = key.dport;
+        sample.policy = policy.id;
+        sample.family = pkt.family;
+        sample.prefix_len = if pkt.family == FAMILY_V4 { policy.v4_prefix } else { policy.v6_prefix };
+        sample.dry_run = u8::from(verdict == Verdict::WouldRefuse);
+    }
+    if hit.send > 0 {
+        sample.weight = hit.send;
+        // A full ring drops the sample, never the packet's verdict.
+        let _ = REFUSALS.output::<RefusalSample>(sample, 0);
+    }
 }
 
 /// A frame the parser could not judge (not IP, or malformed) passes, counted.

@@ -22,9 +22,12 @@ use aya_ebpf::{
     maps::{Array, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
     programs::{TcContext, XdpContext},
 };
-use limiter_common::maps::{
-    Config, Counters, DEFAULT_BUCKETS, GENERATIONS, LayerSet, Lease, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES,
-    POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
+use limiter_common::{
+    maps::{
+        Config, Counters, DEFAULT_BUCKETS, GENERATIONS, LayerSet, Lease, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES,
+        POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
+    },
+    sample::Sampler,
 };
 use limiter_ebpf::{
     frame::{Frame, pull_headers},
@@ -79,10 +82,10 @@ static JUMPS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 /// `JUMPS` for the tc programs: a program array holds programs of one type only.
 #[map]
 static JUMPS_TCX: ProgramArray = ProgramArray::with_max_entries(1, 0);
-/// Each CPU's refusal sampler state (`limiter_common::sample`). Not pinned: reseeded after a
-/// reload.
+/// Each CPU's refusal sampler: the draw's state and the budget's window
+/// (`limiter_common::sample::Sampler`). Not pinned: reseeded, its window reopened, after a reload.
 #[map]
-static SAMPLER: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+static SAMPLER: PerCpuArray<Sampler> = PerCpuArray::with_max_entries(1, 0);
 
 /// Where the judgement runs: what it reads the frame through, and where its tail call goes.
 pub trait Hook: Frame + EbpfContext {

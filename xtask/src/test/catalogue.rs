@@ -105,6 +105,7 @@ pub const TARGETS: &[Target] = &[
     root("sharing", &[Kernel, XdpTools]),
     root("rotation", &[Kernel]),
     root("metrics", &[Kernel]),
+    root("flood_cost", &[Kernel]),
     root("local_user", &[Kernel, Python]),
     Target { name: "logs", needs: &[], offline: Offline::All },
     Target {

@@ -1,0 +1,258 @@
+//! A flood costs the daemon almost nothing, and `top` still names the heaviest sources at once.
+//!
+//! The daemon runs with its default sampling of refusals (1 in 256, at most 256 samples a second
+//! for the host: `--samples-per-s`), on the shared [`limiter_tests::rig`]. Floods come from the
+//! live-frames generator ([`limiter_tests::livegen`], the fastest this machine has), pinned, and
+//! bounded by time. The daemon's CPU time is read from /proc (its threads, live and exited).
+
+use std::time::{Duration, Instant};
+
+use limiter_tests::{
+    bounds::Judged,
+    cpu::{ProcessCpu, flood_cpu, pin_current_thread},
+    flood::{L4, Limits, Report, Sources, cap},
+    livegen::{LiveGen, LiveSources},
+    policies::src,
+    require_root,
+    rig::{Flooding, Rig},
+};
+use serde_json::Value;
+
+/// The most of a core the daemon may use under a flood, with the default sampling.
+const MAX_DAEMON_SHARE: f64 = 0.01;
+/// Refusals per second below which a run is no flood: the test would prove nothing.
+const MIN_REFUSALS_PER_S: f64 = 200_000.0;
+const FLOOD: Duration = Duration::from_secs(5);
+/// `top`'s window (`limiter_ctl`'s daemon::top::WINDOW): its rates are refusals over it.
+const TOP_WINDOW_S: f64 = 10.0;
+
+/// One daemon, one source flooding as fast as the generator goes.
+struct Cost {
+    flood: Report,
+    refused: u64,
+    daemon: ProcessCpu,
+    /// Over the same time as `daemon`.
+    wall: Duration,
+    /// `top --json` after the flood.
+    top: Value,
+}
+
+impl Cost {
+    fn share(&self) -> f64 {
+        self.daemon.total.as_secs_f64() / self.wall.as_secs_f64()
+    }
+
+    fn refused_per_s(&self) -> f64 {
+        self.refused as f64 / self.flood.duration().as_secs_f64()
+    }
+
+    fn samples(&self) -> u64 {
+        entries(&self.top).iter().map(|e| e["samples"].as_u64().unwrap_or(0)).sum()
+    }
+
+    /// The refusals `top` estimates over its window.
+    fn estimated(&self) -> f64 {
+        entries(&self.top).iter().map(|e| e["refused_per_s"].as_f64().unwrap_or(0.0)).sum::<f64>() * TOP_WINDOW_S
+    }
+}
+
+impl std::fmt::Display for Cost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "daemon {:.3}% of a core ({:?} in {:?}; live threads {:?}: {:?}); {:.0} refusals/s ({} refused; flood {}); top: \
+             {} samples standing for {:.0} refusals",
+            100.0 * self.share(),
+            self.daemon.total,
+            self.wall,
+            self.daemon.threads_total(),
+            self.daemon.threads,
+            self.refused_per_s(),
+            self.refused,
+            self.flood,
+            self.samples(),
+            self.estimated(),
+        )
+    }
+}
+
+fn entries(top: &Value) -> &[Value] {
+    top["entries"].as_array().map_or(&[], |v| v.as_slice())
+}
+
+/// A daemon started with `extra`, a policy refusing nearly all of one source's flood, and that
+/// flood for [`FLOOD`]: what it cost the daemon.
+fn flood_cost(extra: &[&str]) -> Cost {
+    let rig = Rig::start(extra).expect("rig");
+    rig.ctl_ok(&["policy", "set", "p", "--match", "udp", "--rate", "100/s", "--burst", "10"]);
+    let id = rig.policy_id("p");
+    let source = src("198.19.1.1");
+    let generator = LiveGen::new(&rig.spec(source, 7000), L4::Udp, LiveSources { first: source, count: 1 })
+        .expect("the live-frames generator");
+    // The daemon's start (its first occupancy scan, the policy's apply) is behind it.
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = rig.daemon.daemon_pid().as_raw();
+    let counters = rig.daemon.counters(id).expect("counters");
+    let (before, start) = (ProcessCpu::read(pid).expect("the daemon's CPU time"), Instant::now());
+    let sender = rig.net.sender.iface.clone();
+    let flood = rig
+        .net
+        .sender
+        .run(move || -> anyhow::Result<Report> {
+            pin_current_thread(flood_cpu())?;
+            generator.send(&sender, cap(FLOOD), FLOOD)
+        })
+        .expect("sender")
+        .expect("flood");
+    // The last samples drained.
+    std::thread::sleep(Duration::from_millis(200));
+    let (after, wall) = (ProcessCpu::read(pid).expect("the daemon's CPU time"), start.elapsed());
+    let judged = Judged::between(&counters, &rig.daemon.counters(id).expect("counters"));
+    let out = rig.ctl_ok(&["top", "--json"]);
+    let top = serde_json::from_str(&out).unwrap_or_else(|e| panic!("top --json ({e}): {out}"));
+    Cost { flood, refused: judged.total.refused_packets, daemon: after.since(&before), wall, top }
+}
+
+/// With the default sampling, a one-source flood at the generator's full speed (hundreds of
+/// thousands of refusals a second at least) costs the daemon at most 1% of a core; the kernel
+/// sent no more samples than the budget allows, and `top` still estimates the refusals right
+/// (each sample weighs the draws the budget skipped). For the record, the same flood against
+/// the old default (every 1-in-256 refusal, `--samples-per-s 0`).
+#[test]
+fn a_flood_costs_the_daemon_at_most_one_percent_of_a_core() {
+    require_root!();
+    let bounded = flood_cost(&[]);
+    eprintln!("default sampling (1 in 256, at most 256 samples/s): {bounded}");
+    let unbounded = flood_cost(&["--samples-per-s", "0"]);
+    eprintln!("old default (1 in 256, no cap): {unbounded}");
+    eprintln!(
+        "daemon CPU: {:.3}% of a core with the budget, {:.3}% without, at {:.2} and {:.2} M refusals/s",
+        100.0 * bounded.share(),
+        100.0 * unbounded.share(),
+        bounded.refused_per_s() / 1e6,
+        unbounded.refused_per_s() / 1e6
+    );
+
+    let c = &bounded;
+    assert!(
+        c.refused_per_s() >= MIN_REFUSALS_PER_S,
+        "no flood: {:.0} refusals/s, under the {MIN_REFUSALS_PER_S} this test needs to mean anything: {c}",
+        c.refused_per_s()
+    );
+    assert!(
+        c.share() <= MAX_DAEMON_SHARE,
+        "the daemon used {:.3}% of a core under the flood, over {}%: {c}",
+        100.0 * c.share(),
+        100.0 * MAX_DAEMON_SHARE
+    );
+    // One CPU refused: at most its 128 samples a second (256 for the host, over 2 CPUs; more
+    // CPUs, fewer each), over the seconds the flood touched.
+    let seconds = c.flood.duration().as_secs_f64().ceil() + 1.0;
+    let cpus = aya::util::nr_cpus().expect("possible CPUs");
+    let budget = limiter_ctl::kernel::per_cpu_budget(limiter_ctl::kernel::DEFAULT_SAMPLES_PER_S, cpus);
+    assert!(c.samples() > 0, "no samples reached top: {c}");
+    assert!(
+        c.samples() as f64 <= f64::from(budget) * seconds,
+        "{} samples, over the budget of {budget} a second on the flooded CPU: {c}",
+        c.samples()
+    );
+    let ratio = c.estimated() / c.refused as f64;
+    assert!((0.7..=1.3).contains(&ratio), "top estimates {:.0} refusals of {}: {c}", c.estimated(), c.refused);
+}
+
+/// Two sources flood at different rates, each sender on its own CPU (the veth judges where its
+/// receive NAPI runs, so both CPUs spend their budget on a mix of the two): `top`, asked from
+/// the heavier flood's start, names the heavier one's prefix first within a second and from
+/// then on, and estimates each one's refusals near what its policy counted. Each flood goes to
+/// a port of its own under a policy of its own, so the counters tell the two apart.
+#[test]
+fn top_names_the_heavier_flood_first_within_a_second() {
+    require_root!();
+    let cpus = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).expect("affinity");
+    let heavy_cpu = flood_cpu();
+    let light_cpu = (0..heavy_cpu).rev().find(|&c| cpus.is_set(c).unwrap_or(false));
+    let Some(light_cpu) = light_cpu else {
+        panic!("this test needs two CPUs (the floods are judged on the CPU that sends them)");
+    };
+    let rig = Rig::start(&[]).expect("rig");
+    for (name, port) in [("heavy", "7000"), ("light", "7001")] {
+        let udp = format!("udp:{port}");
+        rig.ctl_ok(&["policy", "set", name, "--match", &udp, "--rate", "100/s", "--burst", "10", "--key", "src/24"]);
+    }
+    let ids = [rig.policy_id("heavy"), rig.policy_id("light")];
+    let counters = ids.map(|id| rig.daemon.counters(id).expect("counters"));
+    let (heavy, light) = (src("198.19.1.1"), src("198.19.2.1"));
+    let generator = LiveGen::new(&rig.spec(heavy, 7000), L4::Udp, LiveSources { first: heavy, count: 1 })
+        .expect("the live-frames generator");
+
+    // The lighter flood (a packet socket: several times slower than the generator) first, so
+    // `top` has something else to name when the heavier one starts.
+    let light_stream = rig.udp(Sources::One(light), 7001);
+    let limits = Limits::timed(Duration::from_millis(3300)).on_cpu(light_cpu);
+    let lightly = Flooding::start(&rig.net.sender, std::slice::from_ref(&light_stream), limits, None, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let sender = rig.net.sender.iface.clone();
+    let heavily = rig.net.sender.spawn(move || -> anyhow::Result<Report> {
+        pin_current_thread(heavy_cpu)?;
+        let length = Duration::from_millis(2500);
+        generator.send(&sender, cap(length), length)
+    });
+    // (when answered, the first prefix, the whole answer)
+    let mut polls: Vec<(Instant, Option<String>, String)> = Vec::new();
+    while !heavily.is_finished() {
+        let out = rig.ctl_ok(&["top", "--json"]);
+        let answered = Instant::now();
+        let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("top --json ({e}): {out}"));
+        let first = entries(&report).first().and_then(|e| e["prefix"].as_str()).map(str::to_string);
+        polls.push((answered, first, out));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let heavy_run = heavily.join().expect("the heavier flood's thread").expect("sender").expect("flood");
+    let light_run = lightly.finish().expect("the lighter flood");
+    let out = rig.ctl_ok(&["top", "--json"]);
+    let last: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("top --json ({e}): {out}"));
+    let refused =
+        |i: usize| Judged::between(&counters[i], &rig.daemon.counters(ids[i]).expect("counters")).total.refused_packets;
+    let (heavy_refused, light_refused) = (refused(0), refused(1));
+
+    let (heavy_net, light_net) = ("198.19.1.0/24", "198.19.2.0/24");
+    let start = heavy_run.first.expect("the heavier flood's start");
+    let end = heavy_run.last.expect("the heavier flood's end");
+    let light_end = light_run.report.last.expect("the lighter flood's end");
+    let at = |t: Instant| t.saturating_duration_since(start).as_secs_f64();
+    let named: Vec<(f64, Option<&str>)> = polls.iter().map(|(t, p, _)| (at(*t), p.as_deref())).collect();
+    let heavy_rate = heavy_refused as f64 / heavy_run.duration().as_secs_f64();
+    let light_rate = light_refused as f64 / light_run.report.duration().as_secs_f64();
+    eprintln!(
+        "heavier {heavy_net}: {heavy_refused} refused, {heavy_rate:.0}/s ({heavy_run}); lighter {light_net}: \
+         {light_refused} refused, {light_rate:.0}/s ({})",
+        light_run.report
+    );
+    eprintln!("top's first prefix, by seconds since the heavier flood started: {named:?}");
+    let first_named = polls.iter().find(|(t, p, _)| *t >= start && p.as_deref() == Some(heavy_net));
+    eprintln!("named first after {:?} s", first_named.map(|(t, _, _)| at(*t)));
+    eprintln!("after the floods: {out}");
+
+    // The heavier is heavier, and both flooded while top was asked.
+    assert!(
+        heavy_rate >= 2.0 * light_rate,
+        "the floods' refusal rates are too close for a ranking to mean anything: {heavy_rate:.0}/s vs {light_rate:.0}/s"
+    );
+    assert!(light_end > end, "the lighter flood ended before the heavier one: {}", light_run.report);
+    let judged: Vec<&(Instant, Option<String>, String)> =
+        polls.iter().filter(|(t, _, _)| *t >= start + Duration::from_secs(1) && *t <= end).collect();
+    assert!(judged.len() >= 3, "top answered only {} times between 1 s into the flood and its end", judged.len());
+    for (t, first, out) in judged {
+        assert_eq!(first.as_deref(), Some(heavy_net), "{:.2} s into the heavier flood, top named: {out}", at(*t));
+    }
+
+    // Each prefix's estimate (weights x 256, over top's window) is near its refusals.
+    let estimate = |net: &str| -> f64 {
+        let e = entries(&last).iter().find(|e| e["prefix"] == net).unwrap_or_else(|| panic!("no {net} in {out}"));
+        e["refused_per_s"].as_f64().expect("refused_per_s") * TOP_WINDOW_S
+    };
+    for (net, refused) in [(heavy_net, heavy_refused), (light_net, light_refused)] {
+        let ratio = estimate(net) / refused as f64;
+        assert!((0.7..=1.3).contains(&ratio), "{net}: top estimates {:.0} refusals of {refused}: {out}", estimate(net));
+    }
+}
