@@ -319,7 +319,7 @@ fn a_file_from_before_the_format_marker_keeps_its_meaning() {
     let daemon = Daemon::start(&net.receiver, &scratch, &[]).expect("starting the daemon");
     let rig = Rig { daemon, scratch, net };
     let logged: Vec<String> =
-        rig.daemon.lines().iter().map(|(_, l)| l.clone()).filter(|l| l.contains("keep scope cpu")).collect();
+        rig.daemon.lines().iter().map(|(_, l)| l.clone()).filter(|l| l.contains("has no `version = 2`")).collect();
     assert_eq!(logged.len(), 1, "the note once in the log:\n{}", rig.daemon.output());
     assert!(logged[0].contains("'old'"), "{}", logged[0]);
     assert_eq!(std::fs::read_to_string(&path).expect("config"), UNVERSIONED_CONFIG, "the start wrote the file");
@@ -374,6 +374,6 @@ fn a_file_from_before_the_format_marker_keeps_its_meaning() {
     rig.hup("reloaded");
     assert!(scope_host(&rig, "old"), "`old` without scope in a file with the marker is not host");
     assert_eq!(rig.show("old")["scope"].as_str(), Some("host"));
-    let notes: usize = rig.daemon.lines().iter().filter(|(_, l)| l.contains("keep scope cpu")).count();
+    let notes: usize = rig.daemon.lines().iter().filter(|(_, l)| l.contains("has no `version = 2`")).count();
     assert_eq!(notes, 1, "a note for a file with the marker:\n{}", rig.daemon.output());
 }

@@ -488,7 +488,9 @@ fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
     let slack = Duration::from_nanos(limiter_common::tick::SLACK_NS);
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
     let rate = Rate { count: 1000, period_ns: 1000 * T.as_nanos() as u64 };
-    let policy = compile::policy(&PolicyDef::any(rate, 1), 1).expect("1000 per 100.37 s, burst 1");
+    // Scope cpu: the tick refusal is the per-CPU path's.
+    let cpu = PolicyDef { scope: limiter_ctl::config::Scope::Cpu, ..PolicyDef::any(rate, 1) };
+    let policy = compile::policy(&cpu, 1).expect("1000 per 100.37 s, burst 1");
     for rows in [1, 4] {
         let limiter = judging_all_by(Limiter::load_rows(BUCKETS, rows).expect("loading the limiter"), &policy);
         let timed = || timed_run(&limiter, &frame);

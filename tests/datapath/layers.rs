@@ -126,7 +126,7 @@ const SPOOFED_TIME: Duration = Duration::from_secs(2);
 fn per_source_and_aggregate_pair_holds_a_spoofed_flood_to_the_cap_and_one_source_to_its_own() {
     require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
-    let per_source = Pol::new("persource", "udp:9999", PER_SOURCE_RATE, PER_SOURCE_BURST);
+    let per_source = Pol::new("persource", "udp:9999", PER_SOURCE_RATE, PER_SOURCE_BURST).cpu();
     let initial = Pol::new("aggregate", "udp:9999", AGGREGATE_MAX, AGGREGATE_MAX / 10).key("src/0,/0");
     set_with(&rig, &per_source, &[]);
     set_with(&rig, &initial, &["--scope", "host"]);
@@ -708,7 +708,7 @@ fn config_check_warns_of_a_layer_that_can_never_use_its_allowance() {
     };
     let pair = |agg_burst: u64| {
         format!(
-            "[[policy]]\nname = \"persource\"\nmatch = \"udp:9999\"\nrate = \"1000/s\"\nburst = 100\n\n\
+            "[[policy]]\nname = \"persource\"\nmatch = \"udp:9999\"\nrate = \"1000/s\"\nburst = 100\nscope = \"cpu\"\n\n\
              [[policy]]\nname = \"aggregate\"\nmatch = \"udp:9999\"\nrate = \"20000/s\"\nburst = {agg_burst}\n\
              key = \"src/0,/0\"\nscope = \"host\"\n"
         )

@@ -57,7 +57,9 @@ impl Loss {
 /// `rows` rows, then sends one packet from each of `innocents` others (198.18.0.0/16).
 fn measure(net: &TestNet, buckets: u32, rows: u32, flooders: u32, innocents: u32) -> Loss {
     let rate: Rate = "10/min".parse().expect("rate");
-    let policy = compile::policy(&PolicyDef::any(rate, 5), POLICY).expect("policy");
+    // Scope cpu: the per-CPU buckets of `buckets` are what is measured.
+    let cpu = PolicyDef { scope: limiter_ctl::config::Scope::Cpu, ..PolicyDef::any(rate, 5) };
+    let policy = compile::policy(&cpu, POLICY).expect("policy");
     let mut limiter = udp_limiter(buckets, SALT, &policy).expect("loading the limiter");
     let mut config = limiter.config().expect("config");
     config.rows = rows;

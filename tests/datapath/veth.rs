@@ -254,7 +254,8 @@ fn auto_mode_falls_back_to_skb_on_a_bridge_and_still_limits() {
 
 fn policy(rate: &str, burst: u64) -> anyhow::Result<limiter_common::maps::Policy> {
     let rate: Rate = rate.parse()?;
-    let spec = PolicyDef::any(rate, burst);
+    // Scope cpu: these tests predict and read the per-CPU buckets.
+    let spec = PolicyDef { scope: limiter_ctl::config::Scope::Cpu, ..PolicyDef::any(rate, burst) };
     compile::policy(&spec, POLICY).map_err(|e| anyhow!("{rate} burst {burst}: {e}"))
 }
 

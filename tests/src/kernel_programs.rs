@@ -33,9 +33,11 @@ const PROBE_PROGRAM: &str = "limiter_probe";
 const PROBE_MAP: &str = "PROBE";
 const PROBE_POLICY_MAP: &str = "PROBE_POLICY";
 
-/// A policy no test refuses anything under: 10^9 per second, burst 10^6.
+/// A policy no test refuses anything under: 10^9 per second, burst 10^6. Scope cpu: the tests
+/// read the per-CPU buckets it writes.
 pub fn permissive(key: KeySpec) -> PolicyDef {
-    PolicyDef { key, ..PolicyDef::any(Rate { count: 1_000_000_000, period_ns: 1_000_000_000 }, 1_000_000) }
+    let rate = Rate { count: 1_000_000_000, period_ns: 1_000_000_000 };
+    PolicyDef { key, scope: limiter_ctl::config::Scope::Cpu, ..PolicyDef::any(rate, 1_000_000) }
 }
 
 /// The real limiter loaded in-process with `salt` and `policy` (compiled under its own id),

@@ -126,14 +126,16 @@ pub fn unversioned(text: &str) -> Option<Vec<Name>> {
 /// scope cpu, and how to opt in to the new default.
 pub fn unversioned_note(path: &Path, names: &[Name]) -> String {
     let quoted: Vec<String> = names.iter().map(|n| format!("'{n}'")).collect();
+    let which = match quoted.as_slice() {
+        [one] => format!("policy {one} keeps"),
+        _ => format!("policies {} keep", quoted.join(", ")),
+    };
     format!(
-        "{} has no `version = {FORMAT_VERSION}` (written before scope host became the default): its {} without \
-         `scope` ({}) keep scope cpu, a rate per CPU; add `version = {FORMAT_VERSION}` on top of the file for \
-         one allowance for the whole host (the daemon adds it, with `scope = \"cpu\"` on them, when it next \
-         writes the file)",
-        path.display(),
-        if names.len() == 1 { "policy" } else { "policies" },
-        quoted.join(", ")
+        "{} has no `version = {FORMAT_VERSION}` (written before scope host became the default): {which} scope cpu, \
+         a rate per CPU, for leaving `scope` out; add `version = {FORMAT_VERSION}` on top of the file for one \
+         allowance for the whole host (the daemon adds it at its next write of the file, with `scope = \"cpu\"` \
+         where scope is left out)",
+        path.display()
     )
 }
 
