@@ -314,7 +314,9 @@ async fn start(
     if args.placement.hook == kernel::HookRequest::Tcx && !pins.has_link() {
         kernel::tcx::check_place(&args.iface, &args.placement.tcx)?;
     }
-    let mut limiter = Limiter::open_pinned(args.buckets, args.rows, pins.clone())?;
+    let geometry =
+        kernel::Geometry { buckets: args.buckets, rows: args.rows, host_buckets: args.buckets, host_rows: 1 };
+    let mut limiter = Limiter::open_pinned(geometry, pins.clone())?;
     made.pins = !limiter.adopted() && limiter.replaces_incompatible().is_none();
     // What the maps hold now: a pinned predecessor's state, or nothing.
     let before = if limiter.adopted() {
