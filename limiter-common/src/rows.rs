@@ -110,6 +110,61 @@ pub fn judge_rows(
     RowsJudgement { admit: true, store }
 }
 
+/// [`judge_rows`], each row's new value written over `values` where it changes (an admission;
+/// a refusal leaves them all): true when admitted. For a caller short of stack (the kernel's
+/// host scope keeps the values it read beside the values it writes, and no more).
+#[inline(always)]
+pub fn judge_rows_in_place(
+    gcra: &Gcra,
+    me: u8,
+    values: &mut [u64; MAX_ROWS],
+    rows: usize,
+    now_ns: u64,
+    weight: u64,
+    claim: impl Fn(u8) -> u64,
+) -> bool {
+    let now = now_ns.wrapping_shl(CLOCK_SHIFT);
+    judge_rows_by(gcra, me, values, rows, now_ns, weight, |v| credible_ahead(v, now, gcra.capacity, &claim))
+}
+
+/// [`judge_rows_in_place`] with each row's [`credible_ahead`] at `now_ns` given by `ahead(value)`
+/// (asked twice per row, rather than kept: the kernel's host scope judges each try out of line,
+/// in the few bytes of stack the verifier leaves a called function).
+#[inline(always)]
+pub fn judge_rows_by(
+    gcra: &Gcra,
+    me: u8,
+    values: &mut [u64; MAX_ROWS],
+    rows: usize,
+    now_ns: u64,
+    weight: u64,
+    ahead: impl Fn(u64) -> u64,
+) -> bool {
+    let now = now_ns.wrapping_shl(CLOCK_SHIFT);
+    let mut least = u64::MAX;
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        let a = ahead(values[i]);
+        if a < least {
+            least = a;
+        }
+        i += 1;
+    }
+    let next = least.saturating_add(gcra.cost(weight));
+    if next > gcra.capacity {
+        return false;
+    }
+    let value = now.wrapping_add(next) | u64::from(me);
+    let mut i = 0;
+    while i < MAX_ROWS && i < rows {
+        if ahead(values[i]) < next {
+            values[i] = value;
+        }
+        i += 1;
+    }
+    true
+}
+
 /// Until when (ns, exclusive) the exact GCRA keeps refusing packets of weight 1 from a key
 /// whose rows hold `values`, if they stay as they are, after [`judge_rows`] refused one at
 /// `now_ns`; 0 when it cannot say (a row is beyond the policy's window, where the answer depends
@@ -237,6 +292,34 @@ mod tests {
             }
             let rate = both as f64 / (first as f64 * (rows - 1) as f64);
             assert!((rate - 1.0 / len as f64).abs() < 0.3 / len as f64, "{rows} rows: {rate} vs {}", 1.0 / len as f64);
+        }
+    }
+
+    /// The in-place judgement is the judgement: the same verdict, and the values it leaves are
+    /// the stores where there are any, the values read elsewhere.
+    #[test]
+    fn judging_in_place_is_judging() {
+        let mut rng = StdRng::seed_from_u64(0x1b1a);
+        for _ in 0..50_000 {
+            let gcra = Gcra::new(rng.random_range(1..=10_000), SEC, rng.random_range(1..=20), 1).unwrap();
+            let rows = rng.random_range(1..=MAX_ROWS);
+            let now: u64 = rng.random_range(SEC..1u64 << 50);
+            let mut values = [0u64; MAX_ROWS];
+            for v in values.iter_mut().take(rows) {
+                let ahead = rng.random_range(0..=gcra.capacity * 2) & !OWNER_MASK;
+                *v = match rng.random_range(0..4) {
+                    0 => 0,
+                    1 => (now << CLOCK_SHIFT).wrapping_sub(ahead) | 1,
+                    _ => (now << CLOCK_SHIFT).wrapping_add(ahead) | rng.random_range(1..=2u64),
+                };
+            }
+            let claim = |id: u8| if id == 2 { gcra.capacity * 3 / 2 } else { gcra.capacity };
+            let j = judge_rows(&gcra, 1, &values, rows, now, 1, claim);
+            let mut in_place = values;
+            assert_eq!(judge_rows_in_place(&gcra, 1, &mut in_place, rows, now, 1, claim), j.admit);
+            for i in 0..MAX_ROWS {
+                assert_eq!(in_place[i], j.store[i].unwrap_or(values[i]), "row {i} of {rows}: {values:?} {j:?}");
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 
 use limiter_common::{
     maps::{Counters, MAX_FRAME_WEIGHT, Policy},
-    rows::{MAX_ROWS, judge_rows},
+    rows::{MAX_ROWS, judge_rows, judge_rows_by},
 };
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,25 @@ pub fn decide_units(
     // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
     let j = judge_rows(&policy.gcra, policy.id as u8, values, rows, now_ns, weight, claim);
     (if j.admit { Verdict::Admit } else { refusal(policy) }, j.store)
+}
+
+/// [`decide_units`] with each row's new value written over `values` where it changes, each
+/// row's credible distance ahead from `ahead(value)` (`rows::judge_rows_by`): the verdict.
+#[inline(always)]
+pub fn decide_in_place(
+    policy: &Policy,
+    values: &mut [u64; MAX_ROWS],
+    rows: usize,
+    now_ns: u64,
+    weight: u64,
+    ahead: impl Fn(u64) -> u64,
+) -> Verdict {
+    // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
+    if judge_rows_by(&policy.gcra, policy.id as u8, values, rows, now_ns, weight, ahead) {
+        Verdict::Admit
+    } else {
+        refusal(policy)
+    }
 }
 
 /// The verdict for a packet the policy refuses (dry-run: would refuse).

@@ -48,8 +48,9 @@ impl Shortcuts for AllOn {
 ///
 /// It also holds how long the key's last refusal stands (`refused_until_ns`, 0: none; see
 /// docs/DESIGN.md, Decide): set only when that refusal wrote nothing, so while every packet
-/// this CPU judges is the same key refused from the memo, its buckets cannot change, and the
-/// exact GCRA would refuse each of them until then. Any other key replaces the memo. A key
+/// this CPU judges is the same key refused from the memo, its buckets cannot change (per CPU)
+/// or only rise (host scope: other CPUs' admissions), and the exact GCRA would refuse each of
+/// them until then. Any other key replaces the memo. A key
 /// that floods beyond what any source keeping to its rate could send within one tick is
 /// refused for the rest of that tick without reading the clock (`streak`).
 #[repr(C)]
@@ -62,7 +63,8 @@ pub struct KeyMemo {
     pub hash: u64,
     pub refused_until_ns: u64,
     /// The policy's parameters and the bucket geometry (`Config::bucket_mask | row_len << 32`,
-    /// and the rows) when `refused_until_ns` was set: a change to either voids it.
+    /// or the host array's, and the rows with the scope: [`geometry`]) when `refused_until_ns`
+    /// was set: a change to either voids it.
     pub emission: u64,
     pub capacity: u64,
     pub shape: u64,
@@ -117,15 +119,22 @@ pub fn hash(memo: Option<&mut KeyMemo>, salt: &SipInit, family: u8, words: &[u64
 }
 
 /// Whether the memoised key's last refusal still stands for this packet (the memo holds this
-/// packet's key: [`hash`] was asked first), under the same policy parameters and bucket
-/// geometry: then the packet is refused without reading its buckets.
+/// packet's key: [`hash`] was asked first), under the same policy parameters, scope (`host`:
+/// `HOST_BUCKETS`, else this CPU's `BUCKETS`) and that array's geometry: then the packet is
+/// refused without reading its buckets.
+///
+/// Host scope: other CPUs write the key's rows between this CPU's packets, but only an admission
+/// writes (a refusal writes nothing), and an admission only raises a row it counts as ahead (the
+/// clock is read after the rows, so no reader takes a live TAT for a ghost: `scope`). A refusal
+/// that stands on this CPU's reading of the rows stands on any later reading, until its end.
 #[inline(always)]
-pub fn refusal_stands<S: Shortcuts>(m: &mut KeyMemo, cfg: &Config, policy: &Policy, rows: usize) -> bool {
+pub fn refusal_stands<S: Shortcuts>(m: &mut KeyMemo, cfg: &Config, policy: &Policy, rows: usize, host: bool) -> bool {
+    let (shape, rows) = geometry(cfg, rows, host);
     if m.refused_until_ns == 0
         || m.emission != policy.gcra.emission
         || m.capacity != policy.gcra.capacity
-        || m.shape != shape(cfg)
-        || m.rows != rows as u64
+        || m.shape != shape
+        || m.rows != rows
         || policy.flags & Policy::BYTES != 0
     {
         return false;
@@ -146,10 +155,12 @@ pub fn refusal_stands<S: Shortcuts>(m: &mut KeyMemo, cfg: &Config, policy: &Poli
     false
 }
 
-/// Records what a full judgement at `now_ns` decided over the key's buckets (`values`, as read):
-/// until when its refusal stands, 0 for an admission, a byte policy (the cost depends on the
-/// frame) or during a salt rotation (the previous generation's buckets count too).
+/// Records what a full judgement at `now_ns` decided over the key's buckets (`values`, as read,
+/// in `HOST_BUCKETS` when `host`): until when its refusal stands, 0 for an admission, a byte
+/// policy (the cost depends on the frame) or during a salt rotation (the previous generation's
+/// buckets count too).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub fn remember(
     m: &mut KeyMemo,
     cfg: &Config,
@@ -158,6 +169,7 @@ pub fn remember(
     rows: usize,
     now_ns: u64,
     verdict: Verdict,
+    host: bool,
 ) {
     let until = if verdict == Verdict::Admit || now_ns < cfg.grace_until_ns || policy.flags & Policy::BYTES != 0 {
         0
@@ -169,13 +181,19 @@ pub fn remember(
         m.streak = Streak::default();
         m.emission = policy.gcra.emission;
         m.capacity = policy.gcra.capacity;
-        m.shape = shape(cfg);
-        m.rows = rows as u64;
+        (m.shape, m.rows) = geometry(cfg, rows, host);
     }
 }
 
-/// The bucket geometry a memo refusal was computed under (with the rows).
+/// The bucket geometry a memo refusal was computed under: the array's mask and row length, and
+/// its rows with the scope (bit 32: `HOST_BUCKETS`), so a refusal of one scope or shape never
+/// answers for another (a policy switched to the other scope keeps its parameters).
 #[inline(always)]
-fn shape(cfg: &Config) -> u64 {
-    u64::from(cfg.bucket_mask) | u64::from(cfg.row_len) << 32
+fn geometry(cfg: &Config, rows: usize, host: bool) -> (u64, u64) {
+    let shape = if host {
+        u64::from(cfg.host_mask) | u64::from(cfg.host_row_len) << 32
+    } else {
+        u64::from(cfg.bucket_mask) | u64::from(cfg.row_len) << 32
+    };
+    (shape, rows as u64 | u64::from(host) << 32)
 }

@@ -20,8 +20,13 @@
 //! against the one-policy row it replaces, from the same run: 1, 2 and 4 layers admitting and
 //! with the last layer refusing, and a SYN-only policy meeting established traffic (TCP ACKs).
 //!
+//! Host scope (the default for new policies) has rows of its own with the host array in the
+//! daemon's default shape (2 rows) and in 4 rows, its memo's shortcuts on and off.
+//!
 //! Run with `cargo xtask bench` (records BENCHMARKS.md) or
-//! `cargo bench -p limiter-tests --bench xdp -- [--out FILE] [--rounds N]`.
+//! `cargo bench -p limiter-tests --bench xdp -- [--out FILE] [--rounds N] [--only NAME_PART]...`
+//! (`--only`: just the rows whose name contains one of the parts, with the two baselines, and
+//! none of the rows compared against another).
 
 use std::{
     fmt::Write as _,
@@ -38,6 +43,7 @@ use etherparse::EtherType;
 use limiter_ctl::{
     Limiter,
     config::{List, PolicyDef, Scope, State},
+    kernel::Geometry,
     objects,
 };
 use limiter_tests::{
@@ -57,6 +63,8 @@ struct Args {
     rounds: usize,
     scaling: bool,
     contention: bool,
+    /// Only the rows whose name contains one of these (and the baselines); none: every row.
+    only: Vec<String>,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -64,6 +72,7 @@ fn args() -> anyhow::Result<Args> {
     let mut rounds = 5;
     let mut scaling = false;
     let mut contention = false;
+    let mut only = Vec::new();
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -71,11 +80,14 @@ fn args() -> anyhow::Result<Args> {
             "--rounds" => rounds = it.next().context("--rounds needs a number")?.parse()?,
             "--scaling" => scaling = true,
             "--contention" => contention = true,
+            "--only" => only.push(it.next().context("--only needs part of a row's name")?),
             "--bench" => {} // passed by `cargo bench`
-            other => bail!("unknown argument {other}; expected --out FILE, --rounds N, --scaling, --contention"),
+            other => bail!(
+                "unknown argument {other}; expected --out FILE, --rounds N, --scaling, --contention, --only NAME_PART"
+            ),
         }
     }
-    Ok(Args { out, rounds, scaling, contention })
+    Ok(Args { out, rounds, scaling, contention, only })
 }
 
 /// One program under test and how to prepare it.
@@ -120,6 +132,8 @@ fn bench_object(name: &'static str) -> anyhow::Result<Ebpf> {
 /// `allow` entries.
 /// A policy no benchmark run can exhaust: every packet takes the admit path.
 const ADMIT_ALL: (&str, &str, u64) = ("any", "1000000000/s", 1_000_000_000);
+/// A policy spent by each source's first packet: once warmed, every packet is refused.
+const REFUSE: (&str, &str, u64) = ("any", "1/h", 1);
 
 fn limiter(buckets: u32, policies: &[(&str, &str, u64)], allow: &[&str]) -> anyhow::Result<Limiter> {
     limiter_with(buckets, 1, policies, allow, Scope::Cpu)
@@ -159,6 +173,24 @@ fn limiter_without_memo(buckets: u32, rows: u32, policies: &[(&str, &str, u64)])
 /// clock every packet (the A of an A/B).
 fn limiter_without_tick(buckets: u32, rows: u32, policies: &[(&str, &str, u64)]) -> anyhow::Result<Limiter> {
     configure(Limiter::load_rows_without_tick_refusal(buckets, rows)?, policies, &[], Scope::Cpu)
+}
+
+/// A limiter of host-scope `policies`, with the per-CPU buckets as [`limiter`]'s and the host
+/// array of [`BUCKETS`] split into `host_rows` rows; its memo's shortcuts as given (both on: the
+/// shipped program; otherwise its test build).
+fn limiter_host(
+    host_rows: u32,
+    policies: &[(&str, &str, u64)],
+    key_memo: bool,
+    tick_refusal: bool,
+) -> anyhow::Result<Limiter> {
+    let geometry = Geometry { host_rows, ..Geometry::same(BUCKETS, 1) };
+    let limiter = if key_memo && tick_refusal {
+        Limiter::load_geometry(geometry)?
+    } else {
+        Limiter::load_switchable_geometry(geometry, key_memo, tick_refusal)?
+    };
+    configure(limiter, policies, &[], Scope::Host)
 }
 
 /// `limiter` sampling refusals as the daemon does by default (`--sample-refusals 256`).
@@ -304,6 +336,48 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             what: "as refuse, the bucket shared by all CPUs (read only)",
             run: limiter_runner(limiter_scoped(BUCKETS, &[("any", "1/h", 1)], &[], Scope::Host)?),
             warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: admit, host scope, 2 rows",
+            what: "as admit, host scope, the shared array in 2 rows (the default): both written by compare-and-exchange",
+            run: limiter_runner(limiter_host(2, &[ADMIT_ALL], true, true)?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: refuse, host scope, 2 rows",
+            what: "as refuse, host scope, 2 rows (the default): read only; hot: the memo's standing refusal",
+            run: limiter_runner(limiter_host(2, &[REFUSE], true, true)?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: admit, host scope, 4 rows",
+            what: "as admit, host scope, the shared array in 4 rows",
+            run: limiter_runner(limiter_host(4, &[ADMIT_ALL], true, true)?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: refuse, host scope, 4 rows",
+            what: "as refuse, host scope, 4 rows",
+            run: limiter_runner(limiter_host(4, &[REFUSE], true, true)?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: refuse, host scope, 2 rows, no tick refusal",
+            what: "as refuse, host scope, 2 rows, the standing refusal checked on the precise clock every packet",
+            run: limiter_runner(limiter_host(2, &[REFUSE], true, false)?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: refuse, host scope, 2 rows, no key memo",
+            what: "as refuse, host scope, 2 rows, every packet hashes its key and reads its rows (the memo off)",
+            run: limiter_runner(limiter_host(2, &[REFUSE], false, false)?),
+            warm_all_sources: true,
+        },
+        Subject {
+            name: "limiter: admit, host scope, 2 rows, no key memo",
+            what: "as admit, host scope, 2 rows, every packet hashes its key (the memo off)",
+            run: limiter_runner(limiter_host(2, &[ADMIT_ALL], false, false)?),
+            warm_all_sources: false,
         },
         Subject {
             name: "limiter: no policy",
@@ -676,7 +750,14 @@ fn main() -> anyhow::Result<()> {
         .collect();
     let traffic = |t: Traffic| if t == Traffic::TcpAcks { &acks } else { &frames };
 
-    let mut subjects: Vec<(Subject, Traffic)> = subjects()?.into_iter().map(|s| (s, Traffic::Udp)).collect();
+    let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| name.contains(o.as_str()));
+    // The two baselines first, always: every ratio is to them.
+    let mut subjects: Vec<(Subject, Traffic)> = subjects()?
+        .into_iter()
+        .enumerate()
+        .filter(|(i, s)| *i < 2 || wanted(s.name))
+        .map(|(_, s)| (s, Traffic::Udp))
+        .collect();
     for (s, _) in subjects.iter().filter(|(s, _)| s.warm_all_sources) {
         for f in &frames {
             (s.run)(f, 1)?;
@@ -685,7 +766,8 @@ fn main() -> anyhow::Result<()> {
     // Each compared row warmed and checked here, then measured as any other row; its baseline's
     // index kept for the second table.
     let mut against = Vec::new();
-    for c in compared()? {
+    let compared = if args.only.is_empty() { compared()? } else { Vec::new() };
+    for c in compared {
         let frames = traffic(c.traffic);
         if c.warm_all_sources {
             for f in frames {

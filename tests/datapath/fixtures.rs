@@ -16,8 +16,8 @@ use limiter_common::{
 };
 use limiter_ctl::{
     Hook, Limiter,
-    config::{KeySpec, Mode, PolicyDef, Rate, Unit},
-    kernel::{TestHook, compile},
+    config::{KeySpec, Mode, PolicyDef, Rate, Scope, Unit},
+    kernel::{Geometry, TestHook, compile},
 };
 use limiter_tests::{
     cpu::pin_current_thread,
@@ -407,6 +407,16 @@ fn judging_all_by(mut limiter: Limiter, policy: &Policy) -> Limiter {
     limiter
 }
 
+/// The memo tests' shapes: each scope, with the rows its array is split into (both arrays
+/// alike: `Geometry::same`). Host scope with 2 rows is the daemon's default.
+const MEMO_SHAPES: [(Scope, u32); 5] =
+    [(Scope::Cpu, 1), (Scope::Cpu, 4), (Scope::Host, 1), (Scope::Host, 2), (Scope::Host, 4)];
+
+/// `def` compiled as policy 1, of `scope`.
+fn scoped(def: &PolicyDef, scope: Scope) -> Policy {
+    compile::policy(&PolicyDef { scope, ..def.clone() }, 1).expect("the test's policy compiles")
+}
+
 /// One test run of `frame`, with the user-side moments it began and ended.
 fn timed_run(limiter: &Limiter, frame: &[u8]) -> (Instant, Instant, u32) {
     let start = Instant::now();
@@ -417,7 +427,7 @@ fn timed_run(limiter: &Limiter, frame: &[u8]) -> (Instant, Instant, u32) {
 /// The per-CPU key memo refuses a flooding source without reading its buckets until its
 /// refusal ends (limiter-ebpf `KeyMemo`): on the precise clock (the tick refusal off, below for
 /// it on) it must end exactly when the exact GCRA would admit
-/// again, never later, never earlier. One source floods (back-to-back test runs on one CPU)
+/// again, never later, never earlier; at either scope, with one row or several. One source floods (back-to-back test runs on one CPU)
 /// under 10/s, burst 1: after each admission at kernel time `t` (inside the user-measured call
 /// `[u0, u1]`), the next is due at `t + T`. A refusal whose call began at or after `u1 + T` was
 /// refused too long; an admission whose call ended before `u0 + T` came early.
@@ -428,13 +438,11 @@ fn a_memo_refusal_ends_when_the_allowance_returns() {
     const T: Duration = Duration::from_millis(100);
     const CYCLES: usize = 4;
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
-    let policy =
-        compile::policy(&PolicyDef::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1), 1).expect("10/s burst 1");
-    for rows in [1, 4] {
-        let limiter = judging_all_by(
-            Limiter::load_rows_without_tick_refusal(BUCKETS, rows).expect("loading the limiter"),
-            &policy,
-        );
+    let def = PolicyDef::any(Rate { count: 10, period_ns: 1_000_000_000 }, 1);
+    for (scope, rows) in MEMO_SHAPES {
+        let loaded = Limiter::load_switchable_geometry(Geometry::same(BUCKETS, rows), true, false);
+        let limiter = judging_all_by(loaded.expect("loading the limiter"), &scoped(&def, scope));
+        let rows = format!("{scope:?} {rows}");
         let timed = || timed_run(&limiter, &frame);
         let (mut u0, mut u1, first) = timed();
         assert_eq!(first, XDP_PASS, "rows {rows}: the first packet has its burst");
@@ -488,11 +496,11 @@ fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
     let slack = Duration::from_nanos(limiter_common::tick::SLACK_NS);
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
     let rate = Rate { count: 1000, period_ns: 1000 * T.as_nanos() as u64 };
-    // Scope cpu: the tick refusal is the per-CPU path's.
-    let cpu = PolicyDef { scope: limiter_ctl::config::Scope::Cpu, ..PolicyDef::any(rate, 1) };
-    let policy = compile::policy(&cpu, 1).expect("1000 per 100.37 s, burst 1");
-    for rows in [1, 4] {
-        let limiter = judging_all_by(Limiter::load_rows(BUCKETS, rows).expect("loading the limiter"), &policy);
+    let def = PolicyDef::any(rate, 1);
+    for (scope, rows) in MEMO_SHAPES {
+        let loaded = Limiter::load_geometry(Geometry::same(BUCKETS, rows));
+        let limiter = judging_all_by(loaded.expect("loading the limiter"), &scoped(&def, scope));
+        let rows = format!("{scope:?} {rows}");
         let timed = || timed_run(&limiter, &frame);
         let (mut u0, mut u1, first) = timed();
         assert_eq!(first, XDP_PASS, "rows {rows}: the first packet has its burst");
@@ -532,20 +540,29 @@ fn a_tick_refusal_outlasts_the_exact_end_by_at_most_the_tick() {
 /// A flood at the 1000/s burst 100 with the tick refusal: the key gets what the exact
 /// GCRA gives the very same arrivals up to `tick::SLACK_NS` before the flood's end (owed
 /// admissions are made up when the next tick's first packet is judged), and never more than its
-/// bound over the flood. In the daemon's default shape: 4 rows, 1 in 256 refusals sampled.
+/// bound over the flood. In the daemon's default shapes: 4 rows per CPU, or host scope in 2
+/// rows; 1 in 256 refusals sampled.
 #[test]
 fn a_tick_refused_flood_keeps_its_allowance() {
     require_root!();
     pin_current_thread(CPU).expect("pinning the test thread");
+    let spec = PolicyDef::any(Rate { count: 1000, period_ns: 1_000_000_000 }, 100);
+    let shape = limiter_tests::kernel_programs::Shape::DAEMON;
+    // Per CPU in the daemon's per-CPU rows, and host scope in its host rows (2).
+    for (scope, rows) in [(Scope::Cpu, shape.rows), (Scope::Host, 2)] {
+        let policy = scoped(&spec, scope);
+        let mut limiter = Limiter::load_geometry(Geometry::same(BUCKETS, rows)).expect("loading the limiter");
+        limiter.set_sampling(shape.sample_refusals).expect("refusal sampling");
+        let limiter = judging_all_by(limiter, &policy);
+        tick_refused_flood(&limiter, &policy, &format!("{scope:?} {rows} rows"));
+    }
+}
+
+/// [`a_tick_refused_flood_keeps_its_allowance`] on one limiter, judging every packet by `policy`.
+fn tick_refused_flood(limiter: &Limiter, policy: &Policy, what: &str) {
     const RUN: Duration = Duration::from_millis(1200);
     let slack_ns = limiter_common::tick::SLACK_NS;
     let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(0, 10)).datagram(&udp(1000, 53, 16)));
-    let spec = PolicyDef::any(Rate { count: 1000, period_ns: 1_000_000_000 }, 100);
-    let policy = compile::policy(&spec, 1).expect("1000/s burst 100");
-    let shape = limiter_tests::kernel_programs::Shape::DAEMON;
-    let mut limiter = Limiter::load_rows(BUCKETS, shape.rows).expect("loading the limiter");
-    limiter.set_sampling(shape.sample_refusals).expect("refusal sampling");
-    let limiter = judging_all_by(limiter, &policy);
     let start = Instant::now();
     // (call start in ns since `start`, admitted)
     let mut log: Vec<(u64, bool)> = Vec::with_capacity(1 << 20);
@@ -572,17 +589,21 @@ fn a_tick_refused_flood_keeps_its_allowance() {
     }
     let bound = policy.gcra.bound((end - start).as_nanos() as u64);
     eprintln!(
-        "{} packets in {:?}: admitted {admitted}, exact {exact_total} ({exact_before_slack} up to the slack before the end), bound {bound}",
+        "{what}: {} packets in {:?}: admitted {admitted}, exact {exact_total} ({exact_before_slack} up to the slack before the end), bound {bound}",
         log.len(),
         end - start
     );
-    assert!(admitted <= bound, "admitted {admitted} > bound {bound}");
+    assert!(admitted <= bound, "{what}: admitted {admitted} > bound {bound}");
     // One more for the microseconds between a call's start and the kernel's clock read.
     assert!(
         admitted + 1 >= exact_before_slack,
-        "admitted {admitted}, but the exact GCRA admits {exact_before_slack} of the same arrivals before the last {slack_ns} ns"
+        "{what}: admitted {admitted}, but the exact GCRA admits {exact_before_slack} of the same arrivals before the last {slack_ns} ns"
     );
-    assert!(log.len() > 10 * exact_total as usize, "not a flood: {} packets for {exact_total} admissions", log.len());
+    assert!(
+        log.len() > 10 * exact_total as usize,
+        "{what}: not a flood: {} packets for {exact_total} admissions",
+        log.len()
+    );
 }
 
 /// A source that keeps to its rate is never refused while another floods on the same CPU: the
@@ -597,11 +618,10 @@ fn an_at_rate_source_is_never_refused_beside_a_memo_refused_flood() {
     let datagram = |s| ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(s, 10)).datagram(&udp(1000, 53, 16)));
     let (flood, steady) = (datagram(0), datagram(1));
     let spec = PolicyDef::any(Rate { count: 20, period_ns: 1_000_000_000 }, 2);
-    for rows in [1, 4] {
-        let mut limiter = Limiter::load_rows(BUCKETS, rows).expect("loading the limiter");
-        limiter.set_salt(SALT).expect("salt");
-        limiter.set_policy(&compile::policy(&spec, 1).expect("20/s burst 2")).expect("policy");
-        limiter.set_default_policy(1).expect("default policy");
+    for (scope, rows) in MEMO_SHAPES {
+        let loaded = Limiter::load_geometry(Geometry::same(BUCKETS, rows)).expect("loading the limiter");
+        let limiter = judging_all_by(loaded, &scoped(&spec, scope));
+        let rows = format!("{scope:?} {rows}");
         let run = |frame: &[u8]| limiter.test_run(frame).expect("test run");
         let start = Instant::now();
         let (mut flood_admitted, mut flood_refused, mut steady_sent) = (0u64, 0u64, 0u64);
@@ -626,12 +646,73 @@ fn an_at_rate_source_is_never_refused_beside_a_memo_refused_flood() {
             }
         }
         let elapsed = start.elapsed();
-        let gcra = compile::policy(&spec, 1).expect("policy").gcra;
+        let gcra = scoped(&spec, scope).gcra;
         let bound = gcra.bound(elapsed.as_nanos() as u64);
         assert!(flood_admitted <= bound, "rows {rows}: the flood got {flood_admitted}, bound {bound}");
         assert!(
             flood_refused > 1000 && steady_sent >= 5,
             "rows {rows}: {flood_refused} refused, {steady_sent} sent at rate"
+        );
+    }
+}
+
+/// The key memo and the tick refusal change no verdict: the shipped program (both on), the test
+/// build with the tick refusal off, and with the memo off judge the same frames alike, at
+/// either scope, over one row or several, with keys forced to share rows (16 buckets for 12
+/// sources). 1/h, burst 3: nothing refills during the test, so each verdict is decided by what
+/// the rows hold, not by when it is judged; the memo's standing refusals last the whole test.
+/// Sources come in runs (the memo's case) and alternate (its replacement). Halfway, the policy
+/// switches scope with the same rate: a refusal memoised at one scope must not answer for the
+/// other's buckets (fresh there: the burst again).
+#[test]
+fn the_memo_and_the_tick_refusal_change_no_verdict() {
+    require_root!();
+    pin_current_thread(CPU).expect("pinning the test thread");
+    const TINY: u32 = limiter_common::maps::MIN_BUCKETS;
+    let datagram = |s| ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(s, 10)).datagram(&udp(1000, 53, 16)));
+    let spec = PolicyDef::any(Rate { count: 1, period_ns: 3_600_000_000_000 }, 3);
+    let mut rng = StdRng::seed_from_u64(0x6d656d6f);
+    for (scope, rows) in MEMO_SHAPES {
+        let other = if scope == Scope::Host { Scope::Cpu } else { Scope::Host };
+        let geometry = Geometry::same(TINY, rows);
+        let load = |memo, tick| {
+            let limiter = if memo && tick {
+                Limiter::load_geometry(geometry)
+            } else {
+                Limiter::load_switchable_geometry(geometry, memo, tick)
+            };
+            judging_all_by(limiter.expect("loading the limiter"), &scoped(&spec, scope))
+        };
+        let mut limiters = [load(true, true), load(true, false), load(false, false)];
+        let (mut refused, mut admitted) = (0u64, 0u64);
+        for step in 0..400 {
+            if step == 200 {
+                for limiter in &mut limiters {
+                    limiter.set_policy(&scoped(&spec, other)).expect("switching the scope");
+                }
+            }
+            let frame = datagram(rng.random_range(0..12u16));
+            for _ in 0..rng.random_range(1..=6) {
+                let verdicts = limiters.each_ref().map(|l| l.test_run(&frame).expect("test run"));
+                assert!(
+                    verdicts.iter().all(|&v| v == verdicts[0]),
+                    "{scope:?}, {rows} rows, step {step}: shipped, no tick refusal, no memo: {verdicts:?}"
+                );
+                match verdicts[0] {
+                    XDP_PASS => admitted += 1,
+                    v => {
+                        assert_eq!(v, XDP_DROP);
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        eprintln!("{scope:?}, {rows} rows: {admitted} admitted, {refused} refused alike");
+        // Both scopes' bursts were had (12 sources, burst 3: at most 72 admissions in all), and
+        // the memo served refusals.
+        assert!(
+            admitted > 12 && admitted <= 72 && refused > 500,
+            "{scope:?}, {rows} rows: {admitted} admitted, {refused} refused"
         );
     }
 }

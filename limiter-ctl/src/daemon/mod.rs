@@ -327,10 +327,8 @@ async fn start(
     if args.placement.hook == kernel::HookRequest::Tcx && !pins.has_link() {
         kernel::tcx::check_place(&args.iface, &args.placement.tcx)?;
     }
-    // The per-CPU array's shape only, for now: the host-scope one is sized with it (the kernel
-    // side takes `arrays.geometry()` whole).
     let geometry = arrays.geometry();
-    let mut limiter = Limiter::open_pinned(geometry.buckets, geometry.rows, pins.clone())?;
+    let mut limiter = Limiter::open_pinned(geometry, pins.clone())?;
     made.pins = !limiter.adopted() && limiter.replaces_incompatible().is_none();
     // What the maps hold now: a pinned predecessor's state, or nothing.
     let before = if limiter.adopted() {

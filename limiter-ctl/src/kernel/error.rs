@@ -123,6 +123,8 @@ pub enum Error {
     // What this build's own maps should never do.
     #[error("internal error: {0} is not a per-CPU array")]
     NotPerCpu(&'static str),
+    #[error("internal error: {0} is not an array")]
+    NotArray(&'static str),
     #[error("internal error: reattach without an attachment")]
     NotAttached,
     #[error("internal error: {map}: {error}")]
@@ -153,6 +155,8 @@ pub enum Incompatible {
     Layout { found: u64 },
     /// The buckets are split into another number of rows.
     Rows { found: u32, needs: u32 },
+    /// The host-scope buckets are split into another number of rows.
+    HostRows { found: u32, needs: u32 },
 }
 
 /// A map's type, key size, value size and entries.
@@ -182,11 +186,15 @@ impl fmt::Display for Incompatible {
                     needs.value,
                     needs.entries
                 )?;
-                let buckets = [limiter_common::maps::MAP_BUCKETS, limiter_common::maps::MAP_HOST_BUCKETS];
-                if buckets.contains(map) && found.entries != needs.entries {
+                let flag = match *map {
+                    limiter_common::maps::MAP_BUCKETS => Some("--buckets"),
+                    limiter_common::maps::MAP_HOST_BUCKETS => Some("--host-buckets"),
+                    _ => None,
+                };
+                if let Some(flag) = flag.filter(|_| found.entries != needs.entries) {
                     write!(
                         f,
-                        " (it was pinned with --buckets {}; start with that, or detach first)",
+                        " (it was pinned with {flag} {}; start with that, or detach first)",
                         found.entries / limiter_common::maps::GENERATIONS
                     )
                 } else {
@@ -199,6 +207,10 @@ impl fmt::Display for Incompatible {
             Self::Rows { found, needs } => {
                 write!(f, "its buckets are split into {found} rows, this daemon was started with --rows {needs}")
             }
+            Self::HostRows { found, needs } => write!(
+                f,
+                "its host-scope buckets are split into {found} rows, this daemon was started with --host-rows {needs}"
+            ),
         }
     }
 }

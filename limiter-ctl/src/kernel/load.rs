@@ -12,13 +12,13 @@ use limiter_common::maps::{
     MAP_LAYOUT, PROGRAM, PROGRAM_LAYERS, PROGRAM_LAYERS_TCX, PROGRAM_TCX,
 };
 
-use super::{Error, Hook, Incompatible, attach::Link, check_buckets, check_rows, objects, pins::PinDir};
+use super::{Error, Geometry, Hook, Incompatible, attach::Link, check_buckets, check_rows, objects, pins::PinDir};
 
 /// The handle on the limiter's XDP program and its maps. Dropping it without
 /// [`Limiter::detach`] leaves a pinned program attached (fail static); an unpinned one goes.
 pub struct Limiter {
     pub(super) ebpf: Ebpf,
-    pub(super) buckets: u32,
+    pub(super) geometry: Geometry,
     pub(super) link: Option<Link>,
     pub(super) pins: Option<PinDir>,
     pub(super) adopted: bool,
@@ -29,16 +29,16 @@ pub struct Limiter {
 impl Limiter {
     /// Loads the XDP program with its maps, pinned in `pins` if given ([`Limiter::open_pinned`]).
     #[cfg(feature = "testing")]
-    pub(crate) fn open(buckets: u32, rows: u32, pins: Option<PinDir>) -> Result<Self, Error> {
-        Self::open_object(objects::LIMITER, EbpfLoader::new(), buckets, rows, pins)
+    pub(crate) fn open(geometry: Geometry, pins: Option<PinDir>) -> Result<Self, Error> {
+        Self::open_object(objects::LIMITER, EbpfLoader::new(), geometry, pins)
     }
 
     /// Creates the maps pinned in `pins`, or adopts them: when a limiter was left there (its
     /// link is pinned), its maps are adopted, TATs, counters and salt included, after checking
     /// they are what this build expects; [`Limiter::adopted`] says so. No program is loaded yet:
     /// attaching loads those of the hook it attaches at (see [`Limiter::load_hook`]).
-    pub(crate) fn open_pinned(buckets: u32, rows: u32, pins: PinDir) -> Result<Self, Error> {
-        Self::open_maps(objects::LIMITER, EbpfLoader::new(), buckets, rows, Some(pins))
+    pub(crate) fn open_pinned(geometry: Geometry, pins: PinDir) -> Result<Self, Error> {
+        Self::open_maps(objects::LIMITER, EbpfLoader::new(), geometry, Some(pins))
     }
 
     /// [`Limiter::open`] of `object` (the shipped program, or a test build of it with the same
@@ -47,11 +47,10 @@ impl Limiter {
     pub(super) fn open_object(
         object: &[u8],
         loader: EbpfLoader<'_>,
-        buckets: u32,
-        rows: u32,
+        geometry: Geometry,
         pins: Option<PinDir>,
     ) -> Result<Self, Error> {
-        let mut limiter = Self::open_maps(object, loader, buckets, rows, pins)?;
+        let mut limiter = Self::open_maps(object, loader, geometry, pins)?;
         limiter.load_hook(Hook::Xdp)?;
         Ok(limiter)
     }
@@ -59,24 +58,27 @@ impl Limiter {
     fn open_maps(
         object: &[u8],
         mut loader: EbpfLoader<'_>,
-        buckets: u32,
-        rows: u32,
+        geometry: Geometry,
         pins: Option<PinDir>,
     ) -> Result<Self, Error> {
+        let Geometry { buckets, rows, host_buckets, host_rows } = geometry;
         check_buckets(buckets)?;
         check_rows(rows)?;
+        check_buckets(host_buckets)?;
+        check_rows(host_rows)?;
         loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
-        loader.map_max_entries(MAP_HOST_BUCKETS, GENERATIONS * buckets);
+        loader.map_max_entries(MAP_HOST_BUCKETS, GENERATIONS * host_buckets);
         let mut adopted = false;
         let mut stale = None;
         let pin_paths: Vec<(&'static str, PathBuf)> = match &pins {
             None => Vec::new(),
-            Some(p) if p.has_link() => match Self::check_adoptable(p, buckets, rows) {
+            Some(p) if p.has_link() => match Self::check_adoptable(p, geometry) {
                 Ok(()) => {
                     adopted = true;
                     super::pins::map_names().map(|m| (m, p.map(m))).collect()
                 }
-                // Another layout or --buckets: loaded afresh with maps of its own, which `attach`
+                // Another layout or geometry (--buckets, --rows, --host-buckets, --host-rows):
+                // loaded afresh with maps of its own, which `attach`
                 // swaps into the pinned link in one step and pins in place of the old ones. The
                 // predecessor enforces until that step: no gap, only its state is lost.
                 Err(Error::Adopt { why, .. }) => {
@@ -97,10 +99,19 @@ impl Limiter {
             loader.map_pin_path(name, path);
         }
         let ebpf = loader.load(object).map_err(Error::Load)?;
-        let mut limiter = Self { ebpf, buckets, link: None, pins, adopted, stale };
+        let mut limiter = Self { ebpf, geometry, link: None, pins, adopted, stale };
         if !adopted {
             let row_len = limiter_common::rows::row_len(buckets, rows);
-            limiter.store_config(&Config { bucket_mask: buckets - 1, rows, row_len, ..Config::default() })?;
+            let host_row_len = limiter_common::rows::row_len(host_buckets, host_rows);
+            limiter.store_config(&Config {
+                bucket_mask: buckets - 1,
+                rows,
+                row_len,
+                host_mask: host_buckets - 1,
+                host_rows,
+                host_row_len,
+                ..Config::default()
+            })?;
             limiter
                 .array_mut::<u64>(MAP_LAYOUT)?
                 .set(0, LAYOUT_VERSION, 0)
@@ -120,9 +131,9 @@ impl Limiter {
         self.stale.as_ref()
     }
 
-    /// Whether the maps pinned in `p` are the ones this build makes, with `buckets` buckets.
-    fn check_adoptable(p: &PinDir, buckets: u32, rows: u32) -> Result<(), Error> {
-        p.check_compatible(buckets)?;
+    /// Whether the maps pinned in `p` are the ones this build makes, in `geometry`.
+    fn check_adoptable(p: &PinDir, geometry: Geometry) -> Result<(), Error> {
+        p.check_compatible(geometry)?;
         let data = MapData::from_pin(p.map(MAP_LAYOUT)).map_err(|source| Error::Map { name: MAP_LAYOUT, source })?;
         let layout = Array::<_, u64>::try_from(Map::Array(data))
             .and_then(|a| a.get(&0, 0))
@@ -133,7 +144,8 @@ impl Limiter {
         let config = Array::<_, Config>::try_from(Map::Array(data))
             .and_then(|a| a.get(&0, 0))
             .map_err(|source| Error::Map { name: MAP_CONFIG, source })?;
-        p.check_rows(config.rows.max(1), rows)
+        p.check_rows(config.rows.max(1), geometry.rows)?;
+        p.check_host_rows(config.host_rows.max(1), geometry.host_rows)
     }
 
     /// The id the kernel gave the program of the hook it is attached at (XDP's, before it is).
@@ -175,8 +187,14 @@ impl Limiter {
         jumps_map.set(0, &fd, 0).map_err(|source| Error::Map { name: jumps, source })
     }
 
+    /// The bucket arrays' sizes and rows, as loaded (or adopted: the same, checked).
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Per-CPU buckets per generation.
     pub fn buckets(&self) -> u32 {
-        self.buckets
+        self.geometry.buckets
     }
 
     pub(super) fn xdp_mut(&mut self) -> Result<&mut Xdp, Error> {

@@ -28,7 +28,7 @@ use nix::{
     fcntl::{Flock, FlockArg},
 };
 
-use super::{Error, Hook, Incompatible, MapShape, host::if_index};
+use super::{Error, Geometry, Hook, Incompatible, MapShape, host::if_index};
 
 pub(crate) const DEFAULT_ROOT: &str = "/sys/fs/bpf/limiter";
 pub(super) const BPFFS: &str = "/sys/fs/bpf";
@@ -128,9 +128,9 @@ impl PinDir {
         Ok(note)
     }
 
-    /// Checks that the maps pinned here are the ones this build creates, with `buckets` buckets.
-    pub fn check_compatible(&self, buckets: u32) -> Result<(), Error> {
-        for (map, kind, key, value, entries) in expected_maps(buckets) {
+    /// Checks that the maps pinned here are the ones this build creates, in `geometry`.
+    pub fn check_compatible(&self, geometry: Geometry) -> Result<(), Error> {
+        for (map, kind, key, value, entries) in expected_maps(geometry.buckets, geometry.host_buckets) {
             let info = MapInfo::from_pin(self.map(map))
                 .map_err(|error| self.adopt_error(Incompatible::Unreadable { map, error }))?;
             let found = MapShape {
@@ -149,6 +149,10 @@ impl PinDir {
 
     pub fn check_rows(&self, found: u32, needs: u32) -> Result<(), Error> {
         if found == needs { Ok(()) } else { Err(self.adopt_error(Incompatible::Rows { found, needs })) }
+    }
+
+    pub fn check_host_rows(&self, found: u32, needs: u32) -> Result<(), Error> {
+        if found == needs { Ok(()) } else { Err(self.adopt_error(Incompatible::HostRows { found, needs })) }
     }
 
     pub fn check_layout(&self, version: u64) -> Result<(), Error> {
@@ -256,11 +260,12 @@ pub(crate) fn lock_owner(path: &Path) -> Owner {
 
 /// The names of every map of the limiter object, all pinned.
 pub fn map_names() -> impl Iterator<Item = &'static str> {
-    expected_maps(0).into_iter().map(|m| m.0)
+    expected_maps(0, 0).into_iter().map(|m| m.0)
 }
 
-/// Each map's name, type, key size, value size and entries, as this build creates it.
-fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 14] {
+/// Each map's name, type, key size, value size and entries, as this build creates it with
+/// `buckets` per-CPU and `host_buckets` host-scope buckets per generation.
+fn expected_maps(buckets: u32, host_buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 14] {
     let size = |n: usize| n as u32;
     [
         (MAP_CONFIG, MapType::Array, 4, size(size_of::<Config>()), 1),
@@ -271,7 +276,7 @@ fn expected_maps(buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 14] {
         (MAP_JUMPS_TCX, MapType::ProgramArray, 4, 4, 1),
         (MAP_LAYER_TASK, MapType::PerCpuArray, 4, LAYER_TASK_BYTES, 1),
         (MAP_BUCKETS, MapType::PerCpuArray, 4, 8, GENERATIONS * buckets),
-        (MAP_HOST_BUCKETS, MapType::Array, 4, 8, GENERATIONS * buckets),
+        (MAP_HOST_BUCKETS, MapType::Array, 4, 8, GENERATIONS * host_buckets),
         (MAP_COUNTERS, MapType::PerCpuArray, 4, size(size_of::<Counters>()), MAX_POLICIES),
         (MAP_ACL_V4, MapType::LpmTrie, 8, 1, MAX_ACL_ENTRIES),
         (MAP_ACL_V6, MapType::LpmTrie, 20, 1, MAX_ACL_ENTRIES),

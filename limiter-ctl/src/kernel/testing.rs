@@ -12,42 +12,61 @@ use limiter_common::maps::{
     CLASSES, Config, Counters, MAP_BUCKETS, MAP_COUNTERS, MAP_HOST_BUCKETS, MAP_POLICIES, PROGRAM, PROGRAM_TCX, Policy,
 };
 
-use super::{Error, Limiter, MapView, objects};
+use super::{Error, Geometry, Limiter, MapView, objects};
 
 impl Limiter {
     /// Loads the program with `buckets` buckets per generation (a power of two), unpinned: it
     /// goes when the handle goes. Nothing is attached and no policy set: it passes everything.
+    /// The host-scope buckets are as many, in one row (each key one bucket, as `FlowKey::bucket`
+    /// predicts).
     pub fn load(buckets: u32) -> Result<Self, Error> {
-        Self::open(buckets, 1, None)
+        Self::load_geometry(Geometry::same(buckets, 1))
     }
 
-    /// [`Limiter::load`] with the buckets split into `rows` count-min rows (1..=4).
+    /// [`Limiter::load`] with the per-CPU buckets split into `rows` count-min rows (1..=4); the
+    /// host-scope buckets stay one row of `buckets` ([`Limiter::load_geometry`] sets both).
     pub fn load_rows(buckets: u32, rows: u32) -> Result<Self, Error> {
-        Self::open(buckets, rows, None)
+        Self::load_geometry(Self::rows_geometry(buckets, rows))
+    }
+
+    /// The program with the bucket arrays in `geometry`, unpinned.
+    pub fn load_geometry(geometry: Geometry) -> Result<Self, Error> {
+        Self::open(geometry, None)
     }
 
     /// [`Limiter::load_rows`] with the program's per-CPU key memo off (every packet hashes its
     /// key; the tick refusal, which lives in the memo, goes with it), for the benchmark to
     /// measure the memo against no memo in one run.
     pub fn load_rows_without_key_memo(buckets: u32, rows: u32) -> Result<Self, Error> {
-        Self::load_switchable(buckets, rows, false, false)
+        Self::load_switchable(Self::rows_geometry(buckets, rows), false, false)
     }
 
     /// [`Limiter::load_rows`] with the tick refusal off (a flooding key's standing refusal is
     /// checked on the precise clock on every packet), for the benchmark's A/B and for tests of
     /// exact refusal timing.
     pub fn load_rows_without_tick_refusal(buckets: u32, rows: u32) -> Result<Self, Error> {
-        Self::load_switchable(buckets, rows, true, false)
+        Self::load_switchable(Self::rows_geometry(buckets, rows), true, false)
+    }
+
+    /// The test build of the program in `geometry`, its memo's shortcuts set as asked: the key
+    /// memo (`key_memo`; off, the tick refusal goes with it) and the tick refusal. Both on, it
+    /// judges as the shipped program does.
+    pub fn load_switchable_geometry(geometry: Geometry, key_memo: bool, tick_refusal: bool) -> Result<Self, Error> {
+        Self::load_switchable(geometry, key_memo, tick_refusal)
+    }
+
+    fn rows_geometry(buckets: u32, rows: u32) -> Geometry {
+        Geometry { rows, ..Geometry::same(buckets, 1) }
     }
 
     /// The test build of the program whose memo shortcuts are globals (`objects::SWITCHABLE`;
     /// the shipped one has them compiled in), with them set as asked.
-    fn load_switchable(buckets: u32, rows: u32, key_memo: bool, tick_refusal: bool) -> Result<Self, Error> {
+    fn load_switchable(geometry: Geometry, key_memo: bool, tick_refusal: bool) -> Result<Self, Error> {
         let (key_memo, tick_refusal) = (u8::from(key_memo), u8::from(tick_refusal));
         let mut loader = EbpfLoader::new();
         loader.override_global("USE_KEY_MEMO", &key_memo, true);
         loader.override_global("USE_TICK_REFUSAL", &tick_refusal, true);
-        Self::open_object(objects::SWITCHABLE, loader, buckets, rows, None)
+        Self::open_object(objects::SWITCHABLE, loader, geometry, None)
     }
 
     pub fn program(&self) -> Result<&Xdp, Error> {

@@ -29,13 +29,13 @@ pub fn per_cpu<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &
     let mut memo = key_memo::<S>();
     let hash = memo::hash(memo.as_deref_mut(), &cfg.salts[generation], family, words);
     if let Some(m) = memo.as_deref_mut() {
-        if memo::refusal_stands::<S>(m, cfg, policy, rows) {
+        if memo::refusal_stands::<S>(m, cfg, policy, rows, false) {
             return Some(refusal(policy));
         }
     }
     let (verdict, values, now) = per_cpu_rows(cfg, family, policy, words, hash, len)?;
     if let Some(m) = memo {
-        memo::remember(m, cfg, policy, &values, rows, now, verdict);
+        memo::remember(m, cfg, policy, &values, rows, now, verdict, false);
     }
     Some(verdict)
 }
@@ -89,7 +89,10 @@ fn leased(
     let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, (cfg.generation & 1) as usize, hash))?;
     // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
     let reserved = unsafe {
-        scope::judge_shared(bucket, refusal(policy), |current| host_judge(cfg, family, policy, words, units, current))
+        scope::judge_shared(bucket, refusal(policy), |current| {
+            let (verdict, store, _, _) = host_judge(cfg, family, policy, words, units, current);
+            (verdict, store)
+        })
     };
     if reserved == Verdict::Admit {
         *lease = Lease { hash, emission: policy.gcra.emission, units: units - 1, until_ns: now + LEASE_NS };
@@ -179,15 +182,41 @@ fn per_cpu_rows(
     Some((verdict, values, now))
 }
 
-/// A host-scope policy: the key's bucket in `HOST_BUCKETS`, one for every CPU, read plainly and
-/// written only by compare-and-exchange when the judgement changes it (`limiter_ebpf::scope`).
-/// During a salt rotation the old generation's bucket is read too and a later TAT carries over,
-/// as for per-CPU buckets; it is never written (every write goes to the current generation).
+/// A host-scope policy: the memo's standing refusal, else the key's bucket in `HOST_BUCKETS`,
+/// one for every CPU, read plainly and written only by compare-and-exchange when the judgement
+/// changes it (`limiter_ebpf::scope`); the memo then records how long a refusal stands. Sound at
+/// host scope too (`memo::refusal_stands`): other CPUs write the bucket meanwhile, but only
+/// admissions write, and they only raise it. During a salt rotation the old generation's bucket
+/// is read too and a later TAT carries over, as for per-CPU buckets; it is never written (every
+/// write goes to the current generation).
 #[inline(always)]
 pub fn host<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], len: u64) -> Option<Verdict> {
     let generation = (cfg.generation & 1) as usize;
-    let hash = memo::hash(key_memo::<S>(), &cfg.salts[generation], family, words);
-    host_layer(cfg, family, policy, words, hash, len, true)
+    let mut memo = key_memo::<S>();
+    let hash = memo::hash(memo.as_deref_mut(), &cfg.salts[generation], family, words);
+    if let Some(m) = memo.as_deref_mut() {
+        if memo::refusal_stands::<S>(m, cfg, policy, 1, true) {
+            return Some(refusal(policy));
+        }
+    }
+    let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
+    // What the last try judged, and its clock: what the memo keeps of a refusal.
+    let mut judged = (0u64, 0u64);
+    // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+    let verdict = unsafe {
+        scope::judge_shared(bucket, refusal(policy), |current| {
+            let (verdict, store, value, now) = host_judge(cfg, family, policy, words, weight(policy, len), current);
+            judged = (value, now);
+            (verdict, store)
+        })
+    };
+    if let Some(m) = memo {
+        // Every try lost a race: the last try's value admitted, so no refusal stands on it.
+        let mut values = [0u64; MAX_ROWS];
+        values[0] = judged.0;
+        memo::remember(m, cfg, policy, &values, 1, judged.1, verdict, true);
+    }
+    Some(verdict)
 }
 
 /// A host-scope policy for the key of `hash` (under the current salt): judged, and, when
@@ -212,13 +241,15 @@ pub fn host_layer(
     // SAFETY: as above.
     Some(unsafe {
         scope::judge_shared(bucket, refusal(policy), |current| {
-            host_judge(cfg, family, policy, words, weight(policy, len), current)
+            let (verdict, store, _, _) = host_judge(cfg, family, policy, words, weight(policy, len), current);
+            (verdict, store)
         })
     })
 }
 
-/// A host-scope bucket holding `current` judged for `units`: the verdict and its new value, if
-/// it changes.
+/// A host-scope bucket holding `current` judged for `units`: the verdict, its new value if it
+/// changes, the value judged (the previous generation's carried over during a rotation) and the
+/// clock.
 #[inline(always)]
 fn host_judge(
     cfg: &Config,
@@ -227,7 +258,7 @@ fn host_judge(
     words: &[u64; 3],
     units: u64,
     current: u64,
-) -> (Verdict, Option<u64>) {
+) -> (Verdict, Option<u64>, u64, u64) {
     // The clock is read after the bucket, on every try: a TAT another CPU wrote was
     // written at an earlier time than this one, so no CPU judges a newer TAT with an
     // older clock (which would read it further ahead than its writer's claim: a ghost, idle).
@@ -246,7 +277,7 @@ fn host_judge(
     let mut values = [0u64; MAX_ROWS];
     values[0] = value;
     let (verdict, store) = decide_units(policy, &values, 1, now, units, |id| claim(id, now));
-    (verdict, store[0])
+    (verdict, store[0], value, now)
 }
 
 /// This CPU's key memo, None when `S` turns it off.
@@ -260,11 +291,13 @@ fn key_memo<S: Shortcuts>() -> Option<&'static mut KeyMemo> {
 }
 
 /// The key's bucket in `HOST_BUCKETS` for `generation`, from the key's hash under that
-/// generation's salt: one index over the generation's whole half, laid out as `BUCKETS` is.
+/// generation's salt: one index over the generation's whole half (`Config::host_mask + 1`
+/// buckets, sized apart from the per-CPU ones), laid out as `BUCKETS` is. One row: the host
+/// array's count-min rows (`Config::host_rows`) are not judged yet.
 #[inline(always)]
 fn host_index(cfg: &Config, generation: usize, hash: u64) -> u32 {
-    let base = (generation as u32) * (cfg.bucket_mask + 1);
-    base + row0_index(hash, cfg.bucket_mask)
+    let base = (generation as u32) * cfg.host_mask.wrapping_add(1);
+    base + row0_index(hash, cfg.host_mask)
 }
 
 /// The number of rows and their length (a zero `rows` or `row_len` reads as one row of all).
