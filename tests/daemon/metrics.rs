@@ -483,7 +483,7 @@ fn bucket_occupancy_is_measured_every_15_s() {
     require_root!();
     let rig = Rig::start(&["--buckets", "1024", "--rotate-every", "off", "--sample-refusals", "0"]).expect("rig");
     let started = Instant::now();
-    // Scope cpu: the gauge measures the per-CPU buckets (host-scope ones are not scanned yet).
+    // Scope cpu: the gauge is the higher of the two arrays, and the host-scope one stays empty.
     rig.ctl_ok(&["policy", "set", "sweep", "--match", "udp", "--rate", "1/s", "--burst", "30", "--scope", "cpu"]);
     let id = rig.policy_id("sweep");
     let occupancy = |rig: &Rig| gauge(&metrics(rig).1, "limiter_bucket_occupancy_ratio", &[]);

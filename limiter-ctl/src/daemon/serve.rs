@@ -108,7 +108,7 @@ pub(super) struct Daemon {
     pub(super) arrays: Arrays,
 }
 
-/// How often the buckets are scanned for the occupancy gauge (it reads them all).
+/// How often the buckets are sampled for the occupancy gauge (`kernel::BucketScan`).
 const OCCUPANCY_EVERY: Duration = Duration::from_secs(15);
 
 /// Beyond the longest burst window, the old buckets are consulted this much longer.
