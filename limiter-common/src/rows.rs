@@ -29,6 +29,11 @@ use crate::gcra::{CLOCK_SHIFT, Gcra, ahead_units, credible_ahead};
 pub const MAX_ROWS: usize = 4;
 /// The default number of rows (chosen by measurement: docs/DESIGN.md, "Count-min rows").
 pub const DEFAULT_ROWS: u32 = 4;
+/// The default number of rows of the host-scope buckets: sized for a million sources, they stay
+/// below the load past which more rows refuse more innocents (about `0.48 N` flooding keys for
+/// two rows, `0.32 N` for four; docs/DESIGN.md, "Per bucket: collisions, and rows"), and each
+/// admission writes every row of a shared array by compare-and-exchange, so fewer rows cost less.
+pub const DEFAULT_HOST_ROWS: u32 = 2;
 
 /// Odd multipliers, one per row: row `i`'s 32-bit hash is the high half of `hash x MIX[i]`.
 const MIX: [u64; MAX_ROWS] =

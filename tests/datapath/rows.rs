@@ -13,19 +13,18 @@ use std::time::Duration;
 use limiter_common::{
     FlowKey, SipKey,
     key::FAMILY_V4,
-    maps::{Counters, DEFAULT_BUCKETS},
+    maps::{CLASS_UDP, Counters, DEFAULT_BUCKETS},
     rows::{MAX_ROWS, row_len},
 };
 use limiter_ctl::{
-    ModeRequest,
-    config::{PolicyDef, Rate},
-    kernel::compile,
+    Limiter, ModeRequest,
+    config::{PolicyDef, Rate, Scope},
+    kernel::{Geometry, GeometryRequest, HostSize, compile},
 };
 use limiter_tests::{
     bounds::Judged,
     cpu::flood_cpu,
     flood::{Frames, Limits, PacketSocket, Prefix, Report, Sources},
-    kernel_programs::udp_limiter,
     netns::TestNet,
     require_root,
 };
@@ -56,15 +55,25 @@ impl Loss {
 /// Floods `flooders` spoofed sources (198.19.0.0/16) at a fresh limiter of `buckets` split into
 /// `rows` rows, then sends one packet from each of `innocents` others (198.18.0.0/16).
 fn measure(net: &TestNet, buckets: u32, rows: u32, flooders: u32, innocents: u32) -> Loss {
+    // Scope cpu: the per-CPU buckets, `buckets` in `rows` rows, are what is measured.
+    measure_in(net, Geometry { rows, ..Geometry::same(buckets, 1) }, Scope::Cpu, flooders, innocents)
+}
+
+/// [`measure`] in the bucket arrays of `geometry`, under a policy of `scope`: the per-CPU
+/// buckets' shape or the host-scope ones' is what the theory is computed for.
+fn measure_in(net: &TestNet, geometry: Geometry, scope: Scope, flooders: u32, innocents: u32) -> Loss {
     let rate: Rate = "10/min".parse().expect("rate");
-    // Scope cpu: the per-CPU buckets of `buckets` are what is measured.
-    let cpu = PolicyDef { scope: limiter_ctl::config::Scope::Cpu, ..PolicyDef::any(rate, 5) };
-    let policy = compile::policy(&cpu, POLICY).expect("policy");
-    let mut limiter = udp_limiter(buckets, SALT, &policy).expect("loading the limiter");
+    let policy = compile::policy(&PolicyDef { scope, ..PolicyDef::any(rate, 5) }, POLICY).expect("policy");
+    let mut limiter = Limiter::load_geometry(geometry).expect("loading the limiter");
+    limiter.set_salt(SALT).expect("salt");
+    limiter.set_policy(&policy).expect("policy");
     let mut config = limiter.config().expect("config");
-    config.rows = rows;
-    config.row_len = row_len(buckets, rows);
+    config.class_policy[CLASS_UDP] = policy.id;
     limiter.write_config(&config).expect("writing the config");
+    let (buckets, rows) = match scope {
+        Scope::Cpu => (geometry.buckets, geometry.rows),
+        Scope::Host => (geometry.host_buckets, geometry.host_rows),
+    };
     let iface = net.receiver.iface.clone();
     net.receiver
         .run(|| limiter.attach(&iface, ModeRequest::Native))
@@ -187,6 +196,25 @@ fn rows_spare_innocents_with_2_20_buckets() {
         check_against_theory(l, "2^20 buckets, 20000 flooders");
     }
     assert!(loss[1].share() <= 0.001, "{rows} rows refused {:.3}% of innocents (> 0.1%)", 100.0 * loss[1].share());
+}
+
+/// The collateral target at the daemon's defaults: a policy of the default scope (host)
+/// in the host-scope buckets as `auto` sizes them on this machine, in their default rows;
+/// 20,000 flooders cost at most 0.1% of 20,000 innocents, as theory says for that shape.
+#[test]
+fn the_defaults_spare_innocents_beside_20000_flooders() {
+    require_root!();
+    let net = TestNet::new().expect("test network");
+    let host = HostSize::read().expect("the host's memory and CPUs");
+    let geometry = GeometryRequest::DEFAULT.resolve(&host);
+    let default = PolicyDef::any("10/min".parse().expect("rate"), 5).scope;
+    assert_eq!(default, Scope::Host, "a new policy's default scope");
+    let loss = measure_in(&net, geometry, default, 20_000, 20_000);
+    let what =
+        format!("defaults ({} host buckets in {} rows), 20000 flooders", geometry.host_buckets, geometry.host_rows);
+    report(std::slice::from_ref(&loss), &what);
+    check_against_theory(&loss, &what);
+    assert!(loss.share() <= 0.001, "{what}: {:.3}% of innocents refused (> 0.1%)", 100.0 * loss.share());
 }
 
 /// The plot in docs/DESIGN.md: innocent loss against flooders for 1 to 4 rows at the default

@@ -168,7 +168,7 @@ pub(crate) struct DaemonArgs {
     #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_buckets)]
     pub host_buckets: BucketCount,
     /// Count-min rows of the host-scope buckets (1 to 4), as --rows is of the per-CPU ones.
-    #[arg(long, value_name = "D", default_value_t = DEFAULT_HOST_ROWS, value_parser = parse_rows)]
+    #[arg(long, value_name = "D", default_value_t = limiter_common::rows::DEFAULT_HOST_ROWS, value_parser = parse_rows)]
     pub host_rows: u32,
     /// Where to judge packets: xdp (cheapest; alone on the interface), tcx (tc ingress, shared
     /// with other programs in order, leaving XDP free), or auto: XDP when it is free, tcx when
@@ -446,9 +446,6 @@ fn parse_prog(s: &str) -> Result<ProgRef, String> {
 fn parse_cidr(s: &str) -> Result<IpNet, String> {
     config::parse_net(s).map_err(|e| e.to_string())
 }
-
-/// Host-scope rows by default: 2, where a row past the first still pays (see docs/OPERATIONS.md).
-const DEFAULT_HOST_ROWS: u32 = 2;
 
 fn parse_buckets(s: &str) -> Result<BucketCount, String> {
     if s == "auto" {

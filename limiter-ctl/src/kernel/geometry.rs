@@ -149,6 +149,14 @@ pub fn cpu_count(list: &str) -> Option<u32> {
 }
 
 impl GeometryRequest {
+    /// What the daemon runs without flags: both arrays `auto`, their default rows.
+    pub const DEFAULT: Self = Self {
+        buckets: BucketCount::Auto,
+        rows: limiter_common::rows::DEFAULT_ROWS,
+        host_buckets: BucketCount::Auto,
+        host_rows: limiter_common::rows::DEFAULT_HOST_ROWS,
+    };
+
     /// The geometry on this host: `auto` sized from `host`, numbers as given.
     pub fn resolve(&self, host: &HostSize) -> Geometry {
         let pick = |count: BucketCount, auto: u32| match count {
