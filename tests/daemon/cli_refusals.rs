@@ -128,6 +128,18 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
             args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--sample-refusals", "+256"]),
             "sample",
         ),
+        (
+            args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--samples-per-s", "ten"]),
+            "samples per second",
+        ),
+        (
+            args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--samples-per-s", "0256"]),
+            "samples per second",
+        ),
+        (
+            args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--samples-per-s", "4294967296"]),
+            "samples per second",
+        ),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config]), &missing_iface),
         // Refused by the daemon: the form is fine, the request is not.
         // Overlapping policies layer now; a source port asks for a protocol with ports.
