@@ -20,8 +20,8 @@
 //! against the one-policy row it replaces, from the same run: 1, 2 and 4 layers admitting and
 //! with the last layer refusing, and a SYN-only policy meeting established traffic (TCP ACKs).
 //!
-//! Host scope (the default for new policies) has rows of its own with the host array in the
-//! daemon's default shape (2 rows) and in 4 rows, its memo's shortcuts on and off.
+//! Host scope (the default for new policies) has rows of its own with its memo's shortcuts on
+//! and off.
 //!
 //! Run with `cargo xtask bench` (records BENCHMARKS.md) or
 //! `cargo bench -p limiter-tests --bench xdp -- [--out FILE] [--rounds N] [--only NAME_PART]...`
@@ -176,8 +176,8 @@ fn limiter_without_tick(buckets: u32, rows: u32, policies: &[(&str, &str, u64)])
 }
 
 /// A limiter of host-scope `policies`, with the per-CPU buckets as [`limiter`]'s and the host
-/// array of [`BUCKETS`] split into `host_rows` rows; its memo's shortcuts as given (both on: the
-/// shipped program; otherwise its test build).
+/// array of [`BUCKETS`] in `host_rows` rows; its memo's shortcuts as given (both on: the shipped
+/// program; otherwise its test build).
 fn limiter_host(
     host_rows: u32,
     policies: &[(&str, &str, u64)],
@@ -338,45 +338,21 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             warm_all_sources: true,
         },
         Subject {
-            name: "limiter: admit, host scope, 2 rows",
-            what: "as admit, host scope, the shared array in 2 rows (the default): both written by compare-and-exchange",
-            run: limiter_runner(limiter_host(2, &[ADMIT_ALL], true, true)?),
-            warm_all_sources: false,
-        },
-        Subject {
-            name: "limiter: refuse, host scope, 2 rows",
-            what: "as refuse, host scope, 2 rows (the default): read only; hot: the memo's standing refusal",
-            run: limiter_runner(limiter_host(2, &[REFUSE], true, true)?),
+            name: "limiter: refuse, host scope, no tick refusal",
+            what: "as refuse, host scope, the standing refusal checked on the precise clock every packet",
+            run: limiter_runner(limiter_host(1, &[REFUSE], true, false)?),
             warm_all_sources: true,
         },
         Subject {
-            name: "limiter: admit, host scope, 4 rows",
-            what: "as admit, host scope, the shared array in 4 rows",
-            run: limiter_runner(limiter_host(4, &[ADMIT_ALL], true, true)?),
-            warm_all_sources: false,
-        },
-        Subject {
-            name: "limiter: refuse, host scope, 4 rows",
-            what: "as refuse, host scope, 4 rows",
-            run: limiter_runner(limiter_host(4, &[REFUSE], true, true)?),
+            name: "limiter: refuse, host scope, no key memo",
+            what: "as refuse, host scope, every packet hashes its key and reads its bucket (the memo off)",
+            run: limiter_runner(limiter_host(1, &[REFUSE], false, false)?),
             warm_all_sources: true,
         },
         Subject {
-            name: "limiter: refuse, host scope, 2 rows, no tick refusal",
-            what: "as refuse, host scope, 2 rows, the standing refusal checked on the precise clock every packet",
-            run: limiter_runner(limiter_host(2, &[REFUSE], true, false)?),
-            warm_all_sources: true,
-        },
-        Subject {
-            name: "limiter: refuse, host scope, 2 rows, no key memo",
-            what: "as refuse, host scope, 2 rows, every packet hashes its key and reads its rows (the memo off)",
-            run: limiter_runner(limiter_host(2, &[REFUSE], false, false)?),
-            warm_all_sources: true,
-        },
-        Subject {
-            name: "limiter: admit, host scope, 2 rows, no key memo",
-            what: "as admit, host scope, 2 rows, every packet hashes its key (the memo off)",
-            run: limiter_runner(limiter_host(2, &[ADMIT_ALL], false, false)?),
+            name: "limiter: admit, host scope, no key memo",
+            what: "as admit, host scope, every packet hashes its key (the memo off)",
+            run: limiter_runner(limiter_host(1, &[ADMIT_ALL], false, false)?),
             warm_all_sources: false,
         },
         Subject {
