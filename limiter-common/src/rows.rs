@@ -29,11 +29,11 @@ use crate::gcra::{CLOCK_SHIFT, Gcra, ahead_units, credible_ahead};
 pub const MAX_ROWS: usize = 4;
 /// The default number of rows (chosen by measurement: docs/DESIGN.md, "Count-min rows").
 pub const DEFAULT_ROWS: u32 = 4;
-/// The default number of rows of the host-scope buckets: sized for a million sources, they stay
-/// below the load past which more rows refuse more innocents (about `0.48 N` flooding keys for
-/// two rows, `0.32 N` for four; docs/DESIGN.md, "Per bucket: collisions, and rows"), and each
-/// admission writes every row of a shared array by compare-and-exchange, so fewer rows cost less.
-pub const DEFAULT_HOST_ROWS: u32 = 2;
+/// The rows of the host-scope buckets: one. The kernel judges a host-scope key in one bucket
+/// (`Config::host_rows` is reserved for count-min rows there: the protocol that keeps a key
+/// within its bound when every CPU writes its rows, `limiter_ebpf::scope::judge_rows`, is built
+/// and tested in userspace, not yet within the verifier's limits).
+pub const DEFAULT_HOST_ROWS: u32 = 1;
 
 /// Odd multipliers, one per row: row `i`'s 32-bit hash is the high half of `hash x MIX[i]`.
 const MIX: [u64; MAX_ROWS] =

@@ -121,9 +121,6 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
             "bucket",
         ),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--host-buckets", "auto,"]), "bucket"),
-        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--host-rows", "0"]), "row count"),
-        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--host-rows", "5"]), "row count"),
-        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--host-rows", "auto"]), "row count"),
         (
             args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--sample-refusals", "+256"]),
             "sample",

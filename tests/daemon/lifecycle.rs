@@ -422,11 +422,8 @@ fn the_bucket_arrays_are_sized_from_the_host_unless_given() {
     assert!(buckets.is_power_of_two() && (1 << 12..=1 << 16).contains(&buckets), "{buckets}");
     assert!(host_buckets.is_power_of_two() && (1 << 20..=1 << 22).contains(&host_buckets), "{host_buckets}");
     let cases: [(&[&str], [u32; 4]); 2] = [
-        (&["--metrics", "off"], [buckets, 4, host_buckets, 2]),
-        (
-            &["--metrics", "off", "--buckets", "1024", "--rows", "2", "--host-buckets", "4096", "--host-rows", "1"],
-            [1024, 2, 4096, 1],
-        ),
+        (&["--metrics", "off"], [buckets, 4, host_buckets, 1]),
+        (&["--metrics", "off", "--buckets", "1024", "--rows", "2", "--host-buckets", "4096"], [1024, 2, 4096, 1]),
     ];
     for (args, [b, r, hb, hr]) in cases {
         let rig = Rig::start(args).expect("rig");
@@ -451,10 +448,13 @@ fn the_bucket_arrays_are_sized_from_the_host_unless_given() {
         let want = [b.into(), r.into(), hb.into(), hr.into(), host.cpus.into(), cpu_bytes, host_bytes];
         assert_eq!(got, want, "{args:?}: `stats --json` geometry {g}");
         let text = rig.ctl_ok(&["stats"]);
+        let rows = |n: u32| if n == 1 { "1 row".to_string() } else { format!("{n} rows") };
         let line = format!(
-            "per-CPU buckets {b} x {r} rows ({} over {} CPUs), host buckets {hb} x {hr} rows ({})",
+            "per-CPU buckets {b} in {} ({} over {} CPUs), host buckets {hb} in {} ({})",
+            rows(r),
             bytes_text(cpu_bytes),
             host.cpus,
+            rows(hr),
             bytes_text(host_bytes)
         );
         assert!(text.lines().any(|l| l == line), "{args:?}: `stats` lacks {line:?}:\n{text}");

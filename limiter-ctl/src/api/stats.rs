@@ -139,17 +139,18 @@ impl Arrays {
         kernel::Geometry { buckets, rows, host_buckets, host_rows }
     }
 
-    /// In one line: `per-CPU buckets 65536 x 4 rows (2 MiB over 2 CPUs), host buckets 4194304 x 2
-    /// rows (64 MiB)`.
+    /// In one line: `per-CPU buckets 65536 in 4 rows (2 MiB over 2 CPUs), host buckets 4194304 in
+    /// 1 row (64 MiB)`.
     pub fn text(&self) -> String {
+        let rows = |n: u32| if n == 1 { "1 row".to_string() } else { format!("{n} rows") };
         format!(
-            "per-CPU buckets {} x {} rows ({} over {} CPUs), host buckets {} x {} rows ({})",
+            "per-CPU buckets {} in {} ({} over {} CPUs), host buckets {} in {} ({})",
             self.buckets,
-            self.rows,
+            rows(self.rows),
             kernel::bytes_text(self.buckets_bytes),
             self.cpus,
             self.host_buckets,
-            self.host_rows,
+            rows(self.host_rows),
             kernel::bytes_text(self.host_buckets_bytes)
         )
     }

@@ -167,9 +167,6 @@ pub(crate) struct DaemonArgs {
     /// 1048576 to 4194304. Memory is buckets x 16 bytes, once.
     #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_buckets)]
     pub host_buckets: BucketCount,
-    /// Count-min rows of the host-scope buckets (1 to 4), as --rows is of the per-CPU ones.
-    #[arg(long, value_name = "D", default_value_t = limiter_common::rows::DEFAULT_HOST_ROWS, value_parser = parse_rows)]
-    pub host_rows: u32,
     /// Where to judge packets: xdp (cheapest; alone on the interface), tcx (tc ingress, shared
     /// with other programs in order, leaving XDP free), or auto: XDP when it is free, tcx when
     /// another program holds it (logged, naming it); a limiter pinned here keeps its hook.
@@ -390,7 +387,7 @@ impl DaemonArgs {
                 buckets: self.buckets,
                 rows: self.rows,
                 host_buckets: self.host_buckets,
-                host_rows: self.host_rows,
+                host_rows: limiter_common::rows::DEFAULT_HOST_ROWS,
             },
             placement: Placement {
                 hook: self.attach,

@@ -207,10 +207,9 @@ impl fmt::Display for Incompatible {
             Self::Rows { found, needs } => {
                 write!(f, "its buckets are split into {found} rows, this daemon was started with --rows {needs}")
             }
-            Self::HostRows { found, needs } => write!(
-                f,
-                "its host-scope buckets are split into {found} rows, this daemon was started with --host-rows {needs}"
-            ),
+            Self::HostRows { found, needs } => {
+                write!(f, "its host-scope buckets are split into {found} rows, this daemon uses {needs}")
+            }
         }
     }
 }

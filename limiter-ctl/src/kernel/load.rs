@@ -77,7 +77,7 @@ impl Limiter {
                     adopted = true;
                     super::pins::map_names().map(|m| (m, p.map(m))).collect()
                 }
-                // Another layout or geometry (--buckets, --rows, --host-buckets, --host-rows):
+                // Another layout or geometry (--buckets, --rows, --host-buckets):
                 // loaded afresh with maps of its own, which `attach`
                 // swaps into the pinned link in one step and pins in place of the old ones. The
                 // predecessor enforces until that step: no gap, only its state is lost.
