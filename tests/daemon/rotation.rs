@@ -682,7 +682,7 @@ fn a_recreated_interface_is_reattached_and_enforced() {
 }
 
 /// A fault on the hot path of a running daemon's program (its CONFIG map made to claim more
-/// buckets than BUCKETS holds): a flood passes whole (every frame delivered, none judged), each
+/// buckets than its bucket arrays hold): a flood passes whole (every frame delivered, none judged), each
 /// frame counted as an error, which `stats` and /metrics report; with CONFIG put back, the same
 /// flood is limited again.
 #[test]
@@ -693,9 +693,14 @@ fn a_hot_path_fault_in_a_running_daemon_passes_and_is_reported() {
     let id = rig.policy_id("default");
     let program = rig.daemon.program().expect("program");
     let config = rig.daemon.maps().expect("maps").rules.config;
+    // Both arrays: the default policy has the default scope, host (`host_mask`'s array).
     let mut broken = config;
     broken.bucket_mask = (1 << 20) - 1;
     broken.row_len = 1 << 20;
+    broken.host_mask = (1 << 24) - 1;
+    broken.host_row_len = 1 << 24;
+    // Generation 1's half starts past either map's end, so no key's index can land inside.
+    broken.generation = 1;
     write_program_config(program, &broken).expect("corrupting CONFIG");
     let stream = rig.udp(Sources::One(src("198.19.1.1")), 7000);
     let flow = flow(&stream, src("198.19.1.1"));
@@ -766,10 +771,15 @@ fn a_hot_path_fault_passes_and_is_counted() {
     let sound = sum(&limiter);
     assert_eq!((sound[1].admitted_packets, sound[1].refused_packets, sound[0].errors), (1, 1, 0));
 
-    // Corrupt: bucket_mask and the row length far beyond the map (GENERATIONS x 64 entries).
+    // Corrupt: both arrays' masks and row lengths far beyond the maps (GENERATIONS x 64
+    // entries each; the policy has the default scope, host, whose array is `host_mask`'s).
     let mut broken = config;
     broken.bucket_mask = (1 << 20) - 1;
     broken.row_len = 1 << 20;
+    broken.host_mask = (1 << 20) - 1;
+    broken.host_row_len = 1 << 20;
+    // Generation 1's half starts past either map's end, so no key's index can land inside.
+    broken.generation = 1;
     assert!(broken.bucket_mask + 1 > GENERATIONS * BUCKETS);
     limiter.write_config(&broken).expect("config");
     for i in 0..100 {
