@@ -29,11 +29,15 @@ use crate::gcra::{CLOCK_SHIFT, Gcra, ahead_units, credible_ahead};
 pub const MAX_ROWS: usize = 4;
 /// The default number of rows (chosen by measurement: docs/DESIGN.md, "Count-min rows").
 pub const DEFAULT_ROWS: u32 = 4;
-/// The rows of the host-scope buckets: one. The kernel judges a host-scope key in one bucket
-/// (`Config::host_rows` is reserved for count-min rows there: the protocol that keeps a key
-/// within its bound when every CPU writes its rows, `limiter_ebpf::scope::judge_rows`, is built
-/// and tested in userspace, not yet within the verifier's limits).
-pub const DEFAULT_HOST_ROWS: u32 = 1;
+/// The rows of the host-scope buckets: two. The loss is `(1 - e^(-K D / N))^D` (docs/DESIGN.md,
+/// "Per bucket: collisions, and rows"): two rows refuse fewer innocents than one up to about
+/// 0.48 N flooding keys (past which more rows refuse more), where four stop helping past
+/// about N / 3; host-scope arrays are sized from RAM (2^20 to 2^22 buckets), so realistic floods
+/// stay well below both. The kernel judges them by `limiter_ebpf::scope::judge_rows`'s protocol.
+pub const DEFAULT_HOST_ROWS: u32 = 2;
+/// At most this many rows in the host-scope buckets (the kernel judges one or two there:
+/// `limiter-ebpf`'s `program::host_rows`).
+pub const MAX_HOST_ROWS: u32 = 2;
 
 /// Odd multipliers, one per row: row `i`'s 32-bit hash is the high half of `hash x MIX[i]`.
 const MIX: [u64; MAX_ROWS] =

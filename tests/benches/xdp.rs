@@ -338,6 +338,18 @@ fn subjects() -> anyhow::Result<Vec<Subject>> {
             warm_all_sources: true,
         },
         Subject {
+            name: "limiter: admit, host scope, 2 rows",
+            what: "as admit, host scope in two rows (the default): both read, then each compare-and-exchanged",
+            run: limiter_runner(limiter_host(2, &[ADMIT_ALL], true, true)?),
+            warm_all_sources: false,
+        },
+        Subject {
+            name: "limiter: refuse, host scope, 2 rows",
+            what: "as refuse, host scope in two rows (the default): both read",
+            run: limiter_runner(limiter_host(2, &[REFUSE], true, true)?),
+            warm_all_sources: true,
+        },
+        Subject {
             name: "limiter: refuse, host scope, no tick refusal",
             what: "as refuse, host scope, the standing refusal checked on the precise clock every packet",
             run: limiter_runner(limiter_host(1, &[REFUSE], true, false)?),

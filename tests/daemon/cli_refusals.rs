@@ -111,6 +111,9 @@ fn bad_input_exits_2_with_one_line_and_changes_nothing() {
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--rows", "0"]), "row count"),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--rows", "5"]), "row count"),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--rows", "+2"]), "row count"),
+        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--host-rows", "0"]), "row count"),
+        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--host-rows", "3"]), "row count"),
+        (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--host-rows", "auto"]), "row count"),
         // The bucket arrays: auto or a power of two in range; rows 1 to 4.
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--buckets", "Auto"]), "bucket"),
         (args(&["daemon", "--iface", &missing_iface, "--config", &other_config, "--buckets", "0"]), "bucket"),

@@ -422,8 +422,11 @@ fn the_bucket_arrays_are_sized_from_the_host_unless_given() {
     assert!(buckets.is_power_of_two() && (1 << 12..=1 << 16).contains(&buckets), "{buckets}");
     assert!(host_buckets.is_power_of_two() && (1 << 20..=1 << 22).contains(&host_buckets), "{host_buckets}");
     let cases: [(&[&str], [u32; 4]); 2] = [
-        (&["--metrics", "off"], [buckets, 4, host_buckets, 1]),
-        (&["--metrics", "off", "--buckets", "1024", "--rows", "2", "--host-buckets", "4096"], [1024, 2, 4096, 1]),
+        (&["--metrics", "off"], [buckets, 4, host_buckets, limiter_common::rows::DEFAULT_HOST_ROWS]),
+        (
+            &["--metrics", "off", "--buckets", "1024", "--rows", "2", "--host-buckets", "4096", "--host-rows", "1"],
+            [1024, 2, 4096, 1],
+        ),
     ];
     for (args, [b, r, hb, hr]) in cases {
         let rig = Rig::start(args).expect("rig");

@@ -23,7 +23,7 @@ use limiter_common::{
 use limiter_ctl::{
     Limiter, ModeRequest,
     config::{PolicyDef, Rate, Scope},
-    kernel::compile,
+    kernel::{Geometry, compile},
 };
 use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper_over, first},
@@ -65,16 +65,21 @@ fn two_cpus_for(test: &str) -> Option<[usize; 2]> {
     cpus
 }
 
-/// The limiter with [`SALT`], UDP judged by a host-scope policy and TCP by a cpu-scope one, both
-/// of `rate` and `burst`.
-fn load(rate: &str, burst: u64) -> anyhow::Result<(Limiter, Gcra)> {
+/// The host-scope array's row counts: one, and the default two (`program::host_rows`: another
+/// judgement, with its own compare-and-exchange protocol).
+const HOST_ROWS: [u32; 2] = [1, 2];
+
+/// The limiter with [`SALT`], UDP judged by a host-scope policy (its array in `host_rows` rows)
+/// and TCP by a cpu-scope one, both of `rate` and `burst`.
+fn load(rate: &str, burst: u64, host_rows: u32) -> anyhow::Result<(Limiter, Gcra)> {
     let rate: Rate = rate.parse()?;
     let record = |scope, id| {
         compile::policy(&PolicyDef { scope, ..PolicyDef::any(rate, burst) }, id).map_err(|e| anyhow!("{rate}: {e}"))
     };
     let (host, cpu) = (record(Scope::Host, HOST)?, record(Scope::Cpu, CPU)?);
     ensure!(host.flags & Policy::SCOPE_HOST != 0 && cpu.flags & Policy::SCOPE_HOST == 0, "scopes compiled wrong");
-    let mut limiter = Limiter::load(BUCKETS).context("loading the limiter")?;
+    let geometry = Geometry { host_rows, ..Geometry::same(BUCKETS, 1) };
+    let mut limiter = Limiter::load_geometry(geometry).context("loading the limiter")?;
     limiter.set_salt(SALT)?;
     limiter.set_policy(&host)?;
     limiter.set_policy(&cpu)?;
@@ -87,9 +92,25 @@ fn load(rate: &str, burst: u64) -> anyhow::Result<(Limiter, Gcra)> {
 
 /// The bucket (generation 0) of `src` under policy `id`.
 fn bucket_of(src: Ipv4Addr, id: u16) -> u32 {
+    host_buckets_of(src, id, &SALT, 1)[0]
+}
+
+/// The buckets of `src` under policy `id` in each of `rows` rows of a generation's `BUCKETS`
+/// (an offset within the generation), under `salt`.
+fn host_buckets_of(src: Ipv4Addr, id: u16, salt: &SipKey, rows: u32) -> Vec<u32> {
+    host_buckets_in(src, id, salt, BUCKETS, rows)
+}
+
+/// [`host_buckets_of`] in a generation of `buckets`.
+fn host_buckets_in(src: Ipv4Addr, id: u16, salt: &SipKey, buckets: u32, rows: u32) -> Vec<u32> {
     let mut addr = [0u8; 16];
     addr[..4].copy_from_slice(&src.octets());
-    FlowKey { addr, policy: id, dport: 0, family: FAMILY_V4 }.bucket(&SALT, BUCKETS - 1)
+    let key = FlowKey { addr, policy: id, dport: 0, family: FAMILY_V4 };
+    if rows == 1 {
+        return vec![key.bucket(salt, buckets - 1)];
+    }
+    let found = key.row_buckets(salt, rows as usize, limiter_common::rows::row_len(buckets, rows));
+    found[..rows as usize].to_vec()
 }
 
 /// The source of the test-run frames, and their spec (to 198.18.0.1, UDP or TCP port 9).
@@ -115,7 +136,13 @@ fn test_runs_on_two_cpus_share_one_host_allowance() {
     let Some(cpus) = two_cpus_for("test_runs_on_two_cpus_share_one_host_allowance") else { return };
     // 10 per minute: nothing refills during the test (T = 6 s), so the burst is the allowance.
     let burst = 20;
-    let (limiter, gcra) = load("10/min", burst).expect("loading the limiter");
+    for host_rows in HOST_ROWS {
+        share_one_host_allowance(cpus, burst, host_rows);
+    }
+}
+
+fn share_one_host_allowance(cpus: [usize; 2], burst: u64, host_rows: u32) {
+    let (limiter, gcra) = load("10/min", burst, host_rows).expect("loading the limiter");
     let (src, spec) = (SRC, test_run_spec());
     let udp = spec.frame_of(L4::Udp, src.into()).expect("UDP frame");
     let tcp = spec.frame_of(L4::TcpSyn, src.into()).expect("TCP frame");
@@ -137,7 +164,7 @@ fn test_runs_on_two_cpus_share_one_host_allowance() {
     let bound = gcra.bound(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
     let (host, cpu) = (admitted[0][0] + admitted[0][1], admitted[1][0] + admitted[1][1]);
     eprintln!(
-        "in {elapsed:?} on CPUs {cpus:?}: host scope admitted {:?} = {host}, cpu scope {:?} = {cpu} (one allowance: \
+        "host rows {host_rows}, in {elapsed:?} on CPUs {cpus:?}: host scope admitted {:?} = {host}, cpu scope {:?} = {cpu} (one allowance: \
          {bound}; cpu/host {:.2}x)",
         admitted[0],
         admitted[1],
@@ -145,17 +172,21 @@ fn test_runs_on_two_cpus_share_one_host_allowance() {
     );
     assert!(elapsed < Duration::from_secs(5), "the test took {elapsed:?}: the rate refilled, the counts mean nothing");
     assert_eq!(bound, burst, "the bound over {elapsed:?}");
-    assert_eq!(host, burst, "host scope: admitted {:?} on CPUs {cpus:?}, one allowance is {burst}", admitted[0]);
+    assert_eq!(
+        host, burst,
+        "host scope ({host_rows} rows): admitted {:?} on CPUs {cpus:?}, one allowance is {burst}",
+        admitted[0]
+    );
     assert!(admitted[0][0] > 0 && admitted[0][1] > 0, "host scope: both CPUs admit from the one allowance");
     assert_eq!(admitted[1], [burst, burst], "cpu scope: each CPU admits its own allowance of {burst}");
     // Where the state went: each policy's bucket in its own array, nothing in the other.
-    let (host_bucket, cpu_bucket) = (bucket_of(src, HOST), bucket_of(src, CPU));
+    let (host_buckets, cpu_bucket) = (host_buckets_of(src, HOST, &SALT, host_rows), bucket_of(src, CPU));
     for index in 0..GENERATIONS * BUCKETS {
         let shared = limiter.host_bucket(index).expect("reading HOST_BUCKETS");
         assert_eq!(
             shared != 0,
-            index == host_bucket,
-            "HOST_BUCKETS[{index}] = {shared:#x} (host bucket {host_bucket})"
+            host_buckets.contains(&index),
+            "HOST_BUCKETS[{index}] = {shared:#x} (host buckets {host_buckets:?}, {host_rows} rows)"
         );
         let per_cpu = limiter.bucket(index).expect("reading BUCKETS");
         for (c, &tat) in per_cpu.iter().enumerate() {
@@ -163,7 +194,9 @@ fn test_runs_on_two_cpus_share_one_host_allowance() {
             assert_eq!(tat != 0, expected, "BUCKETS[{index}] on CPU {c} = {tat:#x} (cpu bucket {cpu_bucket})");
         }
     }
-    assert_eq!(limiter.host_bucket(host_bucket).expect("HOST_BUCKETS") & 0xff, u64::from(HOST), "owner byte");
+    for &bucket in &host_buckets {
+        assert_eq!(limiter.host_bucket(bucket).expect("HOST_BUCKETS") & 0xff, u64::from(HOST), "owner byte");
+    }
 }
 
 /// A salt rotation carries a host-scope key's TAT over from the old generation's shared bucket
@@ -172,26 +205,41 @@ fn test_runs_on_two_cpus_share_one_host_allowance() {
 #[test]
 fn rotation_carries_a_host_bucket_over_and_a_refused_flood_writes_nothing() {
     require_root!();
+    for host_rows in HOST_ROWS {
+        rotation_carries_host_rows_over(host_rows);
+    }
+}
+
+fn rotation_carries_host_rows_over(host_rows: u32) {
     let burst = 5;
-    let (mut limiter, _) = load("10/min", burst).expect("loading the limiter");
+    let (mut limiter, _) = load("10/min", burst, host_rows).expect("loading the limiter");
     let (src, spec) = (SRC, test_run_spec());
     let udp = spec.frame_of(L4::Udp, src.into()).expect("UDP frame");
     let admitted = |limiter: &Limiter, n: u64| -> u64 {
         (0..n).filter(|_| limiter.test_run(&udp).expect("test run") == XDP_PASS).count() as u64
     };
     assert_eq!(admitted(&limiter, 3 * burst), burst, "before the rotation: the burst");
-    let old = bucket_of(src, HOST);
-    let spent = limiter.host_bucket(old).expect("HOST_BUCKETS");
-    assert_ne!(spent, 0);
+    let old = host_buckets_of(src, HOST, &SALT, host_rows);
+    let spent: Vec<u64> = old.iter().map(|&b| limiter.host_bucket(b).expect("HOST_BUCKETS")).collect();
+    assert!(spent.iter().all(|&tat| tat != 0), "{host_rows} rows: every row of the key written: {spent:x?}");
     let salt = SipKey { k0: SALT.k0 ^ 0x5a5a, k1: SALT.k1.rotate_left(7) };
     limiter.rotate_salt(salt, Duration::from_secs(600)).expect("rotating the salt");
     assert_eq!(limiter.config().expect("config").generation, 1);
-    let mut addr = [0u8; 16];
-    addr[..4].copy_from_slice(&src.octets());
-    let new = BUCKETS + FlowKey { addr, policy: HOST, dport: 0, family: FAMILY_V4 }.bucket(&salt, BUCKETS - 1);
-    assert_eq!(admitted(&limiter, 3 * burst), 0, "after the rotation, within the grace: no fresh allowance");
-    assert_eq!(limiter.host_bucket(old).expect("HOST_BUCKETS"), spent, "the old generation is never written");
-    assert_eq!(limiter.host_bucket(new).expect("HOST_BUCKETS"), 0, "refusals carried over write nothing");
+    let new: Vec<u32> = host_buckets_of(src, HOST, &salt, host_rows).iter().map(|b| BUCKETS + b).collect();
+    assert_eq!(
+        admitted(&limiter, 3 * burst),
+        0,
+        "{host_rows} rows: after the rotation, within the grace: no fresh allowance"
+    );
+    let now: Vec<u64> = old.iter().map(|&b| limiter.host_bucket(b).expect("HOST_BUCKETS")).collect();
+    assert_eq!(now, spent, "{host_rows} rows: the old generation is never written");
+    for b in new {
+        assert_eq!(
+            limiter.host_bucket(b).expect("HOST_BUCKETS"),
+            0,
+            "{host_rows} rows: refusals carried over write nothing"
+        );
+    }
 }
 
 /// End to end on veth (native XDP runs on the sending CPU): one source floods from two CPUs at
@@ -203,8 +251,14 @@ fn one_source_on_two_cpus_gets_one_allowance_under_host_scope() {
     require_root!();
     let Some(cpus) = two_cpus_for("one_source_on_two_cpus_gets_one_allowance_under_host_scope") else { return };
     let net = TestNet::new().expect("test network");
+    for host_rows in HOST_ROWS {
+        one_allowance_on_two_cpus(&net, cpus, host_rows);
+    }
+}
+
+fn one_allowance_on_two_cpus(net: &TestNet, cpus: [usize; 2], host_rows: u32) {
     let (rate, burst) = ("1000/s", 100);
-    let (mut limiter, gcra) = load(rate, burst).expect("loading the limiter");
+    let (mut limiter, gcra) = load(rate, burst, host_rows).expect("loading the limiter");
     let iface = &net.receiver.iface;
     let attached = net.receiver.run(|| limiter.attach(iface, ModeRequest::Native)).expect("entering the namespace");
     let attached = attached.unwrap_or_else(|e| panic!("native XDP on veth {iface} failed: {e}"));
@@ -236,8 +290,8 @@ fn one_source_on_two_cpus_gets_one_allowance_under_host_scope() {
     eprintln!("host scope: {host}\ncpu scope: {cpu}");
     let ratio = cpu.total.admitted_packets as f64 / host.total.admitted_packets.max(1) as f64;
     eprintln!(
-        "one source on CPUs {cpus:?}: host scope admitted {}, cpu scope {} ({ratio:.2}x); one allowance over {window:?}: \
-         {}",
+        "{host_rows} host rows, one source on CPUs {cpus:?}: host scope admitted {}, cpu scope {} ({ratio:.2}x); one \
+         allowance over {window:?}: {}",
         host.total.admitted_packets,
         cpu.total.admitted_packets,
         gcra.bound(u64::try_from(window.as_nanos()).unwrap_or(u64::MAX))
@@ -318,4 +372,84 @@ fn host_and_cpu_scope_policies_coexist_in_one_config() {
     assert_eq!((&web["match"], &web["rate"]), (&"tcp".into(), &"100/s".into()), "only the scope changed: {web}");
     rig.ctl_ok(&["policy", "set", "quota", "--scope", "cpu"]);
     check(&[("quota", "cpu"), ("web", "host")], [1, 1], "quota set to cpu");
+}
+
+/// Keys sharing host rows, judged on two CPUs at once (BPF_PROG_TEST_RUN on each CPU in step, the
+/// same key at the same moment, so admissions race for the same rows): count-min over the
+/// compare-and-exchange protocol (`program::host_rows`) never lets a key over its own bound over
+/// the run, and a key with a row of its own (no other key in that bucket) gets its whole
+/// allowance, the burst at least, as an exact limiter gives it. 8 keys over two rows of 8
+/// buckets: some share a bucket in one row, some in both. Without the exchange (a plain write),
+/// both CPUs would admit on one read of the same TAT, and a key would go past its bound.
+#[test]
+fn keys_sharing_host_rows_on_two_cpus_each_keep_to_their_bound() {
+    require_root!();
+    let Some(cpus) = two_cpus_for("keys_sharing_host_rows_on_two_cpus_each_keep_to_their_bound") else { return };
+    const KEYS: u8 = 8;
+    const HOST_BUCKETS: u32 = 16;
+    const RACE_TIME: Duration = Duration::from_secs(2);
+    let burst = 400;
+    let rate: Rate = "10/s".parse().expect("rate");
+    let host = compile::policy(&PolicyDef { scope: Scope::Host, ..PolicyDef::any(rate, burst) }, HOST).expect("policy");
+    let geometry = Geometry { host_buckets: HOST_BUCKETS, host_rows: 2, ..Geometry::same(BUCKETS, 1) };
+    let mut limiter = Limiter::load_geometry(geometry).expect("loading the limiter");
+    limiter.set_salt(SALT).expect("salt");
+    limiter.set_policy(&host).expect("policy");
+    let mut config = limiter.config().expect("config");
+    config.class_policy[CLASS_UDP] = HOST;
+    limiter.write_config(&config).expect("config");
+    let spec = test_run_spec();
+    let sources: Vec<Ipv4Addr> = (0..KEYS).map(|k| Ipv4Addr::new(198, 18, 1, k)).collect();
+    let frames: Vec<Vec<u8>> =
+        sources.iter().map(|&src| spec.frame_of(L4::Udp, src.into()).expect("UDP frame")).collect();
+    // Which keys have a row to themselves.
+    let rows: Vec<Vec<u32>> = sources.iter().map(|&src| host_buckets_in(src, HOST, &SALT, HOST_BUCKETS, 2)).collect();
+    let alone: Vec<bool> = (0..rows.len())
+        .map(|k| (0..2).any(|r| rows.iter().enumerate().all(|(j, other)| j == k || other[r] != rows[k][r])))
+        .collect();
+    let barrier = std::sync::Barrier::new(2);
+    let start = Instant::now();
+    let counts: Vec<(Vec<u64>, u64)> = thread::scope(|s| {
+        let threads: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                let (limiter, frames, barrier) = (&limiter, &frames, &barrier);
+                s.spawn(move || {
+                    pin_current_thread(cpu).expect("pinning the test thread");
+                    barrier.wait();
+                    let began = Instant::now();
+                    let (mut admitted, mut runs) = (vec![0u64; frames.len()], 0u64);
+                    // Bounded by time and runs; a round is one packet of each key, in the same
+                    // order on both CPUs.
+                    while began.elapsed() < RACE_TIME && runs < 4_000_000 {
+                        for (k, frame) in frames.iter().enumerate() {
+                            if limiter.test_run(frame).expect("test run") == XDP_PASS {
+                                admitted[k] += 1;
+                            }
+                        }
+                        runs += frames.len() as u64;
+                    }
+                    (admitted, runs)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("test-run thread")).collect()
+    });
+    let elapsed = start.elapsed();
+    let bound = host.gcra.bound(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
+    let totals: Vec<u64> = (0..frames.len()).map(|k| counts[0].0[k] + counts[1].0[k]).collect();
+    eprintln!(
+        "{KEYS} keys over 2 host rows of 8 on CPUs {cpus:?}, {elapsed:?}, runs {} + {}: admitted per key {totals:?}, \
+         rows {rows:?}, a row alone {alone:?} (bound {bound})",
+        counts[0].1, counts[1].1
+    );
+    for (k, &n) in totals.iter().enumerate() {
+        let (a, b) = (counts[0].0[k], counts[1].0[k]);
+        assert!(n <= bound, "key {k} admitted {n} > its bound {bound} over {elapsed:?} ({a} + {b})");
+        if alone[k] {
+            assert!(n >= burst, "key {k} has a row to itself but was admitted {n} < its burst {burst}");
+            assert!(a > 0 && b > 0, "key {k}: admitted {a} + {b}: the two CPUs did not race for it");
+        }
+    }
+    assert!(alone.iter().any(|&a| a), "no key has a row to itself under this salt: the test shows nothing");
 }

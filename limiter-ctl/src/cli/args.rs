@@ -167,6 +167,11 @@ pub(crate) struct DaemonArgs {
     /// 1048576 to 4194304. Memory is buckets x 16 bytes, once.
     #[arg(long, value_name = "auto|N", default_value = "auto", value_parser = parse_buckets)]
     pub host_buckets: BucketCount,
+    /// Count-min rows of the host-scope buckets (1 or 2), as --rows for the per-CPU ones. Two by
+    /// default: fewer innocents refused than one row up to about 0.48 x the buckets in flooding
+    /// sources.
+    #[arg(long, value_name = "D", default_value_t = limiter_common::rows::DEFAULT_HOST_ROWS, value_parser = parse_host_rows)]
+    pub host_rows: u32,
     /// Where to judge packets: xdp (cheapest; alone on the interface), tcx (tc ingress, shared
     /// with other programs in order, leaving XDP free), or auto: XDP when it is free, tcx when
     /// another program holds it (logged, naming it); a limiter pinned here keeps its hook.
@@ -387,7 +392,7 @@ impl DaemonArgs {
                 buckets: self.buckets,
                 rows: self.rows,
                 host_buckets: self.host_buckets,
-                host_rows: limiter_common::rows::DEFAULT_HOST_ROWS,
+                host_rows: self.host_rows,
             },
             placement: Placement {
                 hook: self.attach,
@@ -456,6 +461,12 @@ fn parse_buckets(s: &str) -> Result<BucketCount, String> {
             limiter_common::maps::MAX_BUCKETS
         )
     })
+}
+
+fn parse_host_rows(s: &str) -> Result<u32, String> {
+    let n = config::decimal(s).and_then(|n| u32::try_from(n).ok());
+    n.and_then(|n| kernel::check_host_rows(n).ok())
+        .ok_or_else(|| format!("invalid row count '{s}': expected 1 or {}", limiter_common::rows::MAX_HOST_ROWS))
 }
 
 fn parse_rows(s: &str) -> Result<u32, String> {

@@ -47,6 +47,8 @@ pub enum Error {
     Buckets(u32),
     #[error("row count {0} is not between 1 and {max}", max = limiter_common::rows::MAX_ROWS)]
     Rows(u32),
+    #[error("host row count {0} is not between 1 and {max}", max = limiter_common::rows::MAX_HOST_ROWS)]
+    HostRows(u32),
     #[cfg(feature = "testing")]
     #[error("test run failed: {0}")]
     TestRun(#[source] ProgramError),

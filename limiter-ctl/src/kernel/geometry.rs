@@ -2,6 +2,8 @@
 //! policies of scope cpu) and the host-scope buckets (`HOST_BUCKETS`, shared by every CPU), each
 //! with its count-min rows.
 
+use limiter_common::rows::MAX_HOST_ROWS;
+
 /// Buckets per generation (a power of two) and rows, for each of the two arrays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
@@ -16,9 +18,11 @@ pub struct Geometry {
 }
 
 impl Geometry {
-    /// Both arrays of `buckets`, split into `rows` rows (the tests' usual shape).
+    /// Both arrays of `buckets`, split into `rows` rows (the tests' usual shape); the host-scope
+    /// array into at most `MAX_HOST_ROWS` of them.
     pub const fn same(buckets: u32, rows: u32) -> Self {
-        Self { buckets, rows, host_buckets: buckets, host_rows: rows }
+        let host_rows = if rows > MAX_HOST_ROWS { MAX_HOST_ROWS } else { rows };
+        Self { buckets, rows, host_buckets: buckets, host_rows }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use limiter_common::{
     maps::{MAX_BUCKETS, MIN_BUCKETS},
-    rows::MAX_ROWS,
+    rows::{MAX_HOST_ROWS, MAX_ROWS},
 };
 use nix::time::{ClockId, clock_gettime};
 
@@ -18,6 +18,11 @@ pub(crate) fn check_buckets(buckets: u32) -> Result<u32, Error> {
 
 pub(crate) fn check_rows(rows: u32) -> Result<u32, Error> {
     if (1..=MAX_ROWS as u32).contains(&rows) { Ok(rows) } else { Err(Error::Rows(rows)) }
+}
+
+/// A row count for the host-scope buckets, 1 or 2 (the kernel judges no more there).
+pub(crate) fn check_host_rows(rows: u32) -> Result<u32, Error> {
+    if (1..=MAX_HOST_ROWS).contains(&rows) { Ok(rows) } else { Err(Error::HostRows(rows)) }
 }
 
 /// The interface's index, or None when there is no such interface (or it could not be asked:

@@ -12,7 +12,10 @@ use limiter_common::maps::{
     MAP_LAYOUT, PROGRAM, PROGRAM_LAYERS, PROGRAM_LAYERS_TCX, PROGRAM_TCX,
 };
 
-use super::{Error, Geometry, Hook, Incompatible, attach::Link, check_buckets, check_rows, objects, pins::PinDir};
+use super::{
+    Error, Geometry, Hook, Incompatible, attach::Link, check_buckets, check_host_rows, check_rows, objects,
+    pins::PinDir,
+};
 
 /// The handle on the limiter's XDP program and its maps. Dropping it without
 /// [`Limiter::detach`] leaves a pinned program attached (fail static); an unpinned one goes.
@@ -65,7 +68,7 @@ impl Limiter {
         check_buckets(buckets)?;
         check_rows(rows)?;
         check_buckets(host_buckets)?;
-        check_rows(host_rows)?;
+        check_host_rows(host_rows)?;
         loader.map_max_entries(MAP_BUCKETS, GENERATIONS * buckets);
         loader.map_max_entries(MAP_HOST_BUCKETS, GENERATIONS * host_buckets);
         let mut adopted = false;

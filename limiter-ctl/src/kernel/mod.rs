@@ -45,7 +45,8 @@ pub use tcx::{ProgRef, TcxPlace};
 pub use view::MapView;
 
 pub(crate) use host::{
-    Lookup, check_buckets, check_rows, if_index, interface_exists, interface_mtu, lookup_index, monotonic_ns,
+    Lookup, check_buckets, check_host_rows, check_rows, if_index, interface_exists, interface_mtu, lookup_index,
+    monotonic_ns,
 };
 
 /// Test-only: the BPF objects only the tests and benchmarks load.

@@ -21,10 +21,10 @@ use super::{COUNTERS, REFUSALS, SAMPLER};
 
 /// Counts the verdict (and samples a refusal), and turns it into the XDP action.
 #[inline(always)]
-pub fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: Verdict, frame_len: u64) -> u32 {
+pub fn act(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], verdict: Verdict, frame_len: u64) -> u32 {
     bump(u32::from(policy.id), |c| count(c, verdict, frame_len));
     if verdict != Verdict::Admit && cfg.flags & Config::SAMPLE_REFUSALS != 0 {
-        sample_refusal(cfg, pkt, policy, words, verdict);
+        sample_refusal(cfg, family, policy, words, verdict);
     }
     if verdict == Verdict::Refuse { XDP_DROP } else { XDP_PASS }
 }
@@ -33,7 +33,7 @@ pub fn act(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdic
 #[inline(always)]
 pub fn sample(cfg: &Config, pkt: &Packet, policy: &Policy, verdict: Verdict) {
     if cfg.flags & Config::SAMPLE_REFUSALS != 0 {
-        sample_refusal(cfg, pkt, policy, &key_words(pkt, policy), verdict);
+        sample_refusal(cfg, pkt.family, policy, &key_words(pkt, policy), verdict);
     }
 }
 
@@ -41,7 +41,7 @@ pub fn sample(cfg: &Config, pkt: &Packet, policy: &Policy, verdict: Verdict) {
 /// (`sample::hit`: a uniform one of the hits since the last sample sent, weighed by their count):
 /// the key's prefix, nothing finer.
 #[inline(always)]
-fn sample_refusal(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3], verdict: Verdict) {
+fn sample_refusal(cfg: &Config, family: u8, policy: &Policy, words: &[u64; 3], verdict: Verdict) {
     let Some(sampler) = SAMPLER.get_ptr_mut(0) else {
         return;
     };
@@ -57,12 +57,12 @@ fn sample_refusal(cfg: &Config, pkt: &Packet, policy: &Policy, words: &[u64; 3],
     let hit = sample::hit(&mut sampler.window, unsafe { bpf_ktime_get_ns() }, cfg.sample_budget, random);
     let sample = &mut sampler.candidate;
     if hit.replace {
-        let key = FlowKey::from_words(pkt.family, words);
+        let key = FlowKey::from_words(family, words);
         sample.addr = key.addr;
         sample.dport = key.dport;
         sample.policy = policy.id;
-        sample.family = pkt.family;
-        sample.prefix_len = if pkt.family == FAMILY_V4 { policy.v4_prefix } else { policy.v6_prefix };
+        sample.family = family;
+        sample.prefix_len = if family == FAMILY_V4 { policy.v4_prefix } else { policy.v6_prefix };
         sample.dry_run = u8::from(verdict == Verdict::WouldRefuse);
     }
     if hit.send > 0 {

@@ -1,8 +1,8 @@
 //! The decide step: the verdict for a key of `family` (its `words`) under `policy`, against its
 //! buckets, for a frame of `len` bytes; None on a failed lookup. Per-CPU scope ([`per_cpu`])
 //! reads the key's row buckets in `BUCKETS` (unless the memo's standing refusal answers first);
-//! host scope ([`host`]), its one bucket in `HOST_BUCKETS`, shared by every CPU
-//! (`limiter_ebpf::scope`). During a salt rotation the previous generation's buckets are read
+//! host scope ([`host`]), its bucket in each row of `HOST_BUCKETS` (`Config::host_rows`), shared
+//! by every CPU (`limiter_ebpf::scope`). During a salt rotation the previous generation's buckets are read
 //! too and a later TAT carries over.
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
@@ -18,7 +18,7 @@ use limiter_ebpf::{
     scope,
 };
 
-use super::{BUCKETS, HOST_BUCKETS, KEY_MEMO, LEASES, POLICIES};
+use super::{BUCKETS, HOST_BUCKETS, KEY_MEMO, LEASES, POLICIES, host_rows};
 
 /// A per-CPU policy: the memo's standing refusal, else the key's bucket in each row, judged
 /// and written back where it changes; the memo then records how long a refusal stands.
@@ -86,13 +86,17 @@ fn leased(
         return host_layer(cfg, family, policy, words, hash, len, false);
     }
     let units = u64::from(policy.lease);
-    let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, (cfg.generation & 1) as usize, hash))?;
-    // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
-    let reserved = unsafe {
-        scope::judge_shared(bucket, refusal(policy), |current| {
-            let (verdict, store, _, _) = host_judge(cfg, family, policy, words, units, current);
-            (verdict, store)
-        })
+    let reserved = if cfg.host_rows > 1 {
+        host_rows::judge(cfg, family, policy, words, hash, units, true)?
+    } else {
+        let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, (cfg.generation & 1) as usize, hash))?;
+        // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+        unsafe {
+            scope::judge_shared(bucket, refusal(policy), |current| {
+                let (verdict, store, _, _) = host_judge(cfg, family, policy, words, units, current);
+                (verdict, store)
+            })
+        }
     };
     if reserved == Verdict::Admit {
         *lease = Lease { hash, emission: policy.gcra.emission, units: units - 1, until_ns: now + LEASE_NS };
@@ -184,7 +188,8 @@ fn per_cpu_rows(
 
 /// A host-scope policy: the memo's standing refusal, else the key's bucket in `HOST_BUCKETS`,
 /// one for every CPU, read plainly and written only by compare-and-exchange when the judgement
-/// changes it (`limiter_ebpf::scope`); the memo then records how long a refusal stands. Sound at
+/// changes it (`limiter_ebpf::scope`; with more than one row, [`host_rows`]); the memo then
+/// records how long a refusal stands. Sound at
 /// host scope too (`memo::refusal_stands`): other CPUs write the bucket meanwhile, but only
 /// admissions write, and they only raise it. During a salt rotation the old generation's bucket
 /// is read too and a later TAT carries over, as for per-CPU buckets; it is never written (every
@@ -232,6 +237,9 @@ pub fn host_layer(
     len: u64,
     commit: bool,
 ) -> Option<Verdict> {
+    if cfg.host_rows > 1 {
+        return host_rows::judge(cfg, family, policy, words, hash, weight(policy, len), commit);
+    }
     let generation = (cfg.generation & 1) as usize;
     let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
     if !commit {
@@ -273,7 +281,7 @@ fn host_judge(
             value = gcra::later(current, unsafe { scope::load(old) }, now, policy.gcra.capacity, |id| claim(id, now));
         }
     }
-    // One row: the host array is not split (count-min rows are for per-CPU buckets).
+    // One row (`Config::host_rows` <= 1; more go through `host_rows`).
     let mut values = [0u64; MAX_ROWS];
     values[0] = value;
     let (verdict, store) = decide_units(policy, &values, 1, now, units, |id| claim(id, now));
@@ -282,7 +290,7 @@ fn host_judge(
 
 /// This CPU's key memo, None when `S` turns it off.
 #[inline(always)]
-fn key_memo<S: Shortcuts>() -> Option<&'static mut KeyMemo> {
+pub(super) fn key_memo<S: Shortcuts>() -> Option<&'static mut KeyMemo> {
     if !S::key_memo() {
         return None;
     }
@@ -292,8 +300,7 @@ fn key_memo<S: Shortcuts>() -> Option<&'static mut KeyMemo> {
 
 /// The key's bucket in `HOST_BUCKETS` for `generation`, from the key's hash under that
 /// generation's salt: one index over the generation's whole half (`Config::host_mask + 1`
-/// buckets, sized apart from the per-CPU ones), laid out as `BUCKETS` is. One row: the host
-/// array's count-min rows (`Config::host_rows`) are not judged yet.
+/// buckets, sized apart from the per-CPU ones), laid out as `BUCKETS` is. One row (with more, [`host_rows`]).
 #[inline(always)]
 fn host_index(cfg: &Config, generation: usize, hash: u64) -> u32 {
     let base = (generation as u32) * cfg.host_mask.wrapping_add(1);
@@ -357,7 +364,7 @@ fn write_rows(idx: &[u32; MAX_ROWS], rows: usize, store: &[Option<u64>; MAX_ROWS
 /// what is left of its hold. Asked only for a TAT beyond the reader's own window (is it owed to a
 /// live source of its writer, or a ghost of the clock's wrap?). A failed lookup claims all.
 #[inline(always)]
-fn claim(id: u8, now_ns: u64) -> u64 {
+pub(super) fn claim(id: u8, now_ns: u64) -> u64 {
     match POLICIES.get(u32::from(id)) {
         Some(p) => {
             let capacity = if p.flags & Policy::ACTIVE != 0 { p.gcra.capacity } else { 0 };

@@ -12,6 +12,7 @@
 
 mod act;
 mod buckets;
+mod host_rows;
 mod layers;
 mod policy;
 
@@ -69,6 +70,10 @@ static REFUSALS: RingBuf = RingBuf::with_byte_size(REFUSALS_BYTES, 0);
 /// Each CPU's last key and its hash (`KeyMemo`). Not pinned: a cache, empty after a reload.
 #[map]
 static KEY_MEMO: PerCpuArray<KeyMemo> = PerCpuArray::with_max_entries(1, 0);
+/// Each CPU's host-scope rows being judged (`buckets::HostRows`): off the stack, which the
+/// rows' arrays would push past 512 B beside the program's own frame. Not pinned: scratch.
+#[map]
+static HOST_ROWS: PerCpuArray<host_rows::HostRows> = PerCpuArray::with_max_entries(1, 0);
 /// Each CPU's packet handed to the layered judgement (`layers::Task`), and its progress.
 #[map]
 static LAYER_TASK: PerCpuArray<layers::Task> = PerCpuArray::with_max_entries(1, 0);
@@ -146,6 +151,10 @@ pub fn limiter<S: Shortcuts, H: Hook>(ctx: &H) -> u32 {
     };
     let words = key_words(&pkt, policy);
     let verdict = if policy.flags & Policy::SCOPE_HOST != 0 {
+        if cfg.host_rows > 1 {
+            // Out of line, and the program's last step (`host_rows`).
+            return host_rows::alone::<S>(cfg, pkt.family, policy, &words, frame_len);
+        }
         buckets::host::<S>(cfg, pkt.family, policy, &words, frame_len)
     } else {
         buckets::per_cpu::<S>(cfg, pkt.family, policy, &words, frame_len)
@@ -153,5 +162,5 @@ pub fn limiter<S: Shortcuts, H: Hook>(ctx: &H) -> u32 {
     let Some(verdict) = verdict else {
         return act::fault();
     };
-    act::act(cfg, &pkt, policy, &words, verdict, frame_len)
+    act::act(cfg, pkt.family, policy, &words, verdict, frame_len)
 }
