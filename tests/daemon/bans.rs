@@ -354,3 +354,35 @@ fn a_million_bans_per_family_fit() {
     let s = fresh_stats(&rig);
     assert_eq!(s["bans"]["active_v6"]["cli"], 1_000_000, "{s}");
 }
+
+/// A ban decides before the config file's lists: an allow ban lets one address of a denied
+/// prefix through, a prefix ban (an LPM entry) drops its whole prefix, an IPv6 address ban drops
+/// that address alone; removing the allow ban gives the address back to the config's deny.
+#[test]
+fn bans_decide_before_the_lists_for_prefixes_and_both_families() {
+    require_root!();
+    let (rig, _state) = rig();
+    rig.ctl_ok(&["deny", "add", "198.18.202.0/24"]);
+    rig.ctl_ok(&["allow", "add", "198.18.202.7", "--for", "1m"]);
+    rig.ctl_ok(&["deny", "add", "198.18.203.0/24", "2001:db8:77::9", "--for", "1m", "--origin", "crowdsec"]);
+    let sources = ["198.18.202.7", "198.18.202.8", "198.18.203.9", "2001:db8:77::9", "2001:db8:77::10"];
+    let delivered = |rig: &Rig| -> Vec<u64> {
+        let streams: Vec<_> = sources.iter().map(|s| rig.stream(L4::Udp, PORT, s)).collect();
+        let run =
+            rig.flood(&streams, Limits::counted(1000, Duration::from_secs(3)), Some(2.0 * PER_SEC)).expect("traffic");
+        streams.iter().map(|s| run.delivered(&limiter_tests::rig::flow_of(s))).collect()
+    };
+    let got = delivered(&rig);
+    assert!(got[0] >= 190, "the allow ban inside a denied prefix: {got:?}");
+    assert_eq!(got[1..4], [0, 0, 0], "the config's deny, the prefix ban, the IPv6 ban: {got:?}");
+    assert!(got[4] >= 190, "the IPv6 neighbour of the banned address: {got:?}");
+    rig.ctl_ok(&["allow", "rm", "198.18.202.7"]);
+    let got = delivered(&rig);
+    assert_eq!(got[0], 0, "without its allow ban the address is the config's deny's again: {got:?}");
+    let s = fresh_stats(&rig);
+    assert_eq!(
+        (s["bans"]["active_v4"]["crowdsec"].as_u64(), s["bans"]["active_v6"]["crowdsec"].as_u64()),
+        (Some(1), Some(1)),
+        "{s}"
+    );
+}

@@ -91,7 +91,7 @@ impl Clock {
 }
 
 /// One saved entry: list, origin, network, expiry (ms since the epoch).
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Saved(List, Origin, #[serde(deserialize_with = "crate::config::net_serde::deserialize")] IpNet, u64);
 
 #[derive(Serialize, Deserialize)]
@@ -525,4 +525,82 @@ fn write_file(path: &Path, bans: Vec<Saved>) -> Result<(), String> {
         let _ = d.sync_all();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    /// Several entries on one network make one kernel entry: deny over allow, the latest
+    /// expiry of that list; the counts follow entries by family and origin, and the networks
+    /// per kernel map follow the first and last entry of each.
+    #[test]
+    fn one_kernel_entry_per_network_deny_first_latest_expiry() {
+        let mut bans = Bans::new(None);
+        let (a, p, v6) = (net("198.18.0.5/32"), net("198.18.1.0/24"), net("2001:db8::5/128"));
+        bans.put((a, List::Allow, Origin::Cli), Some(9_000));
+        assert_eq!(bans.effective(a), Some((List::Allow, 9_000)));
+        bans.put((a, List::Deny, Origin::Fail2ban), Some(5_000));
+        bans.put((a, List::Deny, Origin::Crowdsec), Some(7_000));
+        assert_eq!(bans.effective(a), Some((List::Deny, 7_000)), "deny wins, at its latest expiry");
+        assert_eq!(bans.put((a, List::Deny, Origin::Crowdsec), Some(6_000)), Some(7_000), "a renewal replaces");
+        assert_eq!(bans.effective(a), Some((List::Deny, 6_000)));
+        bans.put((p, List::Deny, Origin::Cli), Some(1_000));
+        bans.put((v6, List::Deny, Origin::Crowdsec), Some(1_000));
+        assert_eq!(bans.nets, [1, 1, 1, 0], "exact v4, exact v6, prefixes v4, prefixes v6");
+        assert_eq!(bans.counts.active, [[2, 1, 1], [0, 0, 1]]);
+        assert_eq!(bans.deadlines.len(), 5);
+        bans.put((a, List::Deny, Origin::Fail2ban), None);
+        bans.put((a, List::Deny, Origin::Crowdsec), None);
+        assert_eq!(bans.effective(a), Some((List::Allow, 9_000)), "the allow entry is left");
+        bans.put((a, List::Allow, Origin::Cli), None);
+        assert_eq!(bans.effective(a), None);
+        assert_eq!(bans.nets, [0, 1, 1, 0]);
+        assert_eq!(bans.counts.active, [[1, 0, 0], [0, 0, 1]]);
+        assert_eq!(bans.deadlines.len(), 2);
+        // Removing what is not there changes nothing.
+        assert_eq!(bans.put((a, List::Deny, Origin::Cli), None), None);
+        assert_eq!(bans.counts.active, [[1, 0, 0], [0, 0, 1]]);
+    }
+
+    /// A wall-clock expiry becomes a monotonic deadline the same distance ahead; one already
+    /// past is due now; never 0 (no deadline, to the kernel).
+    #[test]
+    fn deadlines_are_as_far_ahead_as_the_expiry() {
+        let clock = Clock { wall_ms: 1_000_000, mono_ns: 5_000_000_000 };
+        assert_eq!(clock.deadline_ns(1_002_000), 7_000_000_000);
+        assert_eq!(clock.deadline_ns(999_000), 5_000_000_000);
+        assert_eq!(Clock { wall_ms: 10, mono_ns: 0 }.deadline_ns(5), 1);
+        assert_eq!(clock.deadline_ns(u64::MAX), u64::MAX);
+    }
+
+    /// The file holds every entry and reads back the same; another version is refused.
+    #[test]
+    fn the_file_reads_back_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Bans::file_for(dir.path(), "eth0");
+        assert!(read_file(&path).unwrap().is_none(), "no file: no bans, no error");
+        let saved = vec![
+            Saved(List::Deny, Origin::Fail2ban, net("198.18.0.5/32"), 1_700_000_000_000),
+            Saved(List::Allow, Origin::Cli, net("2001:db8::/48"), 1_800_000_000_000),
+        ];
+        write_file(&path, saved).unwrap();
+        let back = read_file(&path).unwrap().unwrap();
+        let back: Vec<_> = back.into_iter().map(|Saved(l, o, n, e)| (l, o, n, e)).collect();
+        assert_eq!(
+            back,
+            vec![
+                (List::Deny, Origin::Fail2ban, net("198.18.0.5/32"), 1_700_000_000_000),
+                (List::Allow, Origin::Cli, net("2001:db8::/48"), 1_800_000_000_000)
+            ]
+        );
+        std::fs::write(&path, r#"{"version":2,"bans":[]}"#).unwrap();
+        assert!(read_file(&path).unwrap_err().contains("version 2"));
+        std::fs::write(&path, r#"{"version":1,"bans":[["deny","cli","010.0.0.1/32",1]]}"#).unwrap();
+        assert!(read_file(&path).is_err(), "a lax network is refused as the socket refuses it");
+    }
 }

@@ -441,6 +441,14 @@ mod tests {
             bucket_occupancy: Some(0.25),
             denied: 5,
             allowed: 2,
+            bans: Some(crate::api::stats::BanStats {
+                active_v4: [("cli".to_string(), 2), ("crowdsec".to_string(), 0)].into(),
+                active_v6: [("fail2ban".to_string(), 1)].into(),
+                added: [("cli".to_string(), 3)].into(),
+                expired: [("cli".to_string(), 1)].into(),
+                dropped_packets: 4,
+                allowed_packets: 0,
+            }),
             ..Default::default()
         };
         let text = render(&Arc::new(RwLock::new(snapshot))).unwrap();
@@ -452,6 +460,11 @@ mod tests {
         assert!(text.contains(r#"limiter_unjudged_packets_total{reason="allowed"} 2"#), "{text}");
         assert!(text.contains(r#"limiter_config_reloads_total{result="refused"} 0"#), "{text}");
         assert!(text.contains("limiter_config_last_reload_successful 1"), "{text}");
+        assert!(text.contains(r#"limiter_bans_active{family="ipv4",origin="cli"} 2"#), "{text}");
+        assert!(text.contains(r#"limiter_bans_active{family="ipv6",origin="fail2ban"} 1"#), "{text}");
+        assert!(text.contains(r#"limiter_bans_added_total{origin="cli"} 3"#), "{text}");
+        assert!(text.contains(r#"limiter_bans_expired_total{origin="cli"} 1"#), "{text}");
+        assert!(text.contains("limiter_ban_dropped_packets_total 4"), "{text}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let labels = line.split_once('{').map_or("", |(_, rest)| rest.split_once('}').map_or("", |(l, _)| l));
             for label in labels.split(',').filter(|l| !l.is_empty()) {
