@@ -112,6 +112,8 @@ pub(super) struct Bans {
     last_saved: Instant,
     /// A save runs off the loop: the next waits for it.
     saving: Arc<AtomicBool>,
+    /// The last save failed: said once, and again when saving works again (not once a second).
+    failing: Arc<AtomicBool>,
 }
 
 fn family(net: &IpNet) -> usize {
@@ -142,6 +144,7 @@ impl Bans {
             dirty: false,
             last_saved: Instant::now(),
             saving: Arc::default(),
+            failing: Arc::default(),
         }
     }
 
@@ -441,6 +444,10 @@ impl Bans {
 
     /// Saves the bans off the loop when they changed and the last save is old enough.
     pub(super) fn save_if_due(&mut self) {
+        // A failed save is tried again (once a second) until one works.
+        if self.failing.load(Ordering::Acquire) {
+            self.dirty = true;
+        }
         if !self.dirty || self.last_saved.elapsed() < SAVE_EVERY || self.saving.load(Ordering::Acquire) {
             return;
         }
@@ -449,10 +456,17 @@ impl Bans {
         self.dirty = false;
         self.last_saved = Instant::now();
         self.saving.store(true, Ordering::Release);
-        let saving = self.saving.clone();
+        let (saving, failing) = (self.saving.clone(), self.failing.clone());
         tokio::task::spawn_blocking(move || {
-            if let Err(error) = write_file(&path, snapshot) {
-                warn!(file = %path.display(), %error, "saving the bans failed; a restart would lose the latest");
+            match write_file(&path, snapshot) {
+                Err(error) if !failing.swap(true, Ordering::AcqRel) => {
+                    warn!(file = %path.display(), %error, "saving the bans failed; a restart would lose them (retried while they change, said again when it works)")
+                }
+                Err(_) => {}
+                Ok(()) if failing.swap(false, Ordering::AcqRel) => {
+                    info!(file = %path.display(), "saving the bans works again")
+                }
+                Ok(()) => {}
             }
             saving.store(false, Ordering::Release);
         });
