@@ -40,12 +40,39 @@ const PORT: u16 = 4000;
 /// Frames a second from each source while a test watches a ban (paced: every 2 ms).
 const PER_SEC: f64 = 1000.0;
 
-/// A rig whose daemon keeps its runtime state in a directory of the test's own (removed when
-/// the guard drops, after the rig).
-fn rig() -> (Rig, tempfile::TempDir) {
+/// One test of this file at a time, whatever `--test-threads` says (`cargo xtask test` runs
+/// them one by one anyway): the timings asserted here must not share the CPUs with a million
+/// bans being loaded beside them.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A rig whose daemon keeps its runtime state in a directory of the test's own, holding this
+/// file's lock ([`SERIAL`]). Fields drop in order: the daemon stops (saving its bans), then the
+/// state directory goes, then the next test may start.
+struct BanRig {
+    rig: Rig,
+    state: tempfile::TempDir,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for BanRig {
+    type Target = Rig;
+
+    fn deref(&self) -> &Rig {
+        &self.rig
+    }
+}
+
+impl std::ops::DerefMut for BanRig {
+    fn deref_mut(&mut self) -> &mut Rig {
+        &mut self.rig
+    }
+}
+
+fn rig() -> BanRig {
+    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let state = tempfile::Builder::new().prefix("limiter-state").tempdir().expect("a state directory");
     let rig = Rig::start(&args(state.path())).expect("starting the rig");
-    (rig, state)
+    BanRig { rig, state, _serial: serial }
 }
 
 fn args(state: &Path) -> Vec<&str> {
@@ -98,7 +125,7 @@ fn ctl_with_input(rig: &Rig, args: &[&str], input: &str) -> Ctl {
 #[test]
 fn a_ban_drops_its_source_and_lifts_within_a_second_of_expiry() {
     require_root!();
-    let (rig, _state) = rig();
+    let rig = rig();
     let banned = rig.stream(L4::Udp, PORT, BANNED);
     let bystander = rig.stream(L4::Udp, PORT, BYSTANDER);
     let flooding = rig
@@ -159,8 +186,8 @@ fn a_ban_drops_its_source_and_lifts_within_a_second_of_expiry() {
 #[test]
 fn a_ban_survives_a_restart_with_its_time_left() {
     require_root!();
-    let (mut rig, state_guard) = rig();
-    let state = state_guard.path().to_path_buf();
+    let mut rig = rig();
+    let state = rig.state.path().to_path_buf();
     rig.ctl_ok(&["deny", "add", BANNED, "--for", "60s", "--origin", "fail2ban"]);
     rig.ctl_ok(&["deny", "add", "2001:db8:77::5", "198.18.201.0/24", "--for", "1s", "--origin", "crowdsec"]);
     let file = rig.scratch.config_file().expect("reading the config file");
@@ -203,7 +230,7 @@ fn a_ban_survives_a_restart_with_its_time_left() {
 #[test]
 fn bad_input_changes_nothing() {
     require_root!();
-    let (rig, _state) = rig();
+    let rig = rig();
     for args in [
         &["deny", "add", "198.18.0.5/33", "--for", "10s"][..],
         &["deny", "add", "198.18.0.5/24", "--for", "10s"],
@@ -303,7 +330,7 @@ fn while_asking_stats<T>(rig: &Rig, work: impl FnOnce() -> T) -> (T, usize, Dura
 #[test]
 fn a_hundred_thousand_bans_go_in_and_out_in_under_two_seconds() {
     require_root!();
-    let (rig, _state) = rig();
+    let rig = rig();
     let list = addresses(100_000, false);
     let ((added, took), answers, longest) = while_asking_stats(&rig, || {
         let start = Instant::now();
@@ -334,7 +361,7 @@ fn a_hundred_thousand_bans_go_in_and_out_in_under_two_seconds() {
 #[test]
 fn a_million_bans_per_family_fit() {
     require_root!();
-    let (rig, _state) = rig();
+    let rig = rig();
     let start = Instant::now();
     for v6 in [false, true] {
         let out = ctl_with_input(&rig, &["deny", "add", "--file", "-", "--for", "10m"], &addresses(1_000_000, v6));
@@ -361,7 +388,7 @@ fn a_million_bans_per_family_fit() {
 #[test]
 fn bans_decide_before_the_lists_for_prefixes_and_both_families() {
     require_root!();
-    let (rig, _state) = rig();
+    let rig = rig();
     rig.ctl_ok(&["deny", "add", "198.18.202.0/24"]);
     rig.ctl_ok(&["allow", "add", "198.18.202.7", "--for", "1m"]);
     rig.ctl_ok(&["deny", "add", "198.18.203.0/24", "2001:db8:77::9", "--for", "1m", "--origin", "crowdsec"]);
