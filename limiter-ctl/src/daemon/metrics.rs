@@ -245,6 +245,44 @@ impl Collector for Exposition {
             vec![],
             r.last_success_ms as f64 / 1000.0,
         )?;
+        if let Some(b) = &s.bans {
+            {
+                let mut family = encoder.encode_descriptor(
+                    "limiter_bans_active",
+                    "Expiring allow and deny entries (bans) in force, by address family and origin (cli, fail2ban, \
+                 crowdsec).",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (name, active) in [("ipv4", &b.active_v4), ("ipv6", &b.active_v6)] {
+                    for (origin, n) in active {
+                        let labels: Labels = vec![("family", name.to_string()), ("origin", origin.clone())];
+                        ConstGauge::new(*n as i64).encode(family.encode_family(&labels)?)?;
+                    }
+                }
+            }
+            let by_origin = |m: &std::collections::BTreeMap<String, u64>| {
+                m.iter().map(|(o, n)| (vec![("origin", o.clone())], *n)).collect::<Vec<_>>()
+            };
+            counter(
+                &mut encoder,
+                "limiter_bans_added",
+                "Bans added since the daemon started, by origin (a renewal counts again).",
+                by_origin(&b.added),
+            )?;
+            counter(
+                &mut encoder,
+                "limiter_bans_expired",
+                "Bans that expired since the daemon started, by origin (removed ones are not counted).",
+                by_origin(&b.expired),
+            )?;
+            counter(
+                &mut encoder,
+                "limiter_ban_dropped_packets",
+                "Packets a deny ban dropped (also counted in limiter_dropped_packets_total{reason=\"deny\"}).",
+                vec![(vec![], b.dropped_packets)],
+            )?;
+        }
         if let Some(occupancy) = s.bucket_occupancy {
             gauge(
                 &mut encoder,
@@ -403,6 +441,14 @@ mod tests {
             bucket_occupancy: Some(0.25),
             denied: 5,
             allowed: 2,
+            bans: Some(crate::api::stats::BanStats {
+                active_v4: [("cli".to_string(), 2), ("crowdsec".to_string(), 0)].into(),
+                active_v6: [("fail2ban".to_string(), 1)].into(),
+                added: [("cli".to_string(), 3)].into(),
+                expired: [("cli".to_string(), 1)].into(),
+                dropped_packets: 4,
+                allowed_packets: 0,
+            }),
             ..Default::default()
         };
         let text = render(&Arc::new(RwLock::new(snapshot))).unwrap();
@@ -414,13 +460,21 @@ mod tests {
         assert!(text.contains(r#"limiter_unjudged_packets_total{reason="allowed"} 2"#), "{text}");
         assert!(text.contains(r#"limiter_config_reloads_total{result="refused"} 0"#), "{text}");
         assert!(text.contains("limiter_config_last_reload_successful 1"), "{text}");
+        assert!(text.contains(r#"limiter_bans_active{family="ipv4",origin="cli"} 2"#), "{text}");
+        assert!(text.contains(r#"limiter_bans_active{family="ipv6",origin="fail2ban"} 1"#), "{text}");
+        assert!(text.contains(r#"limiter_bans_added_total{origin="cli"} 3"#), "{text}");
+        assert!(text.contains(r#"limiter_bans_expired_total{origin="cli"} 1"#), "{text}");
+        assert!(text.contains("limiter_ban_dropped_packets_total 4"), "{text}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let labels = line.split_once('{').map_or("", |(_, rest)| rest.split_once('}').map_or("", |(l, _)| l));
             for label in labels.split(',').filter(|l| !l.is_empty()) {
                 let key = label.split('=').next().unwrap_or("");
                 assert!(
-                    ["policy", "decision", "reason", "mode", "result", "scope", "unit", "version", "commit", "layout"]
-                        .contains(&key),
+                    [
+                        "policy", "decision", "reason", "mode", "result", "scope", "unit", "version", "commit",
+                        "layout", "family", "origin"
+                    ]
+                    .contains(&key),
                     "unexpected label {key} in {line}"
                 );
             }
