@@ -107,6 +107,8 @@ pub const TARGETS: &[Target] = &[
     root("metrics", &[Kernel]),
     root("flood_cost", &[Kernel]),
     root("local_user", &[Kernel, Python]),
+    root("fail2ban", &[Kernel, Fail2ban]),
+    root("crowdsec", &[Kernel, CrowdSec]),
     Target { name: "logs", needs: &[], offline: Offline::All },
     Target {
         name: "completions",
