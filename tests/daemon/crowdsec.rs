@@ -17,12 +17,7 @@ use std::{
 };
 
 use limiter_tests::{
-    bans::Watch,
-    crowdsec::Lapi,
-    daemon::limiter_ctl_binary,
-    require_root,
-    rig::Rig,
-    service::Service,
+    bans::Watch, crowdsec::Lapi, daemon::limiter_ctl_binary, require_root, rig::Rig, service::Service,
 };
 
 /// The bouncer, as an operator runs it: the default poll interval (1 s).
@@ -148,7 +143,8 @@ fn decisions_are_in_force_within_2s_until_they_end_and_survive_a_lapi_outage() {
         a_back >= Duration::from_millis(4500) && a_back <= Duration::from_secs(7),
         "A: through again {a_back:?} after its 5 s decision"
     );
-    let b_back = (asked_b + seen_b.back.expect("B not through again after its delete")).saturating_duration_since(deleted_b);
+    let b_back =
+        (asked_b + seen_b.back.expect("B not through again after its delete")).saturating_duration_since(deleted_b);
     assert!(b_back <= Duration::from_secs(2), "B: still dropped {b_back:?} after its delete");
     assert!(seen_c.back.is_none(), "C got through again (the LAPI outage lifted its ban?)");
     assert_eq!(watched.delivered(c, asked_c + seen_c.cut + Duration::from_millis(1), end), 0, "C through the outage");
@@ -186,7 +182,8 @@ fn a_garbage_stream_logs_one_line_and_changes_nothing() {
         b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n\xff\xfe\x00garbage\x01\x02\x03\x04\x05",
         b"garbage that is not even HTTP\r\n\r\n",
     ];
-    let first = b"{\"deleted\":null,\"new\":[{\"duration\":\"59m0s\",\"id\":7,\"origin\":\"crowdsec\",\"scenario\":\"test\",\
+    let first =
+        b"{\"deleted\":null,\"new\":[{\"duration\":\"59m0s\",\"id\":7,\"origin\":\"crowdsec\",\"scenario\":\"test\",\
                   \"scope\":\"Ip\",\"type\":\"ban\",\"value\":\"198.18.2.7\"}]}";
     let startups = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));

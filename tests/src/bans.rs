@@ -67,11 +67,6 @@ impl Watched {
         self.run.captured.between(|f| *f == flow, from, to)
     }
 
-    /// The last arrival of `src` in `[from, to)`.
-    pub fn last_in(&self, src: IpAddr, from: Instant, to: Instant) -> Option<Instant> {
-        self.arrivals(src).into_iter().filter(|t| *t >= from && *t < to).last()
-    }
-
     /// The first arrival of `src` at or after `from`.
     pub fn first_from(&self, src: IpAddr, from: Instant) -> Option<Instant> {
         self.arrivals(src).into_iter().find(|t| *t >= from)

@@ -259,7 +259,15 @@ fn crowdsec() -> anyhow::Result<()> {
     let deb = match debs_in(dir)?.pop() {
         Some(deb) => deb,
         None => {
-            let download = || exec(Command::new("apt-get").args(["download", "crowdsec"]).current_dir(dir));
+            // As root into a root-owned directory: apt's _apt sandbox could not write there (it
+            // warns, then downloads unsandboxed anyway).
+            let download = || {
+                exec(
+                    Command::new("apt-get")
+                        .args(["-o", "APT::Sandbox::User=root", "download", "crowdsec"])
+                        .current_dir(dir),
+                )
+            };
             if download().is_err() {
                 // A fresh machine has no package lists yet.
                 exec(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
