@@ -244,3 +244,48 @@ fn a_garbage_stream_logs_one_line_and_changes_nothing() {
     drop(bouncer);
     let _ = serving.join();
 }
+
+/// Bad arguments stop the bouncer at once, before any poll: exit 2 and one line on stderr
+/// naming what is wrong. No root, no LAPI, no daemon needed.
+#[test]
+fn bad_arguments_exit_2_with_one_line() {
+    let bin = limiter_ctl_binary().expect("the release limiter-ctl");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let good_key = dir.path().join("key");
+    std::fs::write(&good_key, "0123456789abcdef\n").expect("writing");
+    let two_lines = dir.path().join("two");
+    std::fs::write(&two_lines, "abc\ndef\n").expect("writing");
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "").expect("writing");
+    let missing = dir.path().join("missing");
+    let path = |p: &Path| p.to_str().expect("UTF-8").to_owned();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["--lapi".into(), "https://127.0.0.1:8080".into(), "--key-file".into(), path(&good_key)], "--lapi"),
+        (vec!["--lapi".into(), "127.0.0.1:8080".into(), "--key-file".into(), path(&good_key)], "--lapi"),
+        (vec!["--lapi".into(), "http://127.0.0.1:8080".into(), "--key-file".into(), path(&missing)], "missing"),
+        (vec!["--lapi".into(), "http://127.0.0.1:8080".into(), "--key-file".into(), path(&empty)], "empty"),
+        (vec!["--lapi".into(), "http://127.0.0.1:8080".into(), "--key-file".into(), path(&two_lines)], "two"),
+        (
+            vec![
+                "--lapi".into(),
+                "http://127.0.0.1:8080".into(),
+                "--key-file".into(),
+                path(&good_key),
+                "--interval".into(),
+                "0s".into(),
+            ],
+            "--interval",
+        ),
+        (vec!["--lapi".into(), "http://127.0.0.1:8080".into()], "--key-file"),
+    ];
+    for (args, names) in cases {
+        let started = Instant::now();
+        let out = Command::new(&bin).arg("crowdsec").args(&args).output().expect("running limiter-ctl");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: not one line: {stderr:?}");
+        assert!(stderr.contains(names), "{args:?}: the line does not name {names}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: wrote to stdout: {:?}", String::from_utf8_lossy(&out.stdout));
+        assert!(started.elapsed() < Duration::from_secs(5), "{args:?}: took {:?}", started.elapsed());
+    }
+}

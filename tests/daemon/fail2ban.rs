@@ -113,7 +113,11 @@ fn a_permanent_ban_goes_to_the_config_file_until_unbanned() {
         }
         thread::sleep(Duration::from_millis(50));
     };
-    assert!(config.contains("198.18.0.77/32"), "the permanent ban is not in the config file:\n{config}");
+    assert!(
+        config.contains("198.18.0.77/32"),
+        "the permanent ban is not in the config file:\n{config}\nfail2ban:\n{}",
+        f2b.log()
+    );
     assert_eq!(rig.snapshot().rules.acl().get("198.18.0.77/32"), Some(&"deny"), "the kernel's deny list");
     f2b.client(&["set", JAIL, "unbanip", "198.18.0.77"]).expect("unbanning");
     f2b.wait_log("Unban 198.18.0.77", Duration::from_secs(5)).expect("fail2ban unbans");

@@ -108,7 +108,11 @@ pub const TARGETS: &[Target] = &[
     root("flood_cost", &[Kernel]),
     root("local_user", &[Kernel, Python]),
     root("fail2ban", &[Kernel, Fail2ban]),
-    root("crowdsec", &[Kernel, CrowdSec]),
+    Target {
+        name: "crowdsec",
+        needs: &[Kernel, CrowdSec],
+        offline: Offline::Some { tests: &["bad_arguments_exit_2_with_one_line"], needs: &[] },
+    },
     Target { name: "logs", needs: &[], offline: Offline::All },
     Target {
         name: "completions",
