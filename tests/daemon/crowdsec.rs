@@ -62,7 +62,7 @@ fn wait_listed(rig: &Rig, net: &str, want: bool, timeout: Duration) -> bool {
 ///   static), the bouncer logs that it cannot reach the LAPI and retries; the LAPI back, a ban
 ///   on D is in force within the backoff's wait (at most 4 s here) and 2 s;
 /// - the bouncer restarted: the full set again, applied idempotently (C still listed once,
-///   of origin crowdsec).
+///   of origin crowdsec), and E, whose decision was deleted while no bouncer ran, lifted.
 #[test]
 fn decisions_are_in_force_within_2s_until_they_end_and_survive_a_lapi_outage() {
     require_root!();
@@ -151,13 +151,22 @@ fn decisions_are_in_force_within_2s_until_they_end_and_survive_a_lapi_outage() {
     // The LAPI back: its next poll comes after the backoff's wait (1, 2, 4 s... capped at 30 s).
     assert!(seen_d.cut <= Duration::from_secs(6), "D: still got through {:?} after its decision", seen_d.cut);
 
-    // A restarted bouncer reads the full set again: C stays, listed once, of origin crowdsec.
+    // A restarted bouncer reads the full set again: C stays, listed once, of origin crowdsec;
+    // E, whose decision was deleted while no bouncer ran, is lifted.
+    decide(&lapi, &["decisions", "add", "--ip", "198.18.1.6", "--duration", "1h"]);
+    assert!(wait_listed(&rig, "198.18.1.6/32", true, Duration::from_secs(3)), "E never listed");
     bouncer.stop();
+    decide(&lapi, &["decisions", "delete", "--ip", "198.18.1.6"]);
     let mut again = start_bouncer(&rig, &lapi.url(), &key_file);
     again
         .wait_line(Instant::now() - Duration::from_secs(60), |l| l.contains("decisions read"), Duration::from_secs(10))
         .expect("the restarted bouncer's first poll");
     thread::sleep(Duration::from_millis(500));
+    assert!(
+        wait_listed(&rig, "198.18.1.6/32", false, Duration::from_secs(3)),
+        "E, deleted while no bouncer ran, still listed after the restart:\n{}",
+        again.output()
+    );
     let lines = listed(&rig, "2001:db8::c/128");
     assert_eq!(lines.len(), 1, "C after the restart: {lines:?}");
     assert!(lines[0].contains("crowdsec"), "{lines:?}");

@@ -357,6 +357,16 @@ impl Bans {
         (adds, self.pending_rm.iter().copied().collect())
     }
 
+    /// Lifts what the daemon holds of ours (`listed`, origin crowdsec) that the bans do not
+    /// have: a decision deleted while no bouncer ran. Called after the first full set.
+    pub fn reconcile(&mut self, listed: &[IpNet]) {
+        for net in listed {
+            if !self.by_net.contains_key(net) {
+                self.pending_rm.insert(*net);
+            }
+        }
+    }
+
     /// The daemon took the removals.
     pub fn removed(&mut self) {
         self.pending_rm.clear();
@@ -484,6 +494,8 @@ impl Lapi {
 pub(crate) trait Sink {
     fn add(&mut self, entries: &[(IpNet, Duration)]) -> Result<(), String>;
     fn rm(&mut self, nets: &[IpNet]) -> Result<(), String>;
+    /// The networks the daemon holds an entry of ours for.
+    fn listed(&mut self) -> Result<Vec<IpNet>, String>;
 }
 
 /// The next backoff after one of `current`.
@@ -499,6 +511,8 @@ pub(crate) fn run(lapi: &Lapi, sink: &mut impl Sink, interval: Duration) -> ! {
     let mut backoff = BACKOFF_MIN;
     let mut lapi_down = false;
     let mut daemon_down = false;
+    // Until the daemon's entries of ours were compared with a first full set.
+    let mut reconciled = false;
     tracing::info!(lapi = %lapi.url, interval = ?interval, "crowdsec bouncer started");
     loop {
         let wait = match lapi.poll(startup) {
@@ -506,6 +520,13 @@ pub(crate) fn run(lapi: &Lapi, sink: &mut impl Sink, interval: Duration) -> ! {
                 let now = Instant::now();
                 bans.expire(now);
                 bans.apply(&batch, now, startup);
+                if startup && !reconciled {
+                    // A daemon that cannot be asked now is asked after the next full set.
+                    if let Ok(listed) = sink.listed() {
+                        bans.reconcile(&listed);
+                        reconciled = true;
+                    }
+                }
                 if lapi_down {
                     tracing::info!(lapi = %lapi.url, "the LAPI answers again");
                     lapi_down = false;
@@ -761,6 +782,15 @@ mod tests {
         let t1 = t0 + Duration::from_secs(10);
         bans.apply(&batch(vec![ban(2, "198.18.0.2/32", 50)], vec![]), t1, true);
         assert_eq!(pending(&bans, t1), (vec![("198.18.0.2/32".into(), 50)], vec!["198.18.0.1/32".into()]));
+    }
+
+    #[test]
+    fn a_first_full_set_lifts_what_the_daemon_holds_of_a_previous_run() {
+        let t0 = Instant::now();
+        let mut bans = Bans::default();
+        bans.apply(&batch(vec![ban(1, "198.18.0.1/32", 60)], vec![]), t0, true);
+        bans.reconcile(&[net("198.18.0.1/32"), net("198.18.0.2/32")]);
+        assert_eq!(pending(&bans, t0), (vec![("198.18.0.1/32".into(), 60)], vec!["198.18.0.2/32".into()]));
     }
 
     #[test]

@@ -291,6 +291,10 @@ impl crowdsec::Sink for DaemonSink {
         let _ = nets;
         Err("not wired yet".into())
     }
+
+    fn listed(&mut self) -> Result<Vec<ipnet::IpNet>, String> {
+        Err("not wired yet".into())
+    }
 }
 
 /// `attach HOOK`: the daemon moves the program there without a gap, or says it is there.
