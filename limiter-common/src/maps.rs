@@ -23,13 +23,18 @@
 //! - `ACL_V4`, `ACL_V6` LPM tries of source prefixes to [`ACL_ALLOW`] or [`ACL_DENY`]; the
 //!                 longest prefix decides. Consulted only while `Config::HAS_ACL_*` is set, so an
 //!                 empty list costs one branch.
+//! - `BANS_V4`, `BANS_V6` hash maps of single source addresses to a [`Ban`] (an action and its
+//!                 deadline); `BAN_NETS_V4`, `BAN_NETS_V6` LPM tries of source prefixes to a
+//!                 [`Ban`]. The daemon's expiring entries (bans), consulted before the tries
+//!                 above and only while `Config::HAS_BANS_*` / `HAS_BAN_NETS_*` is set: one hash
+//!                 lookup whatever the number of bans.
 //! ```
 //!
 //! Finding a packet's policy is two array reads whatever the number of policies; a route with
 //! several candidates adds one more.
 
 // The maps' sizes and the frame weight cap, beside the layouts they size.
-pub use crate::limits::{MAX_ACL_ENTRIES, MAX_FRAME_WEIGHT, MAX_POLICIES};
+pub use crate::limits::{MAX_ACL_ENTRIES, MAX_BAN_NETS, MAX_BANS, MAX_FRAME_WEIGHT, MAX_POLICIES};
 use crate::{gcra::Gcra, siphash::SipInit};
 
 pub const PROGRAM: &str = "limiter";
@@ -63,6 +68,15 @@ pub const MAP_COUNTERS: &str = "COUNTERS";
 pub const MAP_HOST_BUCKETS: &str = "HOST_BUCKETS";
 pub const MAP_ACL_V4: &str = "ACL_V4";
 pub const MAP_ACL_V6: &str = "ACL_V6";
+pub const MAP_BANS_V4: &str = "BANS_V4";
+pub const MAP_BANS_V6: &str = "BANS_V6";
+pub const MAP_BAN_NETS_V4: &str = "BAN_NETS_V4";
+pub const MAP_BAN_NETS_V6: &str = "BAN_NETS_V6";
+/// PerCpuArray[2] of u64: packets a ban decided, [`BAN_HIT_DENIED`] and [`BAN_HIT_ALLOWED`]
+/// (also counted as denied or allowed in `COUNTERS`).
+pub const MAP_BAN_HITS: &str = "BAN_HITS";
+pub const BAN_HIT_DENIED: u32 = 0;
+pub const BAN_HIT_ALLOWED: u32 = 1;
 /// Userspace only: each policy id's name, so a restarted daemon keeps ids (and so buckets and
 /// counters) by name.
 pub const MAP_POLICY_NAMES: &str = "POLICY_NAMES";
@@ -74,12 +88,24 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 8;
+pub const LAYOUT_VERSION: u64 = 9;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// ACL values: allowed sources bypass limiting; denied ones are always dropped.
 pub const ACL_ALLOW: u8 = 1;
 pub const ACL_DENY: u8 = 2;
+
+/// An expiring allow or deny entry (a ban), as `BANS_*` and `BAN_NETS_*` hold it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ban {
+    /// CLOCK_MONOTONIC ns (`bpf_ktime_get_ns`) from which the entry is ignored: expiry is exact
+    /// in the kernel, whenever the daemon removes it. 0: no deadline.
+    pub until_ns: u64,
+    /// [`ACL_ALLOW`] or [`ACL_DENY`].
+    pub action: u32,
+    pub _pad: u32,
+}
 
 /// The window of `Config::sample_budget`.
 pub const SAMPLE_WINDOW_NS: u64 = 1_000_000_000;
@@ -173,6 +199,16 @@ impl Config {
     pub const HAS_ACL_V6: u32 = 1 << 2;
     /// Send a sample of refusals (1 in `sample_mask + 1`) to `REFUSALS`.
     pub const SAMPLE_REFUSALS: u32 = 1 << 3;
+    /// `BANS_V4` (exact IPv4 bans) has entries.
+    pub const HAS_BANS_V4: u32 = 1 << 8;
+    /// `BANS_V6` (exact IPv6 bans) has entries.
+    pub const HAS_BANS_V6: u32 = 1 << 9;
+    /// `BAN_NETS_V4` (IPv4 prefix bans) has entries.
+    pub const HAS_BAN_NETS_V4: u32 = 1 << 10;
+    /// `BAN_NETS_V6` (IPv6 prefix bans) has entries.
+    pub const HAS_BAN_NETS_V6: u32 = 1 << 11;
+    /// Any ban map has entries.
+    pub const HAS_BANS: u32 = Self::HAS_BANS_V4 | Self::HAS_BANS_V6 | Self::HAS_BAN_NETS_V4 | Self::HAS_BAN_NETS_V6;
     /// A datagram of class `c` that hides its ports is dropped when bit `HIDDEN_DROP << c` is
     /// set: userspace sets it where a policy could need what is hidden (docs/DESIGN.md,
     /// Hidden ports).
@@ -370,6 +406,7 @@ mod pod {
     unsafe impl aya::Pod for super::RefusalSample {}
     unsafe impl aya::Pod for super::Lease {}
     unsafe impl aya::Pod for super::LayerSet {}
+    unsafe impl aya::Pod for super::Ban {}
 }
 
 #[cfg(test)]
@@ -384,5 +421,6 @@ mod tests {
         assert_eq!(size_of::<Policy>(), 16 + 8 + 16 + 8 + 4 + 2 + 2 + 4 + 4 + 8 + 8 + 16 + 16);
         assert_eq!(size_of::<Counters>(), 14 * 8);
         assert_eq!(size_of::<RefusalSample>(), 16 + 2 + 2 + 4 + 4);
+        assert_eq!(size_of::<Ban>(), 8 + 4 + 4);
     }
 }

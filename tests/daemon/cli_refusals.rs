@@ -197,7 +197,9 @@ fn check_good_input_works(rig: &Rig) {
     let shown = rig.ctl_ok(&["policy", "show", "web"]);
     assert!(shown.contains("tcp:80-89") && shown.contains("300/s"), "`policy show web`:\n{shown}");
     assert_eq!(rig.show("web")["match"], "tcp:80-89");
-    assert_eq!(rig.ctl_ok(&["deny", "list"]).trim(), "198.19.0.0/16");
+    let listed = rig.ctl_ok(&["deny", "list"]);
+    let rows: Vec<Vec<&str>> = listed.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows, vec![vec!["198.19.0.0/16", "config", "-"]], "{listed}");
     assert_eq!(list_json(rig, "allow"), vec!["198.19.10.0/24"]);
     // The largest frame exactly (MTU 1500 + 22) is a byte policy's smallest burst.
     let bytes_ok = ["policy", "set", "bytes-ok", "--match", "icmp", "--rate", "1000000/s", "--unit", "bytes"];

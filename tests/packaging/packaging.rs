@@ -337,6 +337,7 @@ fn unit_is_hardened_with_the_measured_capabilities() {
         "the config the daemon rewrites, and the pins"
     );
     assert_eq!(one(&service, "RuntimeDirectory"), "limiter", "/run/limiter, for the control socket");
+    assert_eq!(one(&service, "StateDirectory"), "limiter", "/var/lib/limiter, for the bans (--state-dir)");
     assert!(unit_section(&unit, "Unit").get("RequiresMountsFor").is_some_and(|v| v.iter().any(|p| p == "/sys/fs/bpf")));
 
     let dir = tempfile::tempdir().expect("temp dir");

@@ -201,10 +201,15 @@ pub fn finish(flooding: Flooding) -> Run {
     run
 }
 
-/// `allow|deny list --json`.
+/// `allow|deny list --json`: the networks listed, in order.
 pub fn list_json(rig: &Rig, list: &str) -> Vec<String> {
     let out = rig.ctl_ok(&[list, "list", "--json"]);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("`{list} list --json` ({e}): {out}"))
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("`{list} list --json` ({e}): {out}"));
+    entries
+        .iter()
+        .map(|e| e["cidr"].as_str().unwrap_or_else(|| panic!("`{list} list --json`: no cidr in {e}")).to_string())
+        .collect()
 }
 
 /// A policy as TOML (one `[[policy]]` table), its scope said (a file without `version = 2`

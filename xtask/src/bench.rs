@@ -1,6 +1,8 @@
 //! `cargo xtask bench`: runs the XDP microbenchmark (with its scaling and two-CPU contention
 //! tables) and records it in
 //! BENCHMARKS.md, with the command, the date and the machine, between the `bench:xdp` markers.
+//! Then the bans microbenchmark (the lookup cost at 0, 10^4 and 10^6 bans), between the
+//! `bench:bans` markers; `--bans` runs it alone.
 //! `--peers` runs the comparison with iptables hashlimit and nftables instead (minutes), records
 //! it between the `bench:peers` markers and writes its plots to docs/bench/.
 
@@ -24,12 +26,18 @@ pub struct Args {
     /// With --peers: one short run of each (a smoke test; not recorded).
     #[arg(long)]
     quick: bool,
+    /// Only the bans microbenchmark: the lookup cost at 0, 10^4 and 10^6 bans (about a minute).
+    #[arg(long, conflicts_with = "peers")]
+    bans: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     crate::setup::build()?;
     if args.peers {
         return peers(&args);
+    }
+    if args.bans {
+        return bans(&args);
     }
     let table_path = workspace_root().join("target/bench-xdp.md");
     exec(
@@ -38,10 +46,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .args(["--rounds", &args.rounds.to_string(), "--scaling", "--contention", "--out"])
             .arg(&table_path),
     )?;
+    if !args.no_record {
+        record("xdp", &format!("sudo -E cargo xtask bench --rounds {}", args.rounds), &table_path)?;
+    }
+    bans(&args)
+}
+
+/// The bans microbenchmark (tests/benches/bans.rs), recorded between the `bench:bans` markers.
+fn bans(args: &Args) -> anyhow::Result<()> {
+    let table_path = workspace_root().join("target/bench-bans.md");
+    let rounds = args.rounds.min(5).to_string();
+    exec(
+        cargo()
+            .args(["bench", "--package", "limiter-tests", "--bench", "bans", "--"])
+            .args(["--rounds", &rounds, "--out"])
+            .arg(&table_path),
+    )?;
     if args.no_record {
         return Ok(());
     }
-    record("xdp", &format!("sudo -E cargo xtask bench --rounds {}", args.rounds), &table_path)
+    record("bans", &format!("sudo -E cargo xtask bench --bans --rounds {rounds}"), &table_path)
 }
 
 fn peers(args: &Args) -> anyhow::Result<()> {

@@ -9,13 +9,19 @@ use limiter_common::maps::Counters;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::{List, Name, PolicyDef, PolicyEdit},
+    config::{List, Name, Origin, PolicyDef, PolicyEdit},
     kernel::{Hook, TcxPlace},
 };
 
 pub(crate) const DEFAULT_SOCKET: &str = "/run/limiter/ctl.sock";
-/// Requests are small; anything longer is not ours.
-pub(crate) const MAX_REQUEST: usize = 64 * 1024;
+/// Requests are small (a ban batch of [`MAX_BATCH`] entries is about 80 KiB at most); anything
+/// longer is not ours.
+pub(crate) const MAX_REQUEST: usize = 256 * 1024;
+/// The most entries one `ban-add` or `ban-rm` carries: clients chunk larger sets, so each
+/// request is applied in a few milliseconds and other clients are answered between them.
+pub(crate) const MAX_BATCH: usize = 1_000;
+/// The longest ban: ten years (longer is a permanent entry: `list-add`).
+pub(crate) const MAX_FOR_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
@@ -46,6 +52,25 @@ pub(crate) enum Request {
     ListShow {
         list: List,
     },
+    /// Expiring entries (bans), applied whole or not at all. `for_ms` is required and above 0:
+    /// a permanent entry is a `list-add`.
+    BanAdd {
+        list: List,
+        origin: Origin,
+        entries: Vec<BanEntry>,
+    },
+    /// Removes the expiring entries of `origin` for these networks (others' stay); a network
+    /// without one is no error: the answer ([`BanRemoved`]) says which were removed.
+    BanRm {
+        list: List,
+        origin: Origin,
+        #[serde(deserialize_with = "nets")]
+        cidrs: Vec<IpNet>,
+    },
+    /// The expiring entries of a list, with their origin and time left ([`BanStatus`]).
+    BanList {
+        list: List,
+    },
     SaltRotate,
     /// Re-read the config file (what SIGHUP does), and say whether it was applied.
     Reload,
@@ -60,6 +85,46 @@ pub(crate) enum Request {
         #[serde(default)]
         place: Option<TcxPlace>,
     },
+}
+
+/// One expiring entry of a `ban-add`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BanEntry {
+    #[serde(deserialize_with = "crate::config::net_serde::deserialize")]
+    pub cidr: IpNet,
+    /// How long it holds, in ms from when the daemon applies it. Required (null is refused).
+    pub for_ms: u64,
+}
+
+/// Networks, each through the config's parser.
+fn nets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    #[derive(Deserialize)]
+    struct Net(#[serde(deserialize_with = "crate::config::net_serde::deserialize")] IpNet);
+    Ok(Vec::<Net>::deserialize(d)?.into_iter().map(|n| n.0).collect())
+}
+
+/// What `ban-add` answers: how many entries are now in force from the batch (all of them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BanAdded {
+    pub added: usize,
+}
+
+/// What `ban-rm` answers: the networks whose entry of that origin was removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BanRemoved {
+    pub removed: usize,
+    pub cidrs: Vec<IpNet>,
+}
+
+/// An expiring entry as `ban-list` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BanStatus {
+    pub cidr: IpNet,
+    pub origin: Origin,
+    /// Wall-clock expiry, ms since the Unix epoch.
+    pub expires_at_ms: u64,
+    /// Time left when answered, in ms.
+    pub expires_in_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -160,5 +225,40 @@ mod tests {
         assert!(bad.is_err());
         let octal = serde_json::from_str::<Request>(r#"{"op":"list-add","list":"deny","cidr":"010.1.1.0/24"}"#);
         assert!(octal.unwrap_err().to_string().contains("invalid CIDR"));
+    }
+
+    /// The ban requests of the contract between the CLI, fail2ban's action and the CrowdSec
+    /// bouncer (docs/OPERATIONS.md, Bans): these exact lines.
+    #[test]
+    fn ban_requests_have_a_stable_wire_form() {
+        let add = Request::BanAdd {
+            list: List::Deny,
+            origin: Origin::Crowdsec,
+            entries: vec![BanEntry { cidr: "198.18.0.5/32".parse().unwrap(), for_ms: 5000 }],
+        };
+        let text =
+            r#"{"op":"ban-add","list":"deny","origin":"crowdsec","entries":[{"cidr":"198.18.0.5/32","for_ms":5000}]}"#;
+        assert_eq!(serde_json::to_string(&add).unwrap(), text);
+        assert_eq!(serde_json::from_str::<Request>(text).unwrap(), add);
+        let rm = Request::BanRm {
+            list: List::Deny,
+            origin: Origin::Crowdsec,
+            cidrs: vec!["198.18.0.5/32".parse().unwrap(), "2001:db8::/64".parse().unwrap()],
+        };
+        let text = r#"{"op":"ban-rm","list":"deny","origin":"crowdsec","cidrs":["198.18.0.5/32","2001:db8::/64"]}"#;
+        assert_eq!(serde_json::to_string(&rm).unwrap(), text);
+        assert_eq!(serde_json::from_str::<Request>(text).unwrap(), rm);
+        let f2b = r#"{"op":"ban-add","list":"allow","origin":"fail2ban","entries":[]}"#;
+        assert!(matches!(serde_json::from_str::<Request>(f2b), Ok(Request::BanAdd { origin: Origin::Fail2ban, .. })));
+        // A permanent entry is no ban; nor is an unknown origin or a lax CIDR.
+        for bad in [
+            r#"{"op":"ban-add","list":"deny","origin":"cli","entries":[{"cidr":"198.18.0.5/32","for_ms":null}]}"#,
+            r#"{"op":"ban-add","list":"deny","origin":"cli","entries":[{"cidr":"198.18.0.5/32"}]}"#,
+            r#"{"op":"ban-add","list":"deny","origin":"cli","entries":[{"cidr":"198.18.0.5/32","for_ms":-5}]}"#,
+            r#"{"op":"ban-add","list":"deny","origin":"nginx","entries":[]}"#,
+            r#"{"op":"ban-rm","list":"deny","origin":"cli","cidrs":["010.1.1.1/32"]}"#,
+        ] {
+            assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -25,6 +25,8 @@ pub(crate) struct Options {
     /// The bucket arrays asked for (`auto` resolved at start against the host), and where the
     /// maps and link are pinned.
     pub geometry: GeometryRequest, pub pin_dir: PathBuf,
+    /// Where runtime state is kept: the expiring entries (bans), one file per interface.
+    pub state_dir: PathBuf,
     /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
     pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
     /// The Prometheus endpoint; 1 in N refusals sampled for `top`, at most so many samples a

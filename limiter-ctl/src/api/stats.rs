@@ -101,6 +101,24 @@ pub struct Snapshot {
     /// The bucket arrays the limiter runs with (`auto` resolved), and their memory.
     #[serde(default)]
     pub geometry: Option<Arrays>,
+    /// The expiring entries (bans): in force, added and expired, and what they decided.
+    #[serde(default)]
+    pub bans: Option<BanStats>,
+}
+
+/// Bans (expiring allow and deny entries), by family and origin: never by address.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BanStats {
+    /// In force, by origin ("cli", "fail2ban", "crowdsec"), per family.
+    pub active_v4: BTreeMap<String, u64>,
+    pub active_v6: BTreeMap<String, u64>,
+    /// Since the daemon started, by origin (a ban renewed before it expired counts again).
+    pub added: BTreeMap<String, u64>,
+    pub expired: BTreeMap<String, u64>,
+    /// Packets a ban dropped (deny) or passed (allow), since the maps were created (also in
+    /// `denied` and `allowed`).
+    pub dropped_packets: u64,
+    pub allowed_packets: u64,
 }
 
 /// The two bucket arrays: per CPU (policies of scope cpu) and shared (scope host), each with its

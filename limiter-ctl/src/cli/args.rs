@@ -4,16 +4,18 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Arg, ArgAction, ArgMatches, Args, Parser, Subcommand, ValueHint, builder::PossibleValuesParser};
-use ipnet::IpNet;
 
 use crate::{
     api::{
         ipc,
         start::{MetricsAt, Options},
     },
-    config::{self, Dash, FIELDS, Flag, Name, PolicyEdit, Rate, parse_burst},
+    config::{self, Dash, FIELDS, Flag, Name, Origin, PolicyEdit, Rate, parse_burst},
     kernel::{self, BucketCount, GeometryRequest, Hook, HookRequest, ModeRequest, Placement, ProgRef, TcxPlace, pins},
 };
+
+/// The daemon's runtime state (systemd's StateDirectory=limiter).
+pub(crate) const DEFAULT_STATE_DIR: &str = "/var/lib/limiter";
 
 #[derive(Debug, Parser)]
 #[command(name = "limiter-ctl", version, about = "Host-level flood limiter: per-source GCRA in XDP")]
@@ -201,6 +203,10 @@ pub(crate) struct DaemonArgs {
     /// Where the program, its link and maps are pinned (bpffs), under a directory per interface.
     #[arg(long, value_name = "PATH", default_value = pins::DEFAULT_ROOT)]
     pub pin_dir: PathBuf,
+    /// Where the daemon keeps runtime state: the expiring allow and deny entries (bans), in
+    /// bans-IFACE.json, so a restart keeps each with the time it had left.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
     /// Prometheus endpoint address, `off`, or `auto`: 127.0.0.1 on a port derived from the
     /// interface's name (9465-9999, logged; for one daemon per interface).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics)]
@@ -437,6 +443,7 @@ impl DaemonArgs {
             stats_every: self.stats_every,
             rotate_every: self.rotate_every.0,
             pin_dir: self.pin_dir,
+            state_dir: self.state_dir,
             metrics: self.metrics.0,
             sample_refusals: self.sample_refusals,
             samples_per_s: self.samples_per_s,
@@ -453,31 +460,72 @@ impl PolicySetArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ListCommand {
-    /// Add an IPv4 or IPv6 network (e.g. 198.18.0.0/24, 2001:db8::/48).
+    /// Add IPv4 or IPv6 networks (e.g. 198.18.0.0/24, 2001:db8::/48): permanent (written to the
+    /// config file), or with --for expiring (a ban, kept in the daemon's state directory).
+    ///
+    /// All or nothing: one malformed network or duration refuses the whole command (exit 2).
     Add {
-        #[arg(value_parser = parse_cidr)]
-        cidr: IpNet,
+        /// The networks; with --for, a bare address stands for itself (/32 or /128).
+        #[arg(value_name = "CIDR", required_unless_present = "file")]
+        cidrs: Vec<String>,
+        /// Expire after this long (e.g. 10m, 600s, 1h30m, or bare seconds: 600), at most 10 years.
+        #[arg(long = "for", value_name = "DURATION", value_parser = parse_ban_for, allow_hyphen_values = true)]
+        for_: Option<Duration>,
+        /// Who asks, for `list`, `stats` and /metrics (with --for) [default: cli].
+        #[arg(long, value_name = "ORIGIN", value_parser = parse_origin, requires = "for_")]
+        origin: Option<Origin>,
+        /// Read the networks from this file, one per line (`-`: standard input; blank lines and
+        /// lines starting with # are skipped).
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
     },
-    /// Remove a network.
+    /// Remove networks: the expiring entries of --origin (default cli) for them, else the
+    /// permanent entry. With --origin given, a network without an entry is no error.
     Rm {
-        #[arg(value_parser = parse_cidr)]
-        cidr: IpNet,
+        /// The networks; a bare address stands for itself (/32 or /128).
+        #[arg(value_name = "CIDR", required_unless_present = "file")]
+        cidrs: Vec<String>,
+        /// Whose expiring entries to remove (others' stay).
+        #[arg(long, value_name = "ORIGIN", value_parser = parse_origin)]
+        origin: Option<Origin>,
+        /// Read the networks from this file, one per line (`-`: standard input).
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
     },
-    /// The networks on the list.
+    /// The networks on the list: permanent ones (origin config) and expiring ones, with their
+    /// origin and the time they have left.
     List {
         #[arg(long)]
         json: bool,
     },
 }
 
-/// A program at tcx ingress: its name, or id:N.
-fn parse_prog(s: &str) -> Result<ProgRef, String> {
+/// Who asks for a ban.
+fn parse_origin(s: &str) -> Result<Origin, String> {
     s.parse()
 }
 
-/// The config's parser, so the CLI, the file and the socket refuse the same (`010.1.1.1/32`).
-fn parse_cidr(s: &str) -> Result<IpNet, String> {
-    config::parse_net(s).map_err(|e| e.to_string())
+/// A ban's duration: humantime (`10m`, `1h30m`) or bare seconds (fail2ban's `<bantime>`),
+/// more than 0, at most 10 years.
+fn parse_ban_for(s: &str) -> Result<Duration, String> {
+    let err = || {
+        format!(
+            "invalid duration '{s}': expected a duration above 0 such as 10m, 600s or 1h30m (or seconds: 600), at most 10 years"
+        )
+    };
+    let d = match config::decimal(s) {
+        Some(n) => Duration::from_secs(n),
+        None => humantime::parse_duration(s).map_err(|_| err())?,
+    };
+    if d.is_zero() || d.as_millis() == 0 || d.as_millis() > u128::from(crate::api::ipc::MAX_FOR_MS) {
+        return Err(err());
+    }
+    Ok(d)
+}
+
+/// A program at tcx ingress: its name, or id:N.
+fn parse_prog(s: &str) -> Result<ProgRef, String> {
+    s.parse()
 }
 
 fn parse_buckets(s: &str) -> Result<BucketCount, String> {

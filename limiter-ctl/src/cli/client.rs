@@ -10,7 +10,12 @@ use std::{
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr, connect, setsockopt, socket, sockopt};
 
-use crate::api::ipc::{Request, Response};
+use ipnet::IpNet;
+
+use crate::{
+    api::ipc::{BanAdded, BanEntry, BanRemoved, MAX_BATCH, Request, Response},
+    config::{List, Origin},
+};
 
 /// How long one request may take, from connecting to the end of its answer.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
@@ -125,4 +130,76 @@ fn connect_within(path: &Path, limit: Duration) -> io::Result<UnixStream> {
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// How a ban request went: done, refused as bad input, or failed (with what was done before).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BanCallError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// Bad input: nothing of this chunk changed (earlier chunks, if any, stay applied).
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0}")]
+    Failed(String),
+    #[error("unexpected response from the daemon: {0}")]
+    Unexpected(serde_json::Error),
+}
+
+/// Sends one request, its answer's data or why not.
+fn call_data(socket: &Path, request: &Request) -> Result<serde_json::Value, BanCallError> {
+    match call(socket, request)? {
+        Response::Ok { data } => Ok(data),
+        Response::Usage { error } => Err(BanCallError::Refused(error)),
+        Response::Failed { error } => Err(BanCallError::Failed(error)),
+    }
+}
+
+/// Says how many chunks went through before one failed, when some did.
+fn after_chunks(e: BanCallError, done: usize, total: usize) -> BanCallError {
+    if done == 0 {
+        return e;
+    }
+    let note = |m: String| format!("{m} (the first {done} of {total} entries were applied before this)");
+    match e {
+        BanCallError::Refused(m) => BanCallError::Refused(note(m)),
+        BanCallError::Failed(m) => BanCallError::Failed(note(m)),
+        other => other,
+    }
+}
+
+/// Adds expiring entries (bans) through the daemon, [`MAX_BATCH`] per request: each request is
+/// applied whole or not at all, and other clients are answered between them. Returns how many
+/// were added. Shared by `deny|allow add --for`, fail2ban's action and the CrowdSec bouncer.
+pub(crate) fn ban_add(
+    socket: &Path,
+    list: List,
+    origin: Origin,
+    entries: &[(IpNet, Duration)],
+) -> Result<usize, BanCallError> {
+    let mut added = 0;
+    for chunk in entries.chunks(MAX_BATCH) {
+        let batch = chunk
+            .iter()
+            .map(|(cidr, d)| BanEntry { cidr: *cidr, for_ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX) })
+            .collect();
+        let data = call_data(socket, &Request::BanAdd { list, origin, entries: batch })
+            .map_err(|e| after_chunks(e, added, entries.len()))?;
+        let answer: BanAdded = serde_json::from_value(data).map_err(BanCallError::Unexpected)?;
+        added += answer.added;
+    }
+    Ok(added)
+}
+
+/// Removes the expiring entries of `origin` for these networks, [`MAX_BATCH`] per request;
+/// returns the networks that had one (a network without one is no error).
+pub(crate) fn ban_rm(socket: &Path, list: List, origin: Origin, cidrs: &[IpNet]) -> Result<Vec<IpNet>, BanCallError> {
+    let mut removed = Vec::new();
+    for (i, chunk) in cidrs.chunks(MAX_BATCH).enumerate() {
+        let data = call_data(socket, &Request::BanRm { list, origin, cidrs: chunk.to_vec() })
+            .map_err(|e| after_chunks(e, i * MAX_BATCH, cidrs.len()))?;
+        let answer: BanRemoved = serde_json::from_value(data).map_err(BanCallError::Unexpected)?;
+        removed.extend(answer.cidrs);
+    }
+    Ok(removed)
 }

@@ -24,7 +24,7 @@ use client::ClientError;
 
 use crate::{
     api::{
-        ipc::{Attachment, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+        ipc::{Attachment, BanStatus, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
         start::Options,
         stats, top,
     },
@@ -364,15 +364,142 @@ fn policy_request(cmd: &PolicyCommand) -> Request {
 }
 
 fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitCode {
-    let request = match cmd {
-        ListCommand::Add { cidr } => Request::ListAdd { list, cidr },
-        ListCommand::Rm { cidr } => Request::ListRm { list, cidr },
-        ListCommand::List { .. } => Request::ListShow { list },
+    let result = match cmd {
+        ListCommand::Add { cidrs, for_: Some(d), origin, file } => read_nets(&cidrs, file.as_deref(), true)
+            .and_then(|nets| {
+                let entries: Vec<_> = nets.into_iter().map(|n| (n, d)).collect();
+                client::ban_add(socket, list, origin.unwrap_or_default(), &entries).map_err(ban_error)
+            })
+            .map(|_| String::new()),
+        ListCommand::Add { cidrs, for_: None, file, .. } => {
+            read_nets(&cidrs, file.as_deref(), false).and_then(|nets| add_permanent(socket, list, &nets))
+        }
+        ListCommand::Rm { cidrs, origin, file } => {
+            read_nets(&cidrs, file.as_deref(), true).and_then(|nets| remove(socket, list, origin, &nets))
+        }
+        ListCommand::List { json } => list_entries(socket, list, json),
     };
-    client(socket, request, |data| match cmd {
-        ListCommand::List { json } => render::<Vec<ipnet::IpNet>>(data, json, |nets| show::nets(&nets)),
-        _ => Ok(changed(data)),
-    })
+    match result {
+        Ok(text) => {
+            let _ = std::io::stdout().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn ban_error(e: client::BanCallError) -> Error {
+    match e {
+        client::BanCallError::Client(e) => Error::Client(e),
+        client::BanCallError::Refused(m) => Error::Refused(m),
+        client::BanCallError::Failed(m) => Error::Failed(m),
+        client::BanCallError::Unexpected(e) => Error::Unexpected(e),
+    }
+}
+
+/// The networks of the arguments and of `--file` (`-`: standard input), each checked before
+/// anything is sent: one bad line refuses them all. `bare`: an address alone is its own /32 or
+/// /128.
+fn read_nets(args: &[String], file: Option<&std::path::Path>, bare: bool) -> Result<Vec<ipnet::IpNet>, Error> {
+    let text = match file {
+        None => String::new(),
+        Some(p) if p.as_os_str() == "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .map_err(|e| Error::Usage(format!("reading the networks from standard input: {e}")))?;
+            text
+        }
+        Some(p) => std::fs::read_to_string(p)
+            .map_err(|e| Error::Usage(format!("reading the networks from {}: {e}", p.display())))?,
+    };
+    let lines = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+    args.iter().map(String::as_str).chain(lines).map(|word| parse_entry(word, bare)).collect()
+}
+
+/// One network: CIDR as the config reads it, or (with `bare`) an address alone; host bits
+/// refused.
+fn parse_entry(word: &str, bare: bool) -> Result<ipnet::IpNet, Error> {
+    let net = match word.parse::<std::net::IpAddr>() {
+        Ok(addr) if bare => ipnet::IpNet::from(addr),
+        _ => config::parse_net(word).map_err(|e| Error::Usage(e.to_string()))?,
+    };
+    if net.trunc() != net {
+        return Err(Error::Usage(config::Error::HostBits { net }.to_string()));
+    }
+    Ok(net)
+}
+
+/// Permanent entries, each written to the config file by the daemon.
+fn add_permanent(socket: &std::path::Path, list: List, nets: &[ipnet::IpNet]) -> Result<String, Error> {
+    for (i, net) in nets.iter().enumerate() {
+        let data = match client::call(socket, &Request::ListAdd { list, cidr: *net }).map_err(Error::Client)? {
+            Response::Ok { data } => data,
+            Response::Usage { error } if i > 0 => {
+                return Err(Error::Refused(format!("{error} (the {i} networks before it were added)")));
+            }
+            Response::Usage { error } => return Err(Error::Refused(error)),
+            Response::Failed { error } => return Err(Error::Failed(error)),
+        };
+        changed(data);
+    }
+    Ok(String::new())
+}
+
+/// `rm`: each network's expiring entry of the origin, else its permanent entry. Without
+/// --origin, a network with neither refuses the command before anything changes.
+fn remove(
+    socket: &std::path::Path,
+    list: List,
+    origin: Option<config::Origin>,
+    nets: &[ipnet::IpNet],
+) -> Result<String, Error> {
+    let permanent = |socket| -> Result<Vec<ipnet::IpNet>, Error> {
+        match client::call(socket, &Request::ListShow { list }).map_err(Error::Client)? {
+            Response::Ok { data } => serde_json::from_value(data).map_err(Error::Unexpected),
+            Response::Usage { error } => Err(Error::Refused(error)),
+            Response::Failed { error } => Err(Error::Failed(error)),
+        }
+    };
+    let listed: std::collections::HashSet<ipnet::IpNet> = permanent(socket)?.into_iter().collect();
+    let by = origin.unwrap_or_default();
+    if origin.is_none() {
+        let bans: std::collections::HashSet<ipnet::IpNet> =
+            ban_list(socket, list)?.into_iter().filter(|b| b.origin == by).map(|b| b.cidr).collect();
+        if let Some(missing) = nets.iter().find(|n| !listed.contains(n) && !bans.contains(n)) {
+            return Err(Error::Refused(config::Error::NotOnList { net: *missing, list }.to_string()));
+        }
+    }
+    let removed: std::collections::HashSet<ipnet::IpNet> =
+        client::ban_rm(socket, list, by, nets).map_err(ban_error)?.into_iter().collect();
+    for net in nets.iter().filter(|n| !removed.contains(n) && listed.contains(n)) {
+        match client::call(socket, &Request::ListRm { list, cidr: *net }).map_err(Error::Client)? {
+            Response::Ok { data } => {
+                changed(data);
+            }
+            Response::Usage { error } => return Err(Error::Refused(error)),
+            Response::Failed { error } => return Err(Error::Failed(error)),
+        }
+    }
+    Ok(String::new())
+}
+
+fn ban_list(socket: &std::path::Path, list: List) -> Result<Vec<BanStatus>, Error> {
+    match client::call(socket, &Request::BanList { list }).map_err(Error::Client)? {
+        Response::Ok { data } => serde_json::from_value(data).map_err(Error::Unexpected),
+        Response::Usage { error } => Err(Error::Refused(error)),
+        Response::Failed { error } => Err(Error::Failed(error)),
+    }
+}
+
+/// `list`: the permanent entries (origin `config`, no expiry) then the expiring ones.
+fn list_entries(socket: &std::path::Path, list: List, json: bool) -> Result<String, Error> {
+    let permanent: Vec<ipnet::IpNet> = match client::call(socket, &Request::ListShow { list }).map_err(Error::Client)? {
+        Response::Ok { data } => serde_json::from_value(data).map_err(Error::Unexpected)?,
+        Response::Usage { error } => return Err(Error::Refused(error)),
+        Response::Failed { error } => return Err(Error::Failed(error)),
+    };
+    let bans = ban_list(socket, list)?;
+    Ok(if json { show::list_json(&permanent, &bans).map_err(Error::Json)? } else { show::list(&permanent, &bans) })
 }
 
 /// A change applied prints nothing, unless the daemon reloaded a hand edit of its file first:

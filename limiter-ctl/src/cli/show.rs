@@ -4,7 +4,10 @@ use comfy_table::{Cell, CellAlignment, Table, presets::NOTHING};
 use ipnet::IpNet;
 
 use crate::{
-    api::{ipc::PolicyStatus, stats, top},
+    api::{
+        ipc::{BanStatus, PolicyStatus},
+        stats, top,
+    },
     config::{FIELDS, Field},
 };
 
@@ -67,8 +70,52 @@ pub(super) fn policy(p: &PolicyStatus) -> String {
     t.trim_fmt() + "\n"
 }
 
-pub(super) fn nets(nets: &[IpNet]) -> String {
-    nets.iter().map(|n| format!("{n}\n")).collect()
+/// The bans in force per family and origin, and what they decided, in a line.
+fn bans_line(b: &stats::BanStats) -> String {
+    let family = |m: &std::collections::BTreeMap<String, u64>| {
+        let total: u64 = m.values().sum();
+        let parts: Vec<String> = m.iter().filter(|(_, n)| **n > 0).map(|(o, n)| format!("{o} {n}")).collect();
+        if parts.is_empty() { total.to_string() } else { format!("{total} ({})", parts.join(", ")) }
+    };
+    let sum = |m: &std::collections::BTreeMap<String, u64>| m.values().sum::<u64>();
+    format!(
+        "bans in force: IPv4 {}, IPv6 {}; added {}, expired {} since start; {} packets dropped, {} allowed by bans\n",
+        family(&b.active_v4),
+        family(&b.active_v6),
+        sum(&b.added),
+        sum(&b.expired),
+        b.dropped_packets,
+        b.allowed_packets
+    )
+}
+
+/// `allow|deny list`: CIDR, ORIGIN, EXPIRES (time left; `-`: permanent). Plain columns, not a
+/// table: a list may hold a million bans.
+pub(super) fn list(permanent: &[IpNet], bans: &[BanStatus]) -> String {
+    let mut out = format!("{:<43} {:<9} {}\n", "CIDR", "ORIGIN", "EXPIRES");
+    for net in permanent {
+        out.push_str(&format!("{:<43} {:<9} -\n", net.to_string(), "config"));
+    }
+    for b in bans {
+        let left = humantime::format_duration(std::time::Duration::from_secs(b.expires_in_ms.div_ceil(1000)));
+        out.push_str(&format!("{:<43} {:<9} {left}\n", b.cidr.to_string(), b.origin.as_str()));
+    }
+    out
+}
+
+/// `allow|deny list --json`: one object per entry; `expires_in_ms` and `expires_at_ms` are null
+/// for a permanent entry (origin `config`).
+pub(super) fn list_json(permanent: &[IpNet], bans: &[BanStatus]) -> Result<String, serde_json::Error> {
+    let mut all: Vec<serde_json::Value> = permanent
+        .iter()
+        .map(|n| serde_json::json!({"cidr": n, "origin": "config", "expires_in_ms": null, "expires_at_ms": null}))
+        .collect();
+    all.extend(bans.iter().map(|b| {
+        serde_json::json!({
+            "cidr": b.cidr, "origin": b.origin, "expires_in_ms": b.expires_in_ms, "expires_at_ms": b.expires_at_ms
+        })
+    }));
+    serde_json::to_string_pretty(&all).map(|s| s + "\n")
 }
 
 pub(super) fn stats(s: &stats::Snapshot) -> String {
@@ -134,8 +181,9 @@ pub(super) fn stats(s: &stats::Snapshot) -> String {
     let u = &s.unjudged;
     let occupancy = s.bucket_occupancy.map_or("not measured yet".to_string(), |o| format!("{:.2}%", o * 100.0));
     let geometry = s.geometry.map(|g| format!("{}\n", g.text())).unwrap_or_default();
+    let bans = s.bans.as_ref().map(bans_line).unwrap_or_default();
     format!(
-        "{}\n{overruled}passed unjudged: {} not IP, {} malformed, {} unmatched, {} allow-listed; dropped unjudged: {} deny-listed, {} with unreadable ports; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n{geometry}",
+        "{}\n{overruled}{bans}passed unjudged: {} not IP, {} malformed, {} unmatched, {} allow-listed; dropped unjudged: {} deny-listed, {} with unreadable ports; limiter errors: {}\nmode {}, salt age {:.0} s, bucket occupancy {}\n{geometry}",
         t.trim_fmt(),
         u.not_ip,
         u.malformed,

@@ -29,7 +29,8 @@ pub use file::{
 };
 pub use layers::{Layering, PortStretch};
 pub use policy::{
-    BurstEdit, Destination, KeySpec, List, Match, Mode, Name, Ports, Proto, Scope, SourcePorts, Unit, parse_burst,
+    BurstEdit, Destination, KeySpec, List, Match, Mode, Name, Origin, Ports, Proto, Scope, SourcePorts, Unit,
+    parse_burst,
 };
 pub use rate::{Rate, RateError};
 pub use state::{DEFAULT_MAX_FRAME, Entry, L2_OVERHEAD, State, longest_window, max_frame_for_mtu};

@@ -404,7 +404,7 @@ pub enum Scope {
 words!(Scope, "scope" { Cpu = "cpu", Host = "host" });
 
 /// The allow list (sources that bypass limiting) or the deny list (sources always dropped).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum List {
     Allow,
@@ -417,6 +417,52 @@ impl List {
             Self::Allow => "allow",
             Self::Deny => "deny",
         }
+    }
+}
+
+/// Who asked for an expiring entry (a ban): the CLI by hand, fail2ban's action, or the
+/// CrowdSec bouncer. `stats` and `/metrics` count bans per origin; a removal by one origin
+/// leaves the others' entries for the same network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Origin {
+    #[default]
+    Cli,
+    Fail2ban,
+    Crowdsec,
+}
+
+impl Origin {
+    pub const ALL: [Origin; 3] = [Origin::Cli, Origin::Fail2ban, Origin::Crowdsec];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cli => "cli",
+            Self::Fail2ban => "fail2ban",
+            Self::Crowdsec => "crowdsec",
+        }
+    }
+
+    /// Its index in [`Origin::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Origin {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|o| o.as_str() == s)
+            .ok_or_else(|| format!("invalid origin '{s}': expected cli, fail2ban or crowdsec"))
     }
 }
 

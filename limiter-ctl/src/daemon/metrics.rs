@@ -245,6 +245,44 @@ impl Collector for Exposition {
             vec![],
             r.last_success_ms as f64 / 1000.0,
         )?;
+        if let Some(b) = &s.bans {
+            {
+                let mut family = encoder.encode_descriptor(
+                    "limiter_bans_active",
+                    "Expiring allow and deny entries (bans) in force, by address family and origin (cli, fail2ban, \
+                 crowdsec).",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (name, active) in [("ipv4", &b.active_v4), ("ipv6", &b.active_v6)] {
+                    for (origin, n) in active {
+                        let labels: Labels = vec![("family", name.to_string()), ("origin", origin.clone())];
+                        ConstGauge::new(*n as i64).encode(family.encode_family(&labels)?)?;
+                    }
+                }
+            }
+            let by_origin = |m: &std::collections::BTreeMap<String, u64>| {
+                m.iter().map(|(o, n)| (vec![("origin", o.clone())], *n)).collect::<Vec<_>>()
+            };
+            counter(
+                &mut encoder,
+                "limiter_bans_added",
+                "Bans added since the daemon started, by origin (a renewal counts again).",
+                by_origin(&b.added),
+            )?;
+            counter(
+                &mut encoder,
+                "limiter_bans_expired",
+                "Bans that expired since the daemon started, by origin (removed ones are not counted).",
+                by_origin(&b.expired),
+            )?;
+            counter(
+                &mut encoder,
+                "limiter_ban_dropped_packets",
+                "Packets a deny ban dropped (also counted in limiter_dropped_packets_total{reason=\"deny\"}).",
+                vec![(vec![], b.dropped_packets)],
+            )?;
+        }
         if let Some(occupancy) = s.bucket_occupancy {
             gauge(
                 &mut encoder,
@@ -419,8 +457,11 @@ mod tests {
             for label in labels.split(',').filter(|l| !l.is_empty()) {
                 let key = label.split('=').next().unwrap_or("");
                 assert!(
-                    ["policy", "decision", "reason", "mode", "result", "scope", "unit", "version", "commit", "layout"]
-                        .contains(&key),
+                    [
+                        "policy", "decision", "reason", "mode", "result", "scope", "unit", "version", "commit",
+                        "layout", "family", "origin"
+                    ]
+                    .contains(&key),
                     "unexpected label {key} in {line}"
                 );
             }

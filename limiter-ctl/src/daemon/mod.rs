@@ -11,6 +11,8 @@
 //! - `requests`: each request handled on the running rules;
 //! - `commit`: a new state made the running one, the kernel's maps then the file, the maps put
 //!   back if the file cannot be written;
+//! - `bans`: the expiring entries (bans): kept, swept when they expire, saved in the state
+//!   directory;
 //! - `reload`: the config file re-read on SIGHUP, `limiter-ctl reload` and when it changes
 //!   (`watch`), and a hand edit caught up with before a change.
 //!
@@ -24,6 +26,7 @@
 //! It may use the api room (the wire types it answers with, the options it starts with), the
 //! kernel and config rooms; nothing of the CLI. Its one error type is [`Error`].
 
+mod bans;
 mod commit;
 mod error;
 mod health;
@@ -341,6 +344,10 @@ async fn start(
     // An adopted limiter's buckets may hold TATs of its policies, which this daemon never saw.
     let longest_window = before.max_window().max(state.max_window());
     limiter.apply(&before, &MapView::of(&state))?;
+    // The expiring entries (bans) in force before the program is attached: a restart keeps
+    // each with the time it had left.
+    let mut bans = bans::Bans::new(Some(bans::Bans::file_for(&args.state_dir, &args.iface)));
+    bans.restore(&mut limiter)?;
     limiter.set_sampling_within(args.sample_refusals, args.samples_per_s)?;
     // SAFETY: the stream owns its descriptor (the ring's) and keeps it open for as long as the
     // AsyncFd lives.
@@ -385,6 +392,7 @@ async fn start(
         info!(iface = %args.iface, why = %why, "judging at tc ingress (tcx): after XDP, beside the other programs there");
     }
     let mut daemon = Daemon::new(limiter, state, args, shared, health.clone(), longest_window, arrays);
+    daemon.bans = bans;
     daemon.start_up(file, text)?;
     health.ready();
     let status = format!(

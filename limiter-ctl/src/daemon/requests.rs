@@ -8,9 +8,9 @@ use std::time::Duration;
 use limiter_common::maps::Counters;
 use tracing::{info, warn};
 
-use super::{Error, serve::Daemon, socket::Job};
+use super::{Error, bans::BanError, serve::Daemon, socket::Job};
 use crate::{
-    api::ipc::{Attachment, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+    api::ipc::{Attachment, BanAdded, BanRemoved, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
     config::{self, Entry, PolicyDef, State},
     kernel::{self, Hook, Placement, TcxPlace},
 };
@@ -120,6 +120,30 @@ impl Daemon {
                 Err(e) => Response::Failed { error: e.to_string() },
             },
             Request::Attach { hook, place } => self.move_to(hook, place),
+            // Bans are runtime state: no catching up with the file, no write to it.
+            Request::BanAdd { list, origin, entries } => {
+                let batch: Vec<_> = entries.iter().map(|e| (e.cidr, e.for_ms)).collect();
+                match self.bans.add(&mut self.limiter, list, origin, &batch) {
+                    Ok(added) => {
+                        info!(list = list.as_str(), origin = origin.as_str(), entries = added, "bans added");
+                        Response::Ok { data: serde_json::to_value(BanAdded { added }).unwrap_or_default() }
+                    }
+                    Err(e) => ban_error(e),
+                }
+            }
+            Request::BanRm { list, origin, cidrs } => match self.bans.remove(&mut self.limiter, list, origin, &cidrs) {
+                Ok(removed) => {
+                    if !removed.is_empty() {
+                        info!(list = list.as_str(), origin = origin.as_str(), entries = removed.len(), "bans removed");
+                    }
+                    let answer = BanRemoved { removed: removed.len(), cidrs: removed };
+                    Response::Ok { data: serde_json::to_value(answer).unwrap_or_default() }
+                }
+                Err(e) => ban_error(e),
+            },
+            Request::BanList { list } => {
+                Response::Ok { data: serde_json::to_value(self.bans.list(list)).unwrap_or_default() }
+            }
         }
     }
 
@@ -192,6 +216,16 @@ impl Daemon {
                 Response::Ok { data: serde_json::Value::Null }
             }
             Err(error) => Response::Failed { error: error.to_string() },
+        }
+    }
+}
+
+fn ban_error(e: BanError) -> Response {
+    match e {
+        BanError::Usage(error) => Response::Usage { error },
+        BanError::Failed(error) => {
+            warn!(%error, "a ban change failed");
+            Response::Failed { error }
         }
     }
 }

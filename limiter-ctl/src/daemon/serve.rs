@@ -23,6 +23,7 @@ use tracing::{info, warn};
 
 use super::{
     Error,
+    bans::{self, Bans},
     health::Health,
     socket, stats,
     top::Top,
@@ -106,6 +107,8 @@ pub(super) struct Daemon {
     pub(super) lookup_failing: bool,
     /// The bucket arrays the limiter was loaded with, for `stats`.
     pub(super) arrays: Arrays,
+    /// The expiring entries (bans).
+    pub(super) bans: Bans,
 }
 
 /// How often the buckets are sampled for the occupancy gauge (`kernel::BucketScan`).
@@ -145,6 +148,8 @@ impl Daemon {
             rotate_every: args.rotate_every,
             lookup_failing: false,
             arrays,
+            // Set by the start, once restored (`Bans::restore`).
+            bans: Bans::new(None),
         }
     }
 
@@ -170,6 +175,8 @@ impl Daemon {
             args.rotate_every.map(|every| tokio::time::interval_at(tokio::time::Instant::now() + every, every));
         let mut second = tokio::time::interval(Duration::from_secs(1));
         let mut occupancy = tokio::time::interval(OCCUPANCY_EVERY);
+        let mut sweep = tokio::time::interval(bans::SWEEP_EVERY);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut if_index = kernel::if_index(&self.iface);
         let mut config_watch = if args.watch_config {
             match ConfigWatch::start(&self.config_path) {
@@ -236,6 +243,10 @@ impl Daemon {
                     }
                 }
                 _ = occupancy.tick() => self.measure_occupancy(),
+                _ = sweep.tick() => {
+                    self.bans.sweep(&mut self.limiter);
+                    self.bans.save_if_due();
+                }
                 _ = tick(&mut stats) => {
                     match self.total() {
                         Ok(total) => {
@@ -249,6 +260,7 @@ impl Daemon {
             }
         };
         info!(signal = signal_name, "stopping");
+        self.bans.save_now();
         Ok(())
     }
 
@@ -263,6 +275,7 @@ impl Daemon {
         snapshot.attach_reason = self.limiter.why_tcx().map(str::to_string);
         snapshot.rotate_every_s = self.rotate_every.map(|d| d.as_secs_f64());
         snapshot.geometry = Some(self.arrays);
+        snapshot.bans = Some(self.bans.stats(self.limiter.ban_hits()?));
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
         }

@@ -88,6 +88,7 @@ impl Sampler {
             reloads: Reloads::default(),
             rotate_every_s: None,
             geometry: None,
+            bans: None,
         }
     }
 }

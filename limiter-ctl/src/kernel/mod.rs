@@ -14,6 +14,7 @@
 //! the CLI. Its one error type is [`Error`].
 
 mod attach;
+mod bans;
 pub mod compile;
 mod error;
 mod geometry;
@@ -31,6 +32,7 @@ mod testing;
 mod view;
 
 pub(crate) use attach::chain as error_chain;
+pub use bans::{BanMap, BanPresence};
 pub use compile::Routes;
 pub use error::{Error, Incompatible, MapShape};
 pub use geometry::{

@@ -17,10 +17,11 @@ use std::{
 
 use aya::maps::{MapInfo, MapType};
 use limiter_common::maps::{
-    Config, Counters, GENERATIONS, LAYER_TASK_BYTES, LAYOUT_VERSION, LayerSet, MAP_ACL_V4, MAP_ACL_V6, MAP_BUCKETS,
-    MAP_CONFIG, MAP_COUNTERS, MAP_HOST_BUCKETS, MAP_JUMPS, MAP_JUMPS_TCX, MAP_LAYER_SETS, MAP_LAYER_TASK, MAP_LAYOUT,
-    MAP_POLICIES, MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES, POLICY_NAME_LEN,
-    PORT_POLICY_ENTRIES, Policy,
+    Ban, Config, Counters, GENERATIONS, LAYER_TASK_BYTES, LAYOUT_VERSION, LayerSet, MAP_ACL_V4, MAP_ACL_V6,
+    MAP_BAN_HITS, MAP_BAN_NETS_V4, MAP_BAN_NETS_V6, MAP_BANS_V4, MAP_BANS_V6, MAP_BUCKETS, MAP_CONFIG, MAP_COUNTERS,
+    MAP_HOST_BUCKETS, MAP_JUMPS, MAP_JUMPS_TCX, MAP_LAYER_SETS, MAP_LAYER_TASK, MAP_LAYOUT, MAP_POLICIES,
+    MAP_POLICY_NAMES, MAP_PORT_POLICY, MAX_ACL_ENTRIES, MAX_BAN_NETS, MAX_BANS, MAX_LAYER_SETS, MAX_POLICIES,
+    POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy,
 };
 
 use nix::{
@@ -265,7 +266,7 @@ pub fn map_names() -> impl Iterator<Item = &'static str> {
 
 /// Each map's name, type, key size, value size and entries, as this build creates it with
 /// `buckets` per-CPU and `host_buckets` host-scope buckets per generation.
-fn expected_maps(buckets: u32, host_buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 14] {
+fn expected_maps(buckets: u32, host_buckets: u32) -> [(&'static str, MapType, u32, u32, u32); 19] {
     let size = |n: usize| n as u32;
     [
         (MAP_CONFIG, MapType::Array, 4, size(size_of::<Config>()), 1),
@@ -280,6 +281,11 @@ fn expected_maps(buckets: u32, host_buckets: u32) -> [(&'static str, MapType, u3
         (MAP_COUNTERS, MapType::PerCpuArray, 4, size(size_of::<Counters>()), MAX_POLICIES),
         (MAP_ACL_V4, MapType::LpmTrie, 8, 1, MAX_ACL_ENTRIES),
         (MAP_ACL_V6, MapType::LpmTrie, 20, 1, MAX_ACL_ENTRIES),
+        (MAP_BANS_V4, MapType::Hash, 4, size(size_of::<Ban>()), MAX_BANS),
+        (MAP_BANS_V6, MapType::Hash, 16, size(size_of::<Ban>()), MAX_BANS),
+        (MAP_BAN_NETS_V4, MapType::LpmTrie, 8, size(size_of::<Ban>()), MAX_BAN_NETS),
+        (MAP_BAN_NETS_V6, MapType::LpmTrie, 20, size(size_of::<Ban>()), MAX_BAN_NETS),
+        (MAP_BAN_HITS, MapType::PerCpuArray, 4, 8, 2),
         (MAP_POLICY_NAMES, MapType::Array, 4, size(POLICY_NAME_LEN), MAX_POLICIES),
         (MAP_LAYOUT, MapType::Array, 4, 8, 1),
     ]

@@ -19,13 +19,13 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_DROP},
     macros::map,
-    maps::{Array, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
     programs::{TcContext, XdpContext},
 };
 use limiter_common::{
     maps::{
-        Config, Counters, DEFAULT_BUCKETS, GENERATIONS, LayerSet, Lease, MAX_ACL_ENTRIES, MAX_LAYER_SETS, MAX_POLICIES,
-        POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
+        Ban, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, LayerSet, Lease, MAX_ACL_ENTRIES, MAX_BAN_NETS, MAX_BANS,
+        MAX_LAYER_SETS, MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
     },
     sample::Sampler,
 };
@@ -37,6 +37,9 @@ use limiter_ebpf::{
 };
 
 use self::policy::Selected;
+
+/// The kernel's flag for a hash map allocated per entry (include/uapi/linux/bpf.h).
+const BPF_F_NO_PREALLOC: u32 = 1;
 
 #[map]
 static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
@@ -59,6 +62,20 @@ static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_POLIC
 static ACL_V4: LpmTrie<[u8; 4], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES, 0);
 #[map]
 static ACL_V6: LpmTrie<[u8; 16], u8> = LpmTrie::with_max_entries(MAX_ACL_ENTRIES, 0);
+/// Bans of single addresses (the daemon's expiring entries): one hash lookup whatever their
+/// number. Allocated per entry (BPF_F_NO_PREALLOC), so memory follows the bans in use.
+#[map]
+static BANS_V4: HashMap<[u8; 4], Ban> = HashMap::with_max_entries(MAX_BANS, BPF_F_NO_PREALLOC);
+#[map]
+static BANS_V6: HashMap<[u8; 16], Ban> = HashMap::with_max_entries(MAX_BANS, BPF_F_NO_PREALLOC);
+/// Bans of prefixes (shorter than one address).
+#[map]
+static BAN_NETS_V4: LpmTrie<[u8; 4], Ban> = LpmTrie::with_max_entries(MAX_BAN_NETS, 0);
+#[map]
+static BAN_NETS_V6: LpmTrie<[u8; 16], Ban> = LpmTrie::with_max_entries(MAX_BAN_NETS, 0);
+/// Packets a ban denied and allowed, per CPU (`limiter_common::maps::MAP_BAN_HITS`).
+#[map]
+static BAN_HITS: PerCpuArray<u64> = PerCpuArray::with_max_entries(2, 0);
 // Read and written by userspace only; defined here so they are created and pinned with the rest.
 #[map]
 static POLICY_NAMES: Array<[u8; POLICY_NAME_LEN]> = Array::with_max_entries(MAX_POLICIES, 0);

@@ -4,15 +4,18 @@
 
 use aya_ebpf::{
     bindings::xdp_action::{XDP_DROP, XDP_PASS},
+    helpers::bpf_ktime_get_ns,
     maps::lpm_trie::Key,
 };
 use limiter_common::{
     key::FAMILY_V4,
-    maps::{ACL_ALLOW, CLASS_TCP, CLASS_UDP, Config, LAYERED, Policy},
+    maps::{ACL_ALLOW, BAN_HIT_ALLOWED, BAN_HIT_DENIED, Ban, CLASS_TCP, CLASS_UDP, Config, LAYERED, Policy},
 };
 use limiter_ebpf::parse::Packet;
 
-use super::{ACL_V4, ACL_V6, LAYER_SETS, POLICIES, PORT_POLICY, act};
+use super::{
+    ACL_V4, ACL_V6, BAN_HITS, BAN_NETS_V4, BAN_NETS_V6, BANS_V4, BANS_V6, LAYER_SETS, POLICIES, PORT_POLICY, act,
+};
 
 /// What the policy step made of a packet.
 pub enum Selected {
@@ -32,7 +35,7 @@ pub fn select(cfg: &Config, pkt: &Packet) -> Selected {
     let Some(route) = route(cfg, pkt) else {
         return Selected::Done(act::fault());
     };
-    if cfg.flags & (Config::HAS_ACL_V4 | Config::HAS_ACL_V6) != 0 {
+    if cfg.flags & (Config::HAS_ACL_V4 | Config::HAS_ACL_V6 | Config::HAS_BANS) != 0 {
         if let Some(action) = acl(cfg, pkt) {
             // Counted under the (first) policy the packet would have met, so hits show per policy.
             let id = first_judge(route);
@@ -138,9 +141,15 @@ fn first_judge(route: u16) -> u16 {
     LAYER_SETS.get(u32::from(route & !LAYERED)).map_or(0, |set| set.ids[0])
 }
 
-/// The allow/deny verdict for the packet's source, if a listed prefix covers it.
+/// The allow/deny verdict for the packet's source: an active ban's (the daemon's expiring
+/// entries: its exact address, then the longest banned prefix), else the longest listed prefix's.
 #[inline(always)]
 fn acl(cfg: &Config, pkt: &Packet) -> Option<u8> {
+    if cfg.flags & Config::HAS_BANS != 0
+        && let Some(action) = banned(cfg, pkt)
+    {
+        return Some(action);
+    }
     if pkt.family == FAMILY_V4 {
         if cfg.flags & Config::HAS_ACL_V4 == 0 {
             return None;
@@ -150,9 +159,48 @@ fn acl(cfg: &Config, pkt: &Packet) -> Option<u8> {
         if cfg.flags & Config::HAS_ACL_V6 == 0 {
             return None;
         }
-        let mut addr = [0u8; 16];
-        addr[..8].copy_from_slice(&pkt.src[0].to_le_bytes());
-        addr[8..].copy_from_slice(&pkt.src[1].to_le_bytes());
-        ACL_V6.get(Key::new(128, addr)).copied()
+        ACL_V6.get(Key::new(128, v6_bytes(pkt))).copied()
     }
+}
+
+/// The source address of an IPv6 packet, as the maps key it (network order).
+#[inline(always)]
+fn v6_bytes(pkt: &Packet) -> [u8; 16] {
+    let mut addr = [0u8; 16];
+    addr[..8].copy_from_slice(&pkt.src[0].to_le_bytes());
+    addr[8..].copy_from_slice(&pkt.src[1].to_le_bytes());
+    addr
+}
+
+/// The action of a ban covering the packet's source and not past its deadline, counted in
+/// `BAN_HITS`.
+#[inline(always)]
+fn banned(cfg: &Config, pkt: &Packet) -> Option<u8> {
+    let ban: Option<Ban> = if pkt.family == FAMILY_V4 {
+        let addr = (pkt.src[0] as u32).to_le_bytes();
+        let exact = if cfg.flags & Config::HAS_BANS_V4 != 0 { BANS_V4.get_ptr(addr) } else { None };
+        match exact {
+            Some(ban) => Some(unsafe { *ban }),
+            None if cfg.flags & Config::HAS_BAN_NETS_V4 != 0 => BAN_NETS_V4.get(Key::new(32, addr)).copied(),
+            None => None,
+        }
+    } else {
+        let addr = v6_bytes(pkt);
+        let exact = if cfg.flags & Config::HAS_BANS_V6 != 0 { BANS_V6.get_ptr(addr) } else { None };
+        match exact {
+            Some(ban) => Some(unsafe { *ban }),
+            None if cfg.flags & Config::HAS_BAN_NETS_V6 != 0 => BAN_NETS_V6.get(Key::new(128, addr)).copied(),
+            None => None,
+        }
+    };
+    let ban = ban?;
+    // Past its deadline: ignored, exactly then, until the daemon's sweep removes it.
+    if ban.until_ns != 0 && unsafe { bpf_ktime_get_ns() } >= ban.until_ns {
+        return None;
+    }
+    let hit = if ban.action == u32::from(ACL_ALLOW) { BAN_HIT_ALLOWED } else { BAN_HIT_DENIED };
+    if let Some(n) = BAN_HITS.get_ptr_mut(hit) {
+        unsafe { *n += 1 };
+    }
+    Some(ban.action as u8)
 }

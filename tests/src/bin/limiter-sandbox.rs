@@ -49,6 +49,7 @@ const NOT_APPLIED: &[(&str, &str)] = &[
     ("ConfigurationDirectory", "a directory: the test's config is in its scratch directory"),
     ("RuntimeDirectory", "a directory: the test's socket is in its scratch directory"),
     ("RuntimeDirectoryPreserve", "a directory"),
+    ("StateDirectory", "a directory: the test's state is in its scratch directory (--state-dir)"),
     ("ProtectSystem", "mount namespace: not applied"),
     ("ReadWritePaths", "mount namespace: not applied"),
     ("ProtectHome", "mount namespace: not applied"),

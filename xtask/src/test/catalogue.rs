@@ -96,6 +96,7 @@ pub const TARGETS: &[Target] = &[
     root("policy_changes", &[Kernel]),
     root("config_file", &[Kernel]),
     root("config_edits", &[Kernel]),
+    root("bans", &[Kernel]),
     Target {
         name: "control",
         needs: &[Kernel],
