@@ -273,28 +273,7 @@ fn crowdsec_command(socket: PathBuf, args: CrowdsecArgs) -> ExitCode {
     };
     logs::init(args.log_format);
     let lapi = crowdsec::Lapi::new(url, key);
-    crowdsec::run(&lapi, &mut DaemonSink { socket }, args.interval)
-}
-
-/// The bouncer's bans, into the daemon's deny list as expiring entries of origin crowdsec.
-struct DaemonSink {
-    socket: PathBuf,
-}
-
-impl crowdsec::Sink for DaemonSink {
-    fn add(&mut self, entries: &[(ipnet::IpNet, std::time::Duration)]) -> Result<(), String> {
-        let _ = (&self.socket, entries);
-        Err("not wired yet".into())
-    }
-
-    fn rm(&mut self, nets: &[ipnet::IpNet]) -> Result<(), String> {
-        let _ = nets;
-        Err("not wired yet".into())
-    }
-
-    fn listed(&mut self) -> Result<Vec<ipnet::IpNet>, String> {
-        Err("not wired yet".into())
-    }
+    crowdsec::run(&lapi, &mut crowdsec::DaemonSink { socket }, args.interval)
 }
 
 /// `attach HOOK`: the daemon moves the program there without a gap, or says it is there.
