@@ -46,7 +46,15 @@ fn failures_in_the_log_drop_the_source_at_xdp_until_the_bantime_is_over() {
     f2b.fail(&v6.to_string(), 3).expect("writing failures");
     f2b.wait_log(&format!("Ban {v4}"), Duration::from_secs(5)).expect("fail2ban bans the IPv4 source");
     f2b.wait_log(&format!("Ban {v6}"), Duration::from_secs(5)).expect("fail2ban bans the IPv6 source");
-    let listed = rig.ctl_ok(&["deny", "list"]);
+    // fail2ban logs the ban before its action has run: the list is read until it has both.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let listed = loop {
+        let listed = rig.ctl_ok(&["deny", "list"]);
+        if (listed.contains("198.18.0.9/32") && listed.contains("2001:db8::9/128")) || Instant::now() >= deadline {
+            break listed;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
     for net in ["198.18.0.9/32", "2001:db8::9/128"] {
         let line = listed.lines().find(|l| l.contains(net)).unwrap_or_else(|| panic!("{net} not listed:\n{listed}"));
         assert!(line.contains("fail2ban"), "{net} is not of origin fail2ban: {line}");
@@ -60,6 +68,7 @@ fn failures_in_the_log_drop_the_source_at_xdp_until_the_bantime_is_over() {
     let watched = watch.finish().expect("the watch");
     watched.run.check_capture();
     let log = f2b.log();
+    assert!(!log.contains("ERROR"), "an action failed:\n{log}");
 
     let start = asked - Duration::from_secs(2);
     let gap = watched.longest_gap(bystander, start, end);

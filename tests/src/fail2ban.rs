@@ -90,7 +90,12 @@ impl Fail2ban {
         let mut f2b = Self { server, dir };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if f2b.client(&["ping"]).is_ok_and(|out| out.contains("pong")) {
+            if f2b.client(&["ping"]).is_ok_and(|out| out.contains("pong"))
+                && f2b.log().contains(&format!("Jail '{JAIL}' started"))
+            {
+                // The polling backend tells a change by the file's stat, to the second: lines
+                // written in the second the jail took the file could go unseen.
+                thread::sleep(Duration::from_millis(1100));
                 return Ok(f2b);
             }
             if let Some(status) = f2b.server.exited() {
