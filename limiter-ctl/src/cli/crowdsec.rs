@@ -311,7 +311,9 @@ impl Bans {
             }
         }
         for d in &batch.new {
-            let end = now.checked_add(d.left.magnitude.min(MAX_BAN)).unwrap_or(now + MAX_BAN);
+            // Ten years on from a monotonic clock's now always fits an Instant; were it not to,
+            // the decision is skipped rather than the bouncer stopped.
+            let Some(end) = now.checked_add(d.left.magnitude.min(MAX_BAN)) else { continue };
             self.by_net.entry(d.net).or_default().insert(d.id, end);
         }
         let mut touched: BTreeSet<IpNet> = before.keys().copied().collect();
