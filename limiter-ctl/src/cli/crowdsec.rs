@@ -264,7 +264,8 @@ fn decision(item: RawItem) -> Result<Decision, Skip> {
     let net = if scope.eq_ignore_ascii_case("ip") {
         // The standard parser: no leading zeros (inet_aton would read 010.0.0.1 as 8.0.0.1).
         let addr: IpAddr = value.trim().parse().map_err(|_| Skip::Malformed)?;
-        IpNet::from(addr)
+        // An IPv4 address written mapped (::ffff:198.18.0.1) arrives in IPv4 packets.
+        IpNet::from(addr.to_canonical())
     } else if scope.eq_ignore_ascii_case("range") {
         // The config's parser (the same strictness); a range written with host bits set
         // (198.18.4.1/24) means its network.
@@ -778,11 +779,20 @@ mod tests {
             {"duration":"1h","id":12,"scope":"Range","type":"ban","value":"198.18.0.0/33"},
             {"duration":"9999999999h","id":13,"scope":"Ip","type":"ban","value":"198.18.0.13"},
             "garbage", 42, null, [],
-            {"duration":"2562047h","id":14,"scope":"Ip","type":"ban","value":"198.18.0.14","extra":{"a":[1]}}
+            {"duration":"2562047h","id":14,"scope":"Ip","type":"ban","value":"198.18.0.14","extra":{"a":[1]}},
+            {"duration":"1h","id":15,"scope":"Ip","type":"ban","value":"::ffff:198.18.0.15"}
         ]}"#;
         let batch = parse_stream(body.as_bytes()).unwrap();
         let nets: Vec<(i64, IpNet)> = batch.new.iter().map(|d| (d.id, d.net)).collect();
-        assert_eq!(nets, [(1, net("2001:db8::1/128")), (2, net("198.18.4.0/24")), (14, net("198.18.0.14/32"))]);
+        assert_eq!(
+            nets,
+            [
+                (1, net("2001:db8::1/128")),
+                (2, net("198.18.4.0/24")),
+                (14, net("198.18.0.14/32")),
+                (15, net("198.18.0.15/32"))
+            ]
+        );
         assert_eq!(batch.skipped, Skipped { not_ban: 0, scope: 1, expired: 2, malformed: 12 });
     }
 
