@@ -517,9 +517,14 @@ fn deb_installs_with_dpkg_and_runs() {
     let pkg = Installed::new();
     assert_eq!(pkg.query("${Status}"), "install ok installed");
     let conffiles = pkg.query("${Conffiles}");
-    for conf in ["/etc/limiter/limiter.toml", "/etc/default/limiter"] {
+    for conf in ["/etc/limiter/limiter.toml", "/etc/default/limiter", "/etc/fail2ban/action.d/limiter.conf"] {
         assert!(conffiles.contains(conf), "{conf} is not a conffile: {conffiles}");
     }
+    // fail2ban's action, where fail2ban looks for `action = limiter` (tests/daemon/fail2ban.rs runs it).
+    assert_eq!(
+        read(&pkg.path("etc/fail2ban/action.d/limiter.conf")),
+        read(&packaging("fail2ban/action.d/limiter.conf"))
+    );
     assert_eq!(read(&pkg.path("etc/limiter/limiter.toml")), read(&packaging("limiter.toml")));
     assert_eq!(read(&pkg.path("etc/default/limiter")), read(&packaging("limiter.default")));
     assert!(pkg.path("usr/lib/systemd/system/limiter@.service").is_file(), "no limiter@.service");

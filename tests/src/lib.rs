@@ -7,12 +7,17 @@
 //! a daemon on a veth pair ready to be flooded ([`rig`]), policies as the tests set them
 //! ([`policies`]), what the daemon reports ([`observe`]: stats, /metrics via [`scrape`]), and
 //! TCP bulk transfers ([`transfer`]); for sharing the interface, Debian's xdp-filter holding the
-//! XDP hook ([`xdp_filter`]) and another tcx program loaded by the test ([`neighbour`]).
+//! XDP hook ([`xdp_filter`]) and another tcx program loaded by the test ([`neighbour`]); the feeders of bans, Debian's
+//! fail2ban ([`fail2ban`]) and CrowdSec's local API ([`crowdsec`]), run as processes the test
+//! starts and stops ([`service`]).
 
+pub mod bans;
 pub mod bounds;
 pub mod capture;
 pub mod cpu;
+pub mod crowdsec;
 pub mod daemon;
+pub mod fail2ban;
 pub mod flood;
 pub mod frames;
 pub mod kernel_programs;
@@ -27,6 +32,7 @@ pub mod privileged;
 pub mod reference;
 pub mod rig;
 pub mod scrape;
+pub mod service;
 pub mod snmp;
 pub mod transfer;
 pub mod xdp_filter;

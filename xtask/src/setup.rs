@@ -48,10 +48,21 @@ pub enum Need {
     /// Debian's xdp-tools (`xdp-filter`, `xdp-loader`): another XDP program holding the
     /// interface, for the tests of sharing it (tests/daemon/sharing/).
     XdpTools,
+    /// Debian's fail2ban (`fail2ban-server`, `fail2ban-client`), run by the test without
+    /// systemd, with a config directory of its own (tests/daemon/fail2ban.rs).
+    Fail2ban,
+    /// Debian's crowdsec binaries (`crowdsec`, `cscli`), extracted from the package into
+    /// [`CROWDSEC_ROOT`] (not installed: see [`crowdsec`]), for tests/daemon/crowdsec.rs.
+    CrowdSec,
 }
 
+/// Where `cargo xtask setup` extracts Debian's crowdsec package (`usr/bin/crowdsec`,
+/// `usr/bin/cscli` under `root/`), and keeps the .deb so a second extraction needs no network.
+/// tests/src/crowdsec.rs reads the same path.
+pub const CROWDSEC_ROOT: &str = "/var/cache/limiter-tests/crowdsec";
+
 impl Need {
-    pub const ALL: [Need; 12] = [
+    pub const ALL: [Need; 14] = [
         Need::Toolchain,
         Need::Kernel,
         Need::Package,
@@ -64,6 +75,8 @@ impl Need {
         Need::Python,
         Need::KubernetesValidate,
         Need::XdpTools,
+        Need::Fail2ban,
+        Need::CrowdSec,
     ];
 
     /// Its Debian packages.
@@ -80,6 +93,9 @@ impl Need {
             Need::Bpftool => &["bpftool"],
             Need::Python | Need::KubernetesValidate => &["python3"],
             Need::XdpTools => &["xdp-tools"],
+            Need::Fail2ban => &["fail2ban"],
+            // dpkg-deb, to extract the package (dpkg is on every Debian system).
+            Need::CrowdSec => &["dpkg"],
         }
     }
 }
@@ -115,6 +131,9 @@ pub fn provide(needs: &BTreeSet<Need>) -> anyhow::Result<()> {
     }
     if has(Need::Kernel) {
         bpffs()?;
+    }
+    if has(Need::CrowdSec) {
+        crowdsec()?;
     }
     Ok(())
 }
@@ -219,6 +238,69 @@ fn kubernetes_validate() -> anyhow::Result<()> {
     exec(&mut pip())
         .or_else(|_| exec(pip().arg("--break-system-packages")))
         .context("installing kubernetes-validate (pip) failed")
+}
+
+/// Debian's crowdsec, extracted under [`CROWDSEC_ROOT`]. Not `apt-get install`: its postinst
+/// registers with CrowdSec's central API, and offline that fails and leaves dpkg half-configured,
+/// which breaks every later apt install. The tests run only its local API, with a config of
+/// their own (tests/src/crowdsec.rs), so the binaries are all they need.
+fn crowdsec() -> anyhow::Result<()> {
+    let dir = Path::new(CROWDSEC_ROOT);
+    let root = dir.join("root");
+    if ["crowdsec", "cscli"].iter().all(|b| root.join("usr/bin").join(b).is_file()) {
+        eprintln!("setup: crowdsec present in {}", root.display());
+        return Ok(());
+    }
+    if !is_root() {
+        bail!("crowdsec is not extracted in {}: run `sudo cargo xtask setup`", root.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    // The .deb is kept: extracting again (an interrupted run) needs no network.
+    let deb = match debs_in(dir)?.pop() {
+        Some(deb) => deb,
+        None => {
+            // As root into a root-owned directory: apt's _apt sandbox could not write there (it
+            // warns, then downloads unsandboxed anyway).
+            let download = || {
+                exec(
+                    Command::new("apt-get")
+                        .args(["-o", "APT::Sandbox::User=root", "download", "crowdsec"])
+                        .current_dir(dir),
+                )
+            };
+            if download().is_err() {
+                // A fresh machine has no package lists yet.
+                exec(Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"))?;
+                download()?;
+            }
+            debs_in(dir)?
+                .pop()
+                .with_context(|| format!("`apt-get download crowdsec` left no .deb in {}", dir.display()))?
+        }
+    };
+    // Extracted beside, then renamed: an interrupted extraction is never taken for a complete one.
+    let partial = dir.join("root.partial");
+    let _ = std::fs::remove_dir_all(&partial);
+    let _ = std::fs::remove_dir_all(&root);
+    exec(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&partial))?;
+    std::fs::rename(&partial, &root)
+        .with_context(|| format!("renaming {} to {}", partial.display(), root.display()))?;
+    eprintln!("setup: extracted {} into {}", deb.display(), root.display());
+    Ok(())
+}
+
+/// The crowdsec .deb files in `dir`, sorted by name (the last the newest version, as a rule).
+fn debs_in(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut debs = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry.with_context(|| format!("reading {}", dir.display()))?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name.starts_with("crowdsec_") && name.ends_with(".deb") {
+            debs.push(path);
+        }
+    }
+    debs.sort();
+    Ok(debs)
 }
 
 fn bpffs() -> anyhow::Result<()> {

@@ -93,6 +93,16 @@ pub(crate) enum Command {
     /// Check config files without a daemon.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// A CrowdSec bouncer: ban in the deny list what CrowdSec's local API decides, each for its
+    /// decision's duration.
+    ///
+    /// Runs until stopped, polling the LAPI's decision stream every --interval: a ban on an
+    /// address or a range (scope Ip or Range) becomes an expiring deny entry of origin crowdsec,
+    /// a deleted decision removes it; other decisions (captcha, a country) are skipped and
+    /// counted in the log. A LAPI that is down or answers garbage changes nothing: the bans
+    /// applied stay (each until its time) and it is retried with backoff, 1 s doubling to 30 s,
+    /// then read in full again. A daemon that is down gets the pending bans when it is back.
+    Crowdsec(CrowdsecArgs),
     /// Take the limiter off an interface: unpin its program and maps, with all its state.
     ///
     /// The one step that removes the limiter: stopping or restarting the daemon leaves the
@@ -218,6 +228,32 @@ pub(crate) struct DaemonArgs {
     /// filters them (default info). Under systemd each line carries its syslog priority.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = super::logs::LogFormat::Text)]
     pub log_format: super::logs::LogFormat,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CrowdsecArgs {
+    /// The local API's address (plain HTTP), e.g. http://127.0.0.1:8080.
+    #[arg(long, value_name = "URL", value_hint = ValueHint::Url)]
+    pub lapi: String,
+    /// A file holding the bouncer's API key, one line (`cscli bouncers add NAME -o raw`).
+    #[arg(long, value_name = "FILE", value_hint = ValueHint::FilePath)]
+    pub key_file: PathBuf,
+    /// How often to poll the decision stream (e.g. 1s, 500ms, 10s).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_poll)]
+    pub interval: Duration,
+    /// Log lines on stdout as text, or one JSON object per line. RUST_LOG filters them.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = super::logs::LogFormat::Text)]
+    pub log_format: super::logs::LogFormat,
+}
+
+/// A poll interval: 100 ms to 1 h.
+fn parse_poll(s: &str) -> Result<Duration, String> {
+    let err = || format!("invalid interval '{s}': expected a duration from 100ms to 1h, such as 1s or 10s");
+    let d = humantime::parse_duration(s).map_err(|_| err())?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+        return Err(err());
+    }
+    Ok(d)
 }
 
 /// Where the metrics endpoint listens, if anywhere.

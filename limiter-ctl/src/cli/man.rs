@@ -58,6 +58,8 @@ enum Page {
     ConfigCheck,
     Detach,
     Completions,
+    /// The CrowdSec bouncer: runs until stopped.
+    Crowdsec,
 }
 
 impl Page {
@@ -69,6 +71,7 @@ impl Page {
             ["config", ..] => Page::ConfigCheck,
             ["detach", ..] => Page::Detach,
             ["completions", ..] => Page::Completions,
+            ["crowdsec", ..] => Page::Crowdsec,
             ["policy" | "allow" | "deny"] | ["policy", "set" | "rm"] | ["allow" | "deny", "add" | "rm"] => {
                 Page::Client { edits: true }
             }
@@ -160,13 +163,19 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
             bad_args.into(),
         ),
         Page::Completions => ("the script was printed".into(), String::new(), bad_args.into()),
+        // It never gives up: a LAPI or a daemon that is down is retried, the bans applied kept.
+        Page::Crowdsec => (
+            "stopped by SIGTERM or SIGINT; the bans it applied stay in the daemon, each until its time".into(),
+            String::new(),
+            format!("{bad_args}: --lapi is not a plain-HTTP URL, or --key-file cannot be read or is not one line"),
+        ),
     };
     [("0", ok), ("1", failed), ("2", bad)].into_iter().filter(|(_, text)| !text.is_empty()).collect()
 }
 
 fn environment(page: Page) -> Vec<(&'static str, String)> {
     let mut env = Vec::new();
-    if matches!(page, Page::Top | Page::Daemon | Page::Client { .. } | Page::Reload) {
+    if matches!(page, Page::Top | Page::Daemon | Page::Client { .. } | Page::Reload | Page::Crowdsec) {
         env.push((
             "LIMITER_SOCKET",
             format!(
@@ -174,6 +183,12 @@ fn environment(page: Page) -> Vec<(&'static str, String)> {
                  that systemctl reload reaches the daemon they started.",
                 ipc::DEFAULT_SOCKET
             ),
+        ));
+    }
+    if page == Page::Crowdsec {
+        env.push((
+            "RUST_LOG",
+            "Which log lines the bouncer writes: a level (error, warn, info, debug, trace). Default: info.".into(),
         ));
     }
     if matches!(page, Page::Top | Page::Daemon) {
@@ -239,6 +254,7 @@ fn files(page: Page) -> Vec<(&'static str, String)> {
             files.push((config.0, "The file the daemon re-reads (its --config).".into()));
         }
         Page::Detach => files.push((pins.0, pins.1.into())),
+        Page::Crowdsec => files.push(socket),
         Page::ConfigCheck | Page::Completions => {}
     }
     files

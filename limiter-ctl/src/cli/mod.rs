@@ -10,6 +10,7 @@
 mod args;
 mod client;
 mod completions;
+mod crowdsec;
 mod escape;
 mod logs;
 mod man;
@@ -17,7 +18,7 @@ mod show;
 
 use std::{io::Write as _, path::PathBuf, process::ExitCode};
 
-use args::{Cli, Command, ConfigCommand, ListCommand, PolicyCommand, SaltCommand};
+use args::{Cli, Command, ConfigCommand, CrowdsecArgs, ListCommand, PolicyCommand, SaltCommand};
 use clap::Parser as _;
 use client::ClientError;
 
@@ -184,6 +185,7 @@ pub(crate) fn main() -> Run {
             ))
         }),
         Command::Attach { hook, before, after } => attach_command(&cli.socket, hook, before, after),
+        Command::Crowdsec(args) => crowdsec_command(cli.socket, args),
         Command::Config(ConfigCommand::Check { file, iface }) => match config_check(&file, iface.as_deref()) {
             Ok((summary, notes, warnings)) => {
                 println!("{}", escape::controls(&summary, false));
@@ -259,6 +261,19 @@ fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<(String, 
     }
     let notes = config::unversioned(&text).map(|names| config::unversioned_note(path, &names)).into_iter().collect();
     Ok((summary, notes, state.warnings()))
+}
+
+/// `crowdsec`: the bouncer, polling until the process is stopped; exit 2 at once if the URL or
+/// the key file cannot be used.
+fn crowdsec_command(socket: PathBuf, args: CrowdsecArgs) -> ExitCode {
+    let setup = crowdsec::stream_url(&args.lapi).and_then(|url| Ok((url, crowdsec::read_key(&args.key_file)?)));
+    let (url, key) = match setup {
+        Ok(both) => both,
+        Err(e) => return fail(&Error::Usage(e.to_string())),
+    };
+    logs::init(args.log_format);
+    let lapi = crowdsec::Lapi::new(url, key);
+    crowdsec::run(&lapi, &mut crowdsec::DaemonSink { socket }, args.interval)
 }
 
 /// `attach HOOK`: the daemon moves the program there without a gap, or says it is there.

@@ -108,6 +108,12 @@ pub const TARGETS: &[Target] = &[
     root("metrics", &[Kernel]),
     root("flood_cost", &[Kernel]),
     root("local_user", &[Kernel, Python]),
+    root("fail2ban", &[Kernel, Fail2ban]),
+    Target {
+        name: "crowdsec",
+        needs: &[Kernel, CrowdSec],
+        offline: Offline::Some { tests: &["bad_arguments_exit_2_with_one_line"], needs: &[] },
+    },
     Target { name: "logs", needs: &[], offline: Offline::All },
     Target {
         name: "completions",
