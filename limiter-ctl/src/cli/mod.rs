@@ -450,7 +450,9 @@ fn remove(
     }
     let removed: std::collections::HashSet<ipnet::IpNet> =
         client::ban_rm(socket, list, by, nets).map_err(ban_error)?.into_iter().collect();
-    for net in nets.iter().filter(|n| !removed.contains(n) && listed.contains(n)) {
+    // A permanent entry (the config file's) is removed only without `--origin`: an origin's unban
+    // (fail2ban's, after its ban already expired) must not take the operator's own entry.
+    for net in nets.iter().filter(|n| origin.is_none() && !removed.contains(n) && listed.contains(n)) {
         match client::call(socket, &Request::ListRm { list, cidr: *net }).map_err(Error::Client)? {
             Response::Ok { data } => {
                 changed(data);
