@@ -222,12 +222,13 @@ fn a_ban_survives_a_restart_with_its_time_left() {
     assert_eq!(kernel_bans(&rig, false), 0);
     // An origin's removal never takes the operator's permanent entry of the same network
     // (fail2ban unbanning after its ban already expired); a plain `rm` does.
-    rig.ctl_ok(&["deny", "add", BANNED]);
+    let permanent = format!("{BANNED}/32");
+    rig.ctl_ok(&["deny", "add", &permanent]);
     rig.ctl_ok(&["deny", "rm", BANNED, "--origin", "fail2ban"]);
     let kept = deny_list(&rig);
     assert_eq!(kept.len(), 1, "{kept:?}");
     assert_eq!(kept[0]["origin"].as_str(), Some("config"), "{kept:?}");
-    rig.ctl_ok(&["deny", "rm", BANNED]);
+    rig.ctl_ok(&["deny", "rm", &permanent]);
     assert!(deny_list(&rig).is_empty());
     rig.daemon.interrupt(SIGNAL_TIMEOUT).expect("stopping");
 }
