@@ -374,6 +374,74 @@ fn host_and_cpu_scope_policies_coexist_in_one_config() {
     check(&[("quota", "cpu"), ("web", "host")], [1, 1], "quota set to cpu");
 }
 
+/// One key flat out on two CPUs at once: BPF_PROG_TEST_RUN with repeats on each CPU, the program
+/// run back to back, so every admission races the other CPU's for the same rows (a try takes
+/// tens of nanoseconds; one packet per syscall, as above, races far less often). At 10^6/s both
+/// CPUs come to each admission within nanoseconds of each other, their memo's standing refusals
+/// ending together. At each host row count: the two CPUs together get at most ONE bound over the
+/// time (a plain write in place of an exchange lets both admit on one reading), at least 90% of
+/// it (lost races must not become refusals), and every run is judged, none by fault.
+#[test]
+fn one_key_flat_out_on_two_cpus_keeps_to_one_bound() {
+    require_root!();
+    let Some(cpus) = two_cpus_for("one_key_flat_out_on_two_cpus_keeps_to_one_bound") else { return };
+    for host_rows in HOST_ROWS {
+        flat_out_on_two_cpus(cpus, host_rows);
+    }
+}
+
+fn flat_out_on_two_cpus(cpus: [usize; 2], host_rows: u32) {
+    const RUN: Duration = Duration::from_millis(700);
+    const RUNS_PER_CALL: u32 = 20_000;
+    // Tolerance 20 ms: longer than a tick, so the tick refusal's late end slips no admission.
+    let (limiter, gcra) = load("1000000/s", 20_000, host_rows).expect("loading the limiter");
+    let udp = test_run_spec().frame_of(L4::Udp, SRC.into()).expect("UDP frame");
+    let barrier = std::sync::Barrier::new(2);
+    let start = Instant::now();
+    let runs: Vec<u64> = thread::scope(|s| {
+        let threads: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                let (limiter, udp, barrier) = (&limiter, &udp, &barrier);
+                s.spawn(move || {
+                    pin_current_thread(cpu).expect("pinning the test thread");
+                    barrier.wait();
+                    let began = Instant::now();
+                    let mut runs = 0u64;
+                    // Bounded by time; each call by its repeats.
+                    while began.elapsed() < RUN {
+                        limiter.test_run_repeat(udp, RUNS_PER_CALL).expect("test run");
+                        runs += u64::from(RUNS_PER_CALL);
+                    }
+                    runs
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("test-run thread")).collect()
+    });
+    let elapsed = start.elapsed();
+    let counters = limiter.counters_per_cpu(HOST).expect("counters");
+    let admitted: Vec<u64> = cpus.iter().map(|&c| counters[c].admitted_packets).collect();
+    let total: u64 = admitted.iter().sum();
+    let judged: u64 = counters.iter().map(|c| c.admitted_packets + c.refused_packets).sum();
+    let errors: u64 = limiter.counters_per_cpu(0).expect("counters").iter().map(|c| c.errors).sum();
+    eprintln!(
+        "host rows {host_rows}: {runs:?} runs on CPUs {cpus:?} in {elapsed:?}; admitted {admitted:?} = {total}, \
+         judged {judged}, faults {errors}"
+    );
+    check_upper_over(&format!("{host_rows} host rows, both CPUs"), total, &gcra, 1, elapsed);
+    // All of the bound, or all that was offered on a machine too slow to offer it.
+    let least = gcra.bound(limiter_tests::bounds::nanos(RUN)).min(runs.iter().sum());
+    assert!(
+        total * 10 >= least * 9,
+        "{host_rows} host rows: admitted {total} < 90% of {least} over {RUN:?} of two CPUs offering {runs:?}: lost \
+         races became refusals"
+    );
+    assert!(admitted.iter().all(|&a| a > 0), "{host_rows} host rows: a CPU admitted nothing: {admitted:?}");
+    assert_eq!(judged, runs.iter().sum::<u64>(), "{host_rows} host rows: every run judged under the policy");
+    assert_eq!(errors, 0, "{host_rows} host rows: the limiter's own faults");
+}
+
 /// Keys sharing host rows, judged on two CPUs at once (BPF_PROG_TEST_RUN on each CPU in step, the
 /// same key at the same moment, so admissions race for the same rows): count-min over the
 /// compare-and-exchange protocol (`program::host_rows`) never lets a key over its own bound over

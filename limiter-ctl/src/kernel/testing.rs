@@ -132,6 +132,14 @@ impl Limiter {
         Ok(self.program()?.test_run(opts).map_err(Error::TestRun)?.return_value)
     }
 
+    /// Runs the program `repeat` times back to back on `frame` in one BPF_PROG_TEST_RUN (on the
+    /// calling CPU) and returns the last run's XDP action: what each run decided is in the
+    /// policy's counters.
+    pub fn test_run_repeat(&self, frame: &[u8], repeat: u32) -> Result<u32, Error> {
+        let opts = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::default() };
+        Ok(self.program()?.test_run(opts).map_err(Error::TestRun)?.return_value)
+    }
+
     /// The tc program `name` of the object.
     pub fn classifier_named(&self, name: &'static str) -> Result<&SchedClassifier, Error> {
         self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?.try_into().map_err(Error::Verify)

@@ -40,24 +40,28 @@ impl Shortcuts for AtLoad {
 }
 
 #[xdp]
+#[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
     program::limiter::<AtLoad, _>(&ctx)
 }
 
 /// The layered judgement (`program::layers`), reached from `limiter` by tail call.
 #[xdp]
+#[inline(always)]
 pub fn limiter_layers(ctx: XdpContext) -> u32 {
     program::limiter_layers(&ctx)
 }
 
 /// `limiter` at tc ingress (tcx).
 #[classifier]
+#[inline(always)]
 pub fn limiter_tcx(ctx: TcContext) -> i32 {
     program::limiter_tcx::<AtLoad>(&ctx)
 }
 
 /// `limiter_layers` at tc ingress, reached from `limiter_tcx` by tail call.
 #[classifier]
+#[inline(always)]
 pub fn limiter_lay_tcx(ctx: TcContext) -> i32 {
     program::tc_action(program::limiter_layers(&ctx))
 }

@@ -52,7 +52,10 @@ pub struct HostRows {
     /// Each row's bucket: current generation, and the previous one's (read during a rotation).
     idx: [u32; ROWS],
     old_idx: [u32; ROWS],
-    policy: u32,
+    policy: u16,
+    /// `values` and `now` hold a reading the next try judges instead of reading again: the
+    /// inline try's ([`admit_at_once`]) that did not admit and wrote nothing.
+    preread: u8,
     family: u8,
     /// Write on admission (else a layer's look: judged, nothing written).
     commit: u8,
@@ -60,6 +63,7 @@ pub struct HostRows {
     remember: u8,
     /// `old_idx` holds the previous generation's buckets.
     rotating: u8,
+    _pad: u8,
 }
 
 // docs/DESIGN.md's map table gives its size.
@@ -87,10 +91,86 @@ pub fn alone<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u
         }
     }
     let units = limiter_ebpf::decide::weight(policy, frame_len);
-    if !stage(cfg, policy, family, words, hash, units, frame_len, true, memo.is_some()) {
+    let at_once = admit_at_once(cfg, policy, hash, units);
+    if let AtOnce::Admitted = at_once {
+        if let Some(m) = memo {
+            // What `memo::remember` records for an admission: no refusal stands.
+            m.refused_until_ns = 0;
+        }
+        return act::act(cfg, family, policy, words, Verdict::Admit, frame_len);
+    }
+    let Some(s) = stage(cfg, policy, family, words, hash, units, frame_len, true, memo.is_some()) else {
         return act::fault();
+    };
+    if let AtOnce::Read(v0, v1, now_ns) = at_once {
+        s.values[0] = v0;
+        s.values[1] = v1;
+        s.now = now_ns;
+        s.preread = 1;
     }
     settle()
+}
+
+/// What the inline try came to.
+enum AtOnce {
+    Admitted,
+    /// Not admitted, nothing written: its reading of the rows and the clock (ns), which the
+    /// first try out of line judges (a refusal costs one reading).
+    Read(u64, u64, u64),
+    /// A lookup failed or an exchange was lost: out of line, reading again.
+    Again,
+}
+
+/// The common admission, inline: one try of [`attempt`]'s (both rows read, then the clock;
+/// both exchanged) that admits. Anything else (a refusal, a TAT beyond the window, a rotation, a
+/// lost exchange) returns false having written at most row 0, as a lost try of `attempt` does,
+/// and the judgement goes out of line ([`settle`]), reading again. Inline, because each call out
+/// and back costs several nanoseconds here (the return thunk of the CPU's mitigations), which
+/// is most of what an admission costs beyond the floor.
+#[inline(always)]
+fn admit_at_once(cfg: &Config, policy: &Policy, hash: u64, units: u64) -> AtOnce {
+    let len = row_len(cfg);
+    let base = ((cfg.generation & 1) as u32) * cfg.host_mask.wrapping_add(1);
+    let (Some(b0), Some(b1)) = (
+        HOST_BUCKETS.get_ptr_mut(base + row_index(hash, 0, len)),
+        HOST_BUCKETS.get_ptr_mut(base + row_index(hash, 1, len)),
+    ) else {
+        return AtOnce::Again;
+    };
+    // SAFETY: map values of 8 aligned bytes, valid for the program's run.
+    let (v0, v1) = unsafe { (scope::load(b0), scope::load(b1)) };
+    let now_ns = unsafe { bpf_ktime_get_ns() };
+    let now = now_ns.wrapping_shl(CLOCK_SHIFT);
+    let (a0, a1) = (ahead_units(v0, now), ahead_units(v1, now));
+    let capacity = policy.gcra.capacity;
+    if now_ns < cfg.grace_until_ns || a0 > capacity || a1 > capacity {
+        return AtOnce::Read(v0, v1, now_ns);
+    }
+    let Some([n0, n1]) = raised(policy, units, now, [v0, v1], [a0, a1]) else {
+        return AtOnce::Read(v0, v1, now_ns);
+    };
+    // SAFETY: as above.
+    if unsafe { scope::compare_exchange(b0, v0, n0).is_ok() && scope::compare_exchange(b1, v1, n1).is_ok() } {
+        AtOnce::Admitted
+    } else {
+        AtOnce::Again
+    }
+}
+
+/// The judgement of one try over both rows' values `v` and their credible distances ahead `a`
+/// at `now` (clock units): the rows' new values on an admission (the new TAT where it raises a
+/// row, else the value read + `TICK`, so every write changes its row), None on a refusal.
+#[inline(always)]
+fn raised(policy: &Policy, units: u64, now: u64, v: [u64; ROWS], a: [u64; ROWS]) -> Option<[u64; ROWS]> {
+    let least = if a[0] < a[1] { a[0] } else { a[1] };
+    let next = least.saturating_add(policy.gcra.cost(units));
+    if next > policy.gcra.capacity {
+        return None;
+    }
+    // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
+    let value = now.wrapping_add(next) | u64::from(policy.id as u8);
+    let raise = |i: usize| if a[i] < next && value != v[i] { value } else { v[i].wrapping_add(TICK) };
+    Some([raise(0), raise(1)])
 }
 
 /// A host-scope layer's look (`commit` false) or commit, or an aggregate's lease reservation,
@@ -105,9 +185,7 @@ pub fn judge(
     units: u64,
     commit: bool,
 ) -> Option<Verdict> {
-    if !stage(cfg, policy, family, words, hash, units, 0, commit, false) {
-        return None;
-    }
+    stage(cfg, policy, family, words, hash, units, 0, commit, false)?;
     match judged() {
         ADMIT => Some(Verdict::Admit),
         REFUSE => Some(Verdict::Refuse),
@@ -118,7 +196,8 @@ pub fn judge(
     }
 }
 
-/// Writes the judgement's inputs into this CPU's scratch. False when it cannot be had.
+/// Writes the judgement's inputs into this CPU's scratch, and returns it. None when it cannot
+/// be had.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn stage(
@@ -131,9 +210,9 @@ fn stage(
     frame_len: u64,
     commit: bool,
     remember: bool,
-) -> bool {
+) -> Option<&'static mut HostRows> {
     let Some(s) = HOST_ROWS.get_ptr_mut(0) else {
-        return false;
+        return None;
     };
     // SAFETY: a map value, valid for the program's run; only this CPU touches it.
     let s = unsafe { &mut *s };
@@ -141,7 +220,8 @@ fn stage(
     s.hash = hash;
     s.units = units;
     s.frame_len = frame_len;
-    s.policy = u32::from(policy.id);
+    s.policy = policy.id;
+    s.preread = 0;
     s.family = family;
     s.commit = u8::from(commit);
     s.remember = u8::from(remember);
@@ -151,7 +231,7 @@ fn stage(
     s.idx[0] = base + row_index(hash, 0, len);
     s.idx[1] = base + row_index(hash, 1, len);
     s.rotating = 0;
-    true
+    Some(s)
 }
 
 /// [`alone`]'s judgement, then its memo and count ([`finish`]), out of line: the program returns
@@ -172,7 +252,7 @@ fn finish(code: u64) -> u32 {
     };
     // SAFETY: as in `stage`.
     let s = unsafe { &mut *s };
-    let Some(policy) = POLICIES.get(s.policy) else {
+    let Some(policy) = POLICIES.get(u32::from(s.policy)) else {
         return act::fault();
     };
     let verdict = match code {
@@ -249,20 +329,28 @@ fn attempt() -> u64 {
     };
     // SAFETY: as in `stage`.
     let s = unsafe { &mut *s };
-    let Some(policy) = POLICIES.get(s.policy) else {
+    let Some(policy) = POLICIES.get(u32::from(s.policy)) else {
         return FAILED;
     };
     let (Some(b0), Some(b1)) = (HOST_BUCKETS.get_ptr_mut(s.idx[0]), HOST_BUCKETS.get_ptr_mut(s.idx[1])) else {
         return FAILED;
     };
-    // SAFETY: map values of 8 aligned bytes, valid for the program's run.
-    let (v0, v1) = unsafe { (scope::load(b0), scope::load(b1)) };
-    s.values[0] = v0;
-    s.values[1] = v1;
-    // The clock after the rows, on every try: a TAT another CPU wrote was written at an earlier
-    // time than this one, so no CPU judges a newer TAT with an older clock (a ghost, idle).
-    let now_ns = unsafe { bpf_ktime_get_ns() };
-    s.now = now_ns;
+    let (v0, v1, now_ns) = if s.preread != 0 {
+        // The inline try's reading, taken in this order too.
+        s.preread = 0;
+        (s.values[0], s.values[1], s.now)
+    } else {
+        // SAFETY: map values of 8 aligned bytes, valid for the program's run.
+        let (v0, v1) = unsafe { (scope::load(b0), scope::load(b1)) };
+        s.values[0] = v0;
+        s.values[1] = v1;
+        // The clock after the rows, on every try: a TAT another CPU wrote was written at an
+        // earlier time than this one, so no CPU judges a newer TAT with an older clock (a
+        // ghost, idle).
+        let now_ns = unsafe { bpf_ktime_get_ns() };
+        s.now = now_ns;
+        (v0, v1, now_ns)
+    };
     if s.rotating == 0 && CONFIG.get(0).is_some_and(|cfg| now_ns < cfg.grace_until_ns) {
         locate_previous();
     }
@@ -277,22 +365,16 @@ fn attempt() -> u64 {
         // SAFETY: this CPU's scratch, just written by `ahead_of`.
         (a0, a1) = unsafe { (core::ptr::read_volatile(&s.ahead[0]), core::ptr::read_volatile(&s.ahead[1])) };
     }
-    let least = if a0 < a1 { a0 } else { a1 };
-    let next = least.saturating_add(policy.gcra.cost(s.units));
-    if next > capacity {
+    let Some([n0, n1]) = raised(policy, s.units, now, [v0, v1], [a0, a1]) else {
         return if policy.flags & Policy::DRY_RUN != 0 { WOULD_REFUSE } else { REFUSE };
-    }
+    };
     if s.commit == 0 {
         return ADMIT;
     }
-    // Policy ids are below MAX_POLICIES (256): they fit a bucket's owner byte.
-    let value = now_ns.wrapping_shl(CLOCK_SHIFT).wrapping_add(next) | u64::from(policy.id as u8);
-    let n0 = if a0 < next && value != v0 { value } else { v0.wrapping_add(TICK) };
     // SAFETY: as above.
     if unsafe { scope::compare_exchange(b0, v0, n0) }.is_err() {
         return LOST;
     }
-    let n1 = if a1 < next && value != v1 { value } else { v1.wrapping_add(TICK) };
     // SAFETY: as above.
     if unsafe { scope::compare_exchange(b1, v1, n1) }.is_err() {
         return LOST;
@@ -311,7 +393,7 @@ fn ahead_of(row: u64) {
     };
     // SAFETY: as in `stage`.
     let s = unsafe { &mut *s };
-    let Some(policy) = POLICIES.get(s.policy) else {
+    let Some(policy) = POLICIES.get(u32::from(s.policy)) else {
         return;
     };
     let i = (row & 1) as usize;
