@@ -65,6 +65,28 @@ fn two_cpus_for(test: &str) -> Option<[usize; 2]> {
     cpus
 }
 
+/// Runs `work` on each of `cpus` at once (a thread pinned to each, released together): what each
+/// returned, in the order of `cpus`, and the time from before the release to the last end.
+fn on_two_cpus_at_once<T: Send>(cpus: [usize; 2], work: impl Fn() -> T + Sync) -> (Vec<T>, Duration) {
+    let barrier = std::sync::Barrier::new(2);
+    let start = Instant::now();
+    let results = thread::scope(|s| {
+        let threads: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                let (work, barrier) = (&work, &barrier);
+                s.spawn(move || {
+                    pin_current_thread(cpu).expect("pinning the test thread");
+                    barrier.wait();
+                    work()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("test thread")).collect()
+    });
+    (results, start.elapsed())
+}
+
 /// The host-scope array's row counts: one, and the default two (`program::host_rows`: another
 /// judgement, with its own compare-and-exchange protocol).
 const HOST_ROWS: [u32; 2] = [1, 2];
@@ -396,30 +418,16 @@ fn flat_out_on_two_cpus(cpus: [usize; 2], host_rows: u32) {
     // Tolerance 20 ms: longer than a tick, so the tick refusal's late end slips no admission.
     let (limiter, gcra) = load("1000000/s", 20_000, host_rows).expect("loading the limiter");
     let udp = test_run_spec().frame_of(L4::Udp, SRC.into()).expect("UDP frame");
-    let barrier = std::sync::Barrier::new(2);
-    let start = Instant::now();
-    let runs: Vec<u64> = thread::scope(|s| {
-        let threads: Vec<_> = cpus
-            .iter()
-            .map(|&cpu| {
-                let (limiter, udp, barrier) = (&limiter, &udp, &barrier);
-                s.spawn(move || {
-                    pin_current_thread(cpu).expect("pinning the test thread");
-                    barrier.wait();
-                    let began = Instant::now();
-                    let mut runs = 0u64;
-                    // Bounded by time; each call by its repeats.
-                    while began.elapsed() < RUN {
-                        limiter.test_run_repeat(udp, RUNS_PER_CALL).expect("test run");
-                        runs += u64::from(RUNS_PER_CALL);
-                    }
-                    runs
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().expect("test-run thread")).collect()
+    let (runs, elapsed) = on_two_cpus_at_once(cpus, || {
+        let began = Instant::now();
+        let mut runs = 0u64;
+        // Bounded by time; each call by its repeats.
+        while began.elapsed() < RUN {
+            limiter.test_run_repeat(&udp, RUNS_PER_CALL).expect("test run");
+            runs += u64::from(RUNS_PER_CALL);
+        }
+        runs
     });
-    let elapsed = start.elapsed();
     let counters = limiter.counters_per_cpu(HOST).expect("counters");
     let admitted: Vec<u64> = cpus.iter().map(|&c| counters[c].admitted_packets).collect();
     let total: u64 = admitted.iter().sum();
@@ -475,35 +483,21 @@ fn keys_sharing_host_rows_on_two_cpus_each_keep_to_their_bound() {
     let alone: Vec<bool> = (0..rows.len())
         .map(|k| (0..2).any(|r| rows.iter().enumerate().all(|(j, other)| j == k || other[r] != rows[k][r])))
         .collect();
-    let barrier = std::sync::Barrier::new(2);
-    let start = Instant::now();
-    let counts: Vec<(Vec<u64>, u64)> = thread::scope(|s| {
-        let threads: Vec<_> = cpus
-            .iter()
-            .map(|&cpu| {
-                let (limiter, frames, barrier) = (&limiter, &frames, &barrier);
-                s.spawn(move || {
-                    pin_current_thread(cpu).expect("pinning the test thread");
-                    barrier.wait();
-                    let began = Instant::now();
-                    let (mut admitted, mut runs) = (vec![0u64; frames.len()], 0u64);
-                    // Bounded by time and runs; a round is one packet of each key, in the same
-                    // order on both CPUs.
-                    while began.elapsed() < RACE_TIME && runs < 4_000_000 {
-                        for (k, frame) in frames.iter().enumerate() {
-                            if limiter.test_run(frame).expect("test run") == XDP_PASS {
-                                admitted[k] += 1;
-                            }
-                        }
-                        runs += frames.len() as u64;
-                    }
-                    (admitted, runs)
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().expect("test-run thread")).collect()
+    let (counts, elapsed) = on_two_cpus_at_once(cpus, || {
+        let began = Instant::now();
+        let (mut admitted, mut runs) = (vec![0u64; frames.len()], 0u64);
+        // Bounded by time and runs; a round is one packet of each key, in the same order on
+        // both CPUs.
+        while began.elapsed() < RACE_TIME && runs < 4_000_000 {
+            for (k, frame) in frames.iter().enumerate() {
+                if limiter.test_run(frame).expect("test run") == XDP_PASS {
+                    admitted[k] += 1;
+                }
+            }
+            runs += frames.len() as u64;
+        }
+        (admitted, runs)
     });
-    let elapsed = start.elapsed();
     let bound = host.gcra.bound(u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX));
     let totals: Vec<u64> = (0..frames.len()).map(|k| counts[0].0[k] + counts[1].0[k]).collect();
     eprintln!(
