@@ -29,9 +29,8 @@ use limiter_ctl::{
     config::{PolicyDef, State},
 };
 use limiter_tests::{
-    flood::FrameSpec,
     kernel_programs::{XDP_DROP, XDP_PASS},
-    netns,
+    microbench::{self, median},
 };
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
 
@@ -57,12 +56,6 @@ fn args() -> anyhow::Result<(Option<String>, usize)> {
     Ok((out, rounds))
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// Kernel-measured nanoseconds per run.
 fn run_timed(limiter: &Limiter, frame: &[u8], repeat: u32) -> anyhow::Result<f64> {
     let opts = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::default() };
@@ -82,20 +75,12 @@ fn main() -> anyhow::Result<()> {
     }
     limiter_tests::cpu::pin_current_thread(0).context("pinning to CPU 0")?;
     let mut rng = StdRng::seed_from_u64(0x62616e);
-    let spec = FrameSpec {
-        src_mac: netns::SENDER_MAC,
-        dst_mac: netns::RECEIVER_MAC,
-        dst: IpAddr::V4(netns::RECEIVER_V4),
-        sport: 40_000,
-        dport: 53,
-        payload: 64,
-    };
+    let spec = microbench::udp_spec();
     // Unbanned traffic: 2^17 sources of 198.18.0.0/15 in random order.
-    let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
-    let mut offsets: Vec<u32> = (0..SOURCES as u32).collect();
-    offsets.shuffle(&mut rng);
-    let clean =
-        offsets.iter().map(|o| spec.frame(IpAddr::V4(Ipv4Addr::from(base + o)))).collect::<anyhow::Result<Vec<_>>>()?;
+    let clean = microbench::shuffled_sources(0x62616e, SOURCES)
+        .into_iter()
+        .map(|src| spec.frame(IpAddr::V4(src)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut table = String::new();
     writeln!(
         table,

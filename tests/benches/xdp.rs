@@ -28,11 +28,7 @@
 //! (`--only`: just the rows whose name contains one of the parts, with the two baselines, and
 //! none of the rows compared against another).
 
-use std::{
-    fmt::Write as _,
-    net::{IpAddr, Ipv4Addr},
-    time::Instant,
-};
+use std::{fmt::Write as _, net::IpAddr, time::Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use aya::{
@@ -50,6 +46,7 @@ use limiter_tests::{
     flood::FrameSpec,
     frames::{Segment, V4, ethernet, tcp_segment},
     kernel_programs::{XDP_DROP, XDP_PASS},
+    microbench::{self, median},
     netns,
 };
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
@@ -561,12 +558,6 @@ struct Sample {
     random: Vec<f64>,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// ns/packet of the admit path as bucket count and distinct sources grow: each cell cycles
 /// through its sources (IPv6, one /64 each), one test run per packet, 2^20 packets.
 fn scaling(spec: &FrameSpec) -> anyhow::Result<String> {
@@ -715,27 +706,14 @@ fn main() -> anyhow::Result<()> {
     // Per-CPU state and a stable clock: stay on one CPU.
     limiter_tests::cpu::pin_current_thread(0).context("pinning to CPU 0")?;
 
-    let mut rng = StdRng::seed_from_u64(0x6c696d);
     // 2^17 distinct sources in 198.18.0.0/15, in random order.
-    let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
-    let mut offsets: Vec<u32> = (0..SOURCES as u32).collect();
-    offsets.shuffle(&mut rng);
-    let spec = FrameSpec {
-        src_mac: netns::SENDER_MAC,
-        dst_mac: netns::RECEIVER_MAC,
-        dst: IpAddr::V4(netns::RECEIVER_V4),
-        sport: 40_000,
-        dport: 53,
-        payload: 64,
-    };
-    let frames =
-        offsets.iter().map(|o| spec.frame(IpAddr::V4(Ipv4Addr::from(base + o)))).collect::<anyhow::Result<Vec<_>>>()?;
+    let sources = microbench::shuffled_sources(0x6c696d, SOURCES);
+    let spec = microbench::udp_spec();
+    let frames = sources.iter().map(|&src| spec.frame(IpAddr::V4(src))).collect::<anyhow::Result<Vec<_>>>()?;
     // The same sources' established TCP traffic: ACK segments to port 443.
     let ack = tcp_segment(spec.sport, 443, Segment::Ack);
-    let acks: Vec<Vec<u8>> = offsets
-        .iter()
-        .map(|o| ethernet(&[], EtherType::IPV4, &V4::from((base + o).to_be_bytes()).datagram(&ack)))
-        .collect();
+    let acks: Vec<Vec<u8>> =
+        sources.iter().map(|src| ethernet(&[], EtherType::IPV4, &V4::from(src.octets()).datagram(&ack))).collect();
     let traffic = |t: Traffic| if t == Traffic::TcpAcks { &acks } else { &frames };
 
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| name.contains(o.as_str()));

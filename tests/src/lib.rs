@@ -9,7 +9,7 @@
 //! TCP bulk transfers ([`transfer`]); for sharing the interface, Debian's xdp-filter holding the
 //! XDP hook ([`xdp_filter`]) and another tcx program loaded by the test ([`neighbour`]); the feeders of bans, Debian's
 //! fail2ban ([`fail2ban`]) and CrowdSec's local API ([`crowdsec`]), run as processes the test
-//! starts and stops ([`service`]).
+//! starts and stops ([`service`]); what the microbenchmarks share ([`microbench`]).
 
 pub mod bans;
 pub mod bounds;
@@ -22,6 +22,7 @@ pub mod flood;
 pub mod frames;
 pub mod kernel_programs;
 pub mod livegen;
+pub mod microbench;
 pub mod neighbour;
 pub mod netns;
 pub mod observe;
