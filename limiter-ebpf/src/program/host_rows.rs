@@ -122,11 +122,12 @@ enum AtOnce {
 }
 
 /// The common admission, inline: one try of [`attempt`]'s (both rows read, then the clock;
-/// both exchanged) that admits. Anything else (a refusal, a TAT beyond the window, a rotation, a
-/// lost exchange) returns false having written at most row 0, as a lost try of `attempt` does,
-/// and the judgement goes out of line ([`settle`]), reading again. Inline, because each call out
-/// and back costs several nanoseconds here (the return thunk of the CPU's mitigations), which
-/// is most of what an admission costs beyond the floor.
+/// both exchanged) that admits. Anything else goes out of line ([`settle`]): a refusal, a TAT
+/// beyond the window or a rotation comes back as its reading, nothing written, for the first
+/// try there to judge; a lost exchange (row 0 perhaps written, as by a lost try of `attempt`),
+/// to read again. Inline, because each call out and back costs several nanoseconds here (the
+/// return thunk of the CPU's mitigations), which was most of what an admission cost beyond the
+/// floor.
 #[inline(always)]
 fn admit_at_once(cfg: &Config, policy: &Policy, hash: u64, units: u64) -> AtOnce {
     let len = row_len(cfg);
