@@ -91,7 +91,8 @@ pub fn alone<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u
         }
     }
     let units = limiter_ebpf::decide::weight(policy, frame_len);
-    let at_once = admit_at_once(cfg, policy, hash, units);
+    let idx = buckets_of(cfg, cfg.generation, hash);
+    let at_once = admit_at_once(cfg, policy, idx, units);
     if let AtOnce::Admitted = at_once {
         if let Some(m) = memo {
             // What `memo::remember` records for an admission: no refusal stands.
@@ -99,7 +100,7 @@ pub fn alone<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u
         }
         return act::act(cfg, family, policy, words, Verdict::Admit, frame_len);
     }
-    let Some(s) = stage(cfg, policy, family, words, hash, units, frame_len, true, memo.is_some()) else {
+    let Some(s) = stage(policy, family, words, hash, idx, units, frame_len, true, memo.is_some()) else {
         return act::fault();
     };
     if let AtOnce::Read(v0, v1, now_ns) = at_once {
@@ -129,13 +130,8 @@ enum AtOnce {
 /// return thunk of the CPU's mitigations), which was most of what an admission cost beyond the
 /// floor.
 #[inline(always)]
-fn admit_at_once(cfg: &Config, policy: &Policy, hash: u64, units: u64) -> AtOnce {
-    let len = row_len(cfg);
-    let base = ((cfg.generation & 1) as u32) * cfg.host_mask.wrapping_add(1);
-    let (Some(b0), Some(b1)) = (
-        HOST_BUCKETS.get_ptr_mut(base + row_index(hash, 0, len)),
-        HOST_BUCKETS.get_ptr_mut(base + row_index(hash, 1, len)),
-    ) else {
+fn admit_at_once(cfg: &Config, policy: &Policy, idx: [u32; ROWS], units: u64) -> AtOnce {
+    let (Some(b0), Some(b1)) = (HOST_BUCKETS.get_ptr_mut(idx[0]), HOST_BUCKETS.get_ptr_mut(idx[1])) else {
         return AtOnce::Again;
     };
     // SAFETY: map values of 8 aligned bytes, valid for the program's run.
@@ -186,7 +182,7 @@ pub fn judge(
     units: u64,
     commit: bool,
 ) -> Option<Verdict> {
-    stage(cfg, policy, family, words, hash, units, 0, commit, false)?;
+    stage(policy, family, words, hash, buckets_of(cfg, cfg.generation, hash), units, 0, commit, false)?;
     match judged() {
         ADMIT => Some(Verdict::Admit),
         REFUSE => Some(Verdict::Refuse),
@@ -202,11 +198,11 @@ pub fn judge(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn stage(
-    cfg: &Config,
     policy: &Policy,
     family: u8,
     words: &[u64; 3],
     hash: u64,
+    idx: [u32; ROWS],
     units: u64,
     frame_len: u64,
     commit: bool,
@@ -226,11 +222,7 @@ fn stage(
     s.family = family;
     s.commit = u8::from(commit);
     s.remember = u8::from(remember);
-    // The key's bucket in each row (current generation).
-    let len = row_len(cfg);
-    let base = ((cfg.generation & 1) as u32) * cfg.host_mask.wrapping_add(1);
-    s.idx[0] = base + row_index(hash, 0, len);
-    s.idx[1] = base + row_index(hash, 1, len);
+    s.idx = idx;
     s.rotating = 0;
     Some(s)
 }
@@ -314,10 +306,7 @@ fn locate_previous() {
     let s = unsafe { &mut *s };
     let previous = ((cfg.generation & 1) ^ 1) as usize;
     let old_hash = key_hash(&cfg.salts[previous & 1], s.family, &s.words);
-    let len = row_len(cfg);
-    let base = (previous as u32) * cfg.host_mask.wrapping_add(1);
-    s.old_idx[0] = base + row_index(old_hash, 0, len);
-    s.old_idx[1] = base + row_index(old_hash, 1, len);
+    s.old_idx = buckets_of(cfg, previous as u32, old_hash);
     s.rotating = 1;
 }
 
@@ -415,8 +404,13 @@ fn ahead_of(row: u64) {
     unsafe { core::ptr::write_volatile(&mut s.ahead[i], ahead) };
 }
 
-/// The length of a host row: `Config::host_row_len`, or half the generation's buckets.
+/// The buckets of the key of `hash`, one in each row of `generation` (its low bit) of
+/// `HOST_BUCKETS`.
 #[inline(always)]
-fn row_len(cfg: &Config) -> u32 {
-    if cfg.host_row_len == 0 { cfg.host_mask.wrapping_add(1) >> 1 } else { cfg.host_row_len }
+fn buckets_of(cfg: &Config, generation: u32, hash: u64) -> [u32; ROWS] {
+    let buckets = cfg.host_mask.wrapping_add(1);
+    // A row is `Config::host_row_len` long, or half the generation's buckets.
+    let len = if cfg.host_row_len == 0 { buckets >> 1 } else { cfg.host_row_len };
+    let base = (generation & 1) * buckets;
+    [base + row_index(hash, 0, len), base + row_index(hash, 1, len)]
 }
