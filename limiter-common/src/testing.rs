@@ -15,6 +15,18 @@ pub struct GenConfig {
     pub _pad: u32,
 }
 
+/// The Internet checksum `hc` once the 4 bytes `old` it covers became `new` (RFC 1624 eqn. 3,
+/// HC' = ~(~HC + ~m + m'), over the two 16-bit words that changed): how the flood generator
+/// moves a frame to its next source, in the kernel program and in the packet-ring sender alike.
+#[inline]
+pub fn checksum_replacing(hc: u16, old: [u8; 4], new: [u8; 4]) -> u16 {
+    let word = |b: [u8; 4], i: usize| u32::from(u16::from_be_bytes([b[i], b[i + 1]]));
+    let mut sum = u32::from(!hc) + (!word(old, 0) & 0xffff) + (!word(old, 2) & 0xffff) + word(new, 0) + word(new, 2);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
 /// What the parser made of one frame (test-only probe program).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

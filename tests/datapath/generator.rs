@@ -1,6 +1,8 @@
-//! The live-frames flood generator (used by the demo, `limiter-flood` and the peers benchmark)
-//! sends what it says, from every source it says, with checksums the receiving kernel accepts:
-//! a generator that broke them would have the stack, not the system under test, drop the flood.
+//! The flood generator (used by the demo, `limiter-flood`, the daemon-cost tests and the peers
+//! benchmark) sends what it says, from every source it says, with checksums the receiving kernel
+//! accepts: a generator that broke them would have the stack, not the system under test, drop
+//! the flood. It runs on the sender this machine offers ([`Sender::chosen`]: live frames where
+//! the kernel allows them); `cargo xtask test` runs it again with the packet ring forced.
 
 use std::{
     collections::BTreeMap,
@@ -17,7 +19,7 @@ use limiter_tests::{
     capture::Capture,
     cpu::pin_current_thread,
     flood::L4,
-    livegen::{LiveGen, LiveSources},
+    generator::{Generator, Sender, SourceRange},
     netns::TestNet,
     require_root,
     snmp::Snmp,
@@ -57,8 +59,8 @@ fn check(l4: L4, first: IpAddr) -> anyhow::Result<()> {
     net.receiver.run(|| pass.attach(&iface, XdpMode::Driver))??;
 
     let spec = net.frames_to(first.is_ipv6(), 9);
-    let sources = LiveSources { first, count: SOURCES };
-    let generator = LiveGen::new(&spec, l4, sources)?;
+    let sources = SourceRange { first, count: SOURCES };
+    let generator = Generator::new(&spec, l4, sources)?;
     let before = Snmp::read(&net.receiver)?;
     let capture = Capture::start(&net.receiver)?;
     let sender = net.sender.iface.clone();
@@ -96,8 +98,9 @@ fn check(l4: L4, first: IpAddr) -> anyhow::Result<()> {
 }
 
 #[test]
-fn live_generator_sends_valid_frames_from_every_source() {
+fn the_generator_sends_valid_frames_from_every_source() {
     require_root!();
+    eprintln!("sender: {}", Sender::chosen().unwrap_or_else(|e| panic!("{e:#}")));
     let v4 = IpAddr::V4(Ipv4Addr::new(198, 19, 3, 1));
     let v6 = IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2));
     for (l4, first) in

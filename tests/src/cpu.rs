@@ -13,6 +13,24 @@ pub fn pin_current_thread(cpu: usize) -> nix::Result<()> {
     sched_setaffinity(Pid::from_raw(0), &set)
 }
 
+/// Pins every thread of process `pid` to the CPUs this process may use but [`flood_cpu`] (the
+/// threads it starts later inherit it from theirs). A test that measures a process's CPU time
+/// under a flood needs it: on a kernel without IRQ time accounting (this one's config), softirq
+/// work that interrupts a task is charged to that task, and the receiver's softirqs run on the
+/// flood's CPU.
+pub fn keep_off_flood_cpu(pid: i32) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let mut set = nix::sched::sched_getaffinity(Pid::from_raw(0)).context("this process's CPUs")?;
+    set.unset(flood_cpu())?;
+    anyhow::ensure!((0..CpuSet::count()).any(|c| set.is_set(c).unwrap_or(false)), "one CPU only: nowhere else to go");
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).with_context(|| format!("the threads of {pid}"))?;
+    for task in tasks {
+        let tid: i32 = task?.file_name().to_string_lossy().parse().context("a thread id")?;
+        sched_setaffinity(Pid::from_raw(tid), &set).with_context(|| format!("pinning thread {tid} of {pid}"))?;
+    }
+    Ok(())
+}
+
 /// The CPU floods are pinned to: the last one this process may use (the harness's other threads
 /// — receivers, the daemon, the CLI — are left the rest).
 pub fn flood_cpu() -> usize {

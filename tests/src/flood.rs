@@ -1,9 +1,11 @@
-//! The flood generator: crafted Ethernet/IPv4|IPv6/UDP frames to one destination MAC, from one
-//! source, from N spoofed sources of a prefix (round robin), or from every address of a prefix.
+//! Exact floods: crafted Ethernet/IPv4|IPv6/UDP frames to one destination MAC, from one source,
+//! from N spoofed sources of a prefix (round robin), or from every address of a prefix, each
+//! frame sent by one system call, so it can be paced, stopped at any frame and counted per flow.
+//! The fast floods (as fast as the machine goes, from one template) are [`crate::generator`]'s;
+//! both report a [`Report`].
 //!
 //! Frames are built up front ([`Frames`]), so the send loop does nothing but hand the next frame
-//! to a [`Transmit`]. [`PacketSocket`] (an AF_PACKET raw socket) is the one transmitter today;
-//! a PACKET_TX_RING or BPF_PROG_TEST_RUN transmitter plugs in through the same trait.
+//! to a [`Transmit`]: [`PacketSocket`] (an AF_PACKET raw socket), or a stand-in in unit tests.
 //!
 //! Floods are bounded by time first ([`Limits::timed`]): machines of one kind differ 2-4x in
 //! speed from one session to the next, so a flood bounded by a packet count would last however
@@ -382,11 +384,11 @@ impl Throttle {
     }
 }
 
-/// Appends `engine` and `report` to the file [`FLOOD_LOG_ENV`] names, if it does.
-pub fn log_flood(engine: &str, report: &Report) {
+/// Appends `report` to the file [`FLOOD_LOG_ENV`] names, if it does.
+pub fn log_flood(report: &Report) {
     use std::io::Write as _;
     let Some(path) = std::env::var_os(FLOOD_LOG_ENV) else { return };
-    let line = format!("{engine} {report}\n");
+    let line = format!("{} {report}\n", report.sender.unwrap_or("unnamed"));
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -411,6 +413,9 @@ pub struct Report {
     pub throttled: Option<f64>,
     /// The rate the flood was paced at, if it was.
     pub paced: Option<f64>,
+    /// What sent it: `socket`, or one of the generator's senders
+    /// ([`crate::generator::Sender::name`]); `None` for stand-ins in unit tests.
+    pub sender: Option<&'static str>,
 }
 
 impl Report {
@@ -446,6 +451,9 @@ impl fmt::Display for Report {
         if let Some(fraction) = self.throttled {
             write!(f, " throttled={fraction}")?;
         }
+        if let Some(sender) = self.sender {
+            write!(f, " sender={sender}")?;
+        }
         Ok(())
     }
 }
@@ -454,9 +462,9 @@ impl fmt::Display for Report {
 pub trait Transmit {
     fn transmit(&mut self, frame: &[u8]) -> io::Result<()>;
 
-    /// What the flood log ([`FLOOD_LOG_ENV`]) calls this transmitter; `None` (stand-ins in unit
-    /// tests): not logged.
-    fn engine(&self) -> Option<&'static str> {
+    /// What the flood log ([`FLOOD_LOG_ENV`]) and [`Report::sender`] call this transmitter;
+    /// `None` (stand-ins in unit tests): not logged.
+    fn sender(&self) -> Option<&'static str> {
         None
     }
 }
@@ -484,7 +492,7 @@ impl Transmit for PacketSocket {
         nix::sys::socket::send(self.fd.as_raw_fd(), frame, MsgFlags::empty()).map(drop).map_err(io::Error::from)
     }
 
-    fn engine(&self) -> Option<&'static str> {
+    fn sender(&self) -> Option<&'static str> {
         Some("socket")
     }
 }
@@ -610,8 +618,9 @@ impl Frames {
             i = if i + 1 == self.count() { 0 } else { i + 1 };
         }
         report.last = Some(Instant::now());
-        if let Some(engine) = tx.engine() {
-            log_flood(engine, &report);
+        report.sender = tx.sender();
+        if report.sender.is_some() {
+            log_flood(&report);
         }
         Ok(report)
     }

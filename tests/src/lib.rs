@@ -2,7 +2,7 @@
 //! ([`require_root!`]), CPU pinning, packet fixtures ([`frames`]), an independent reference
 //! parser ([`reference`](mod@reference)) and the kernel's programs run in-process on frames
 //! ([`kernel_programs`]), network namespaces with veth pairs ([`netns`]), the flood generators
-//! ([`flood`], [`livegen`]), a capture of what got through ([`capture`]), GCRA bounds
+//! ([`flood`], [`generator`]), a capture of what got through ([`capture`]), GCRA bounds
 //! ([`bounds`]), the real daemon run as a process with its CLI and its kernel maps ([`daemon`]),
 //! a daemon on a veth pair ready to be flooded ([`rig`]), policies as the tests set them
 //! ([`policies`]), what the daemon reports ([`observe`]: stats, /metrics via [`scrape`]), and
@@ -20,8 +20,8 @@ pub mod daemon;
 pub mod fail2ban;
 pub mod flood;
 pub mod frames;
+pub mod generator;
 pub mod kernel_programs;
-pub mod livegen;
 pub mod microbench;
 pub mod neighbour;
 pub mod netns;

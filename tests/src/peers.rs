@@ -113,6 +113,13 @@ impl System {
     pub fn netfilter(self) -> bool {
         matches!(self, Self::Hashlimit(_) | Self::Nftables(_))
     }
+
+    /// Whether its flood rows need live frames to mean what they say: an XDP program's cost
+    /// where no skb exists yet, as behind a NIC. From the packet ring, every frame is an skb
+    /// before XDP; the systems at tc ingress or in netfilter pay for one either way.
+    pub fn needs_live_frames(self) -> bool {
+        matches!(self, Self::Limiter | Self::XdpDrop)
+    }
 }
 
 /// The policy every system enforces: per IPv4 address, per IPv6 /64, on UDP port [`PORT`].

@@ -8,7 +8,7 @@
 
 use std::{fs, process::Command};
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 
 use crate::sh::{cargo, exec, output, workspace_root};
 
@@ -90,7 +90,16 @@ fn peers(args: &Args) -> anyhow::Result<()> {
     if args.no_record || args.quick {
         return Ok(());
     }
-    record("peers", "sudo -E cargo xtask bench --peers", &table)
+    // The bench's first line names the generator's sender. Live frames give the recorded
+    // comparison (an XDP program's cost before any skb, as behind a NIC); a machine that refuses
+    // them records its table in a section of its own rather than over that one.
+    let text = fs::read_to_string(&table).with_context(|| format!("reading {}", table.display()))?;
+    let section = match text.lines().next().and_then(|l| l.strip_prefix("Sender: ")) {
+        Some(s) if s.starts_with("live-frames") => "peers",
+        Some(s) if s.starts_with("packet-ring") => "peers-packet-ring",
+        _ => bail!("{}: the peers bench's table does not start with the line naming its sender", table.display()),
+    };
+    record(section, "sudo -E cargo xtask bench --peers", &table)
 }
 
 /// Puts `table` into BENCHMARKS.md between the `bench:NAME` markers, with the command, the date

@@ -13,7 +13,7 @@ use aya_ebpf::{
     maps::{Array, PerCpuArray},
     programs::XdpContext,
 };
-use limiter_common::testing::GenConfig;
+use limiter_common::testing::{GenConfig, checksum_replacing};
 
 #[map]
 static GEN_CONFIG: Array<GenConfig> = Array::with_max_entries(1, 0);
@@ -70,16 +70,12 @@ fn replace(ctx: &XdpContext, offset: u32, new: [u8; 4]) -> Option<[u8; 4]> {
     Some(old)
 }
 
-/// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'), over the two 16-bit words that changed.
+/// Updates the checksum at `offset` for the source's change (RFC 1624).
 #[inline(always)]
 fn fix_checksum(ctx: &XdpContext, offset: u32, old: [u8; 4], new: [u8; 4]) -> Option<()> {
     let p = field::<2>(ctx, offset)?;
     let hc = u16::from_be_bytes(unsafe { *p });
-    let word = |b: [u8; 4], i: usize| u32::from(u16::from_be_bytes([b[i], b[i + 1]]));
-    let mut sum = u32::from(!hc) + (!word(old, 0) & 0xffff) + (!word(old, 2) & 0xffff) + word(new, 0) + word(new, 2);
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    unsafe { *p = (!(sum as u16)).to_be_bytes() };
+    unsafe { *p = checksum_replacing(hc, old, new).to_be_bytes() };
     Some(())
 }
 

@@ -47,6 +47,9 @@ struct Args {
     /// How long to flood, in seconds.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=60))]
     seconds: u64,
+    /// The limiter-ctl to run [default: the one next to this program].
+    #[arg(long)]
+    ctl: Option<PathBuf>,
 }
 
 /// The discard port: nothing listens, the receiver's kernel just drops what gets through.
@@ -57,7 +60,11 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (ctl, flood) = (sibling("limiter-ctl")?, sibling("limiter-flood")?);
+    let ctl = match &args.ctl {
+        Some(path) => path.clone(),
+        None => sibling("limiter-ctl")?,
+    };
+    let flood = sibling("limiter-flood")?;
     catch_signals()?;
     // Sweeps namespaces of crashed runs first; dropped at the end of `main`, on success and on
     // error alike, which deletes the namespaces.
@@ -120,14 +127,17 @@ fn demo(args: &Args, net: &TestNet, ctl: &Path, flood_bin: &Path) -> anyhow::Res
     wait_until("the last stats line", Duration::from_millis(1500), || Ok(stats.last_at().is_some_and(|t| t > ended)))?;
     daemon.interrupt(Duration::from_secs(10))?;
 
-    let offered = flood_out.lines().iter().find_map(|l| field(l, "pps")).context("the flood printed no summary")?;
-    summary(args, offered, &stats.during(started, ended));
+    let line =
+        flood_out.lines().into_iter().find(|l| l.starts_with("flood ")).context("the flood printed no summary")?;
+    let offered = field(&line, "pps").context("the flood's summary has no pps")?;
+    let sender = word(&line, "sender").unwrap_or("unnamed");
+    summary(args, offered, sender, &stats.during(started, ended));
     Ok(())
 }
 
-fn summary(args: &Args, offered_pps: f64, admitted: &[f64]) {
+fn summary(args: &Args, offered_pps: f64, sender: &str, admitted: &[f64]) {
     println!();
-    println!("demo: one source offered {offered_pps:.0} packets/s for {} s", args.seconds);
+    println!("demo: one source offered {offered_pps:.0} packets/s for {} s, sent by {sender}", args.seconds);
     if admitted.is_empty() {
         println!("demo: no whole stats second fell inside the flood");
         return;
@@ -279,6 +289,11 @@ fn field(line: &str, name: &str) -> Option<f64> {
     value.parse().ok()
 }
 
+/// The word after `name=` in a line.
+fn word<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+}
+
 fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -308,7 +323,7 @@ fn catch_signals() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::field;
+    use super::{field, word};
 
     #[test]
     fn field_reads_plain_and_quoted_numbers() {
@@ -317,5 +332,7 @@ mod tests {
         assert_eq!(field(line, "refused_per_s"), Some(729_982.0));
         assert_eq!(field("flood sent=1 pps=716326.5", "pps"), Some(716_326.5));
         assert_eq!(field(line, "missing"), None);
+        assert_eq!(word("flood sent=1 pps=2 sender=packet-ring sources=1", "sender"), Some("packet-ring"));
+        assert_eq!(word("flood sent=1", "sender"), None);
     }
 }

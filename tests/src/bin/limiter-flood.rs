@@ -1,9 +1,12 @@
 //! `limiter-flood`: send a bounded UDP flood out of one interface (run it inside the sender's
 //! network namespace, e.g. `ip netns exec NS limiter-flood ...`). Prints one summary line.
 //!
-//! Two engines: `live` (default) runs the generator program through BPF_PROG_TEST_RUN live
-//! frames, about ten times faster here; it needs an XDP program on the receiving end of a veth
-//! pair (the limiter is one). `socket` sends through an AF_PACKET socket and works anywhere.
+//! Senders (`--sender`): `auto` (the default) is the flood generator's choice
+//! ([`limiter_tests::generator`]): live frames (BPF_PROG_TEST_RUN; about ten times an AF_PACKET
+//! socket here; on a veth pair the receiving end needs an XDP program, as the limiter is) where
+//! the kernel allows them, else an AF_PACKET TX ring. `live` and `ring` ask for one of those;
+//! `socket` sends each frame with a system call of its own and works anywhere. The summary line
+//! names the sender, and a line on stderr why it was chosen.
 
 use std::{net::IpAddr, process::ExitCode, time::Duration};
 
@@ -14,14 +17,19 @@ use limiter_tests::{
         DEFAULT_PAYLOAD, DEFAULT_SPORT, FrameSpec, Frames, L4, Limits, PacketSocket, Prefix, Sources, cap, iface_mac,
         parse_mac,
     },
-    livegen::{LiveGen, LiveSources},
+    generator::{Choice, Generator, SENDER_ENV, SourceRange},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum Engine {
-    /// BPF_PROG_TEST_RUN live frames (IPv6 sources then vary in their /64: bytes 4 to 8).
+enum SenderArg {
+    /// Live frames where the kernel allows them, else the packet ring.
+    Auto,
+    /// BPF_PROG_TEST_RUN with live frames (IPv6 sources then vary in their /64: bytes 4 to 8;
+    /// so with `ring`).
     Live,
-    /// An AF_PACKET socket.
+    /// An AF_PACKET socket with a TX ring, past the qdisc.
+    Ring,
+    /// An AF_PACKET socket, one system call per frame.
     Socket,
 }
 
@@ -70,8 +78,8 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_PAYLOAD)]
     payload: usize,
     /// How frames are sent.
-    #[arg(long, value_enum, default_value_t = Engine::Live)]
-    engine: Engine,
+    #[arg(long, value_enum, env = SENDER_ENV, default_value_t = SenderArg::Auto)]
+    sender: SenderArg,
 }
 
 fn parse_seconds(s: &str) -> Result<f64, String> {
@@ -108,32 +116,39 @@ fn run(args: &Args) -> anyhow::Result<()> {
     };
     let duration = Duration::from_secs_f64(args.duration);
     let count = args.count.unwrap_or_else(|| cap(duration));
-    if args.engine == Engine::Live {
-        let sources = live_sources(&args.sources())?;
-        let generator = LiveGen::new(&spec, L4::Udp, sources)?;
-        if let Some(cpu) = args.cpu {
-            limiter_tests::cpu::pin_current_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
+    let asked = match args.sender {
+        SenderArg::Socket => {
+            let frames = Frames::build(&spec, &args.sources())?;
+            let mut socket = PacketSocket::open(&args.iface)?;
+            let limits = Limits { packets: count, duration, cpu: args.cpu };
+            let report = frames.send(&mut socket, &limits).context("flooding")?;
+            println!("flood {report} sources={}", frames.count());
+            return Ok(());
         }
-        let report = generator.send(&args.iface, count, duration).context("flooding")?;
-        println!("flood {report} sources={} engine=live", sources.count);
-        return Ok(());
+        SenderArg::Auto => "auto",
+        SenderArg::Live => "live",
+        SenderArg::Ring => "ring",
+    };
+    let choice = Choice::asked(asked)?;
+    eprintln!("flood: sender {choice}");
+    let sources = source_range(&args.sources())?;
+    let generator = Generator::with(choice, &spec, L4::Udp, sources)?;
+    if let Some(cpu) = args.cpu {
+        limiter_tests::cpu::pin_current_thread(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
     }
-    let frames = Frames::build(&spec, &args.sources())?;
-    let mut socket = PacketSocket::open(&args.iface)?;
-    let limits = Limits { packets: count, duration, cpu: args.cpu };
-    let report = frames.send(&mut socket, &limits).context("flooding")?;
-    println!("flood {report} sources={} engine=socket", frames.count());
+    let report = generator.send(&args.iface, count, duration)?;
+    println!("flood {report} sources={}", sources.count);
     Ok(())
 }
 
-/// The live engine's sources: consecutive 4-byte values from the first address.
-fn live_sources(sources: &Sources) -> anyhow::Result<LiveSources> {
+/// The generator's sources: consecutive 4-byte values from the first address.
+fn source_range(sources: &Sources) -> anyhow::Result<SourceRange> {
     Ok(match sources {
-        Sources::One(src) => LiveSources { first: *src, count: 1 },
+        Sources::One(src) => SourceRange::one(*src),
         Sources::Spoofed { prefix, count } => {
-            LiveSources { first: prefix.nth(1).context("a prefix without hosts")?, count: *count }
+            SourceRange { first: prefix.nth(1).context("a prefix without hosts")?, count: *count }
         }
-        Sources::Sweep(prefix) => LiveSources {
+        Sources::Sweep(prefix) => SourceRange {
             first: prefix.nth(0).context("empty prefix")?,
             count: u32::try_from(prefix.size()).context("a sweep of more than 2^32 addresses")?,
         },

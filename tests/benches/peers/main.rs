@@ -3,7 +3,7 @@
 //! `cargo xtask bench --peers` (as root; records BENCHMARKS.md and the plots in docs/bench/).
 //!
 //! Each run builds fresh namespaces, sets one system up on the receiver, floods it from the
-//! sender with the live-frames generator (pinned to one CPU; on a veth pair the receiver's work
+//! sender with the flood generator (pinned to one CPU; on a veth pair the receiver's work
 //! happens on that CPU too) and reads: packets the system saw and let through, kernel CPU time of
 //! the whole machine, and the memory of the limiting state (this limiter: its maps as the kernel
 //! charges them; netfilter: the slab and vmalloc memory the run added beyond what the same flood
@@ -17,6 +17,11 @@
 //! bucket scan (15 s; with the floods, when the limiter at XDP is in the run). The bare XDP_DROP
 //! run of the same workload is the cost of the flood itself; subtracting it gives each system's
 //! net cost.
+//!
+//! The generator sends live frames where the kernel allows them, else through a packet ring
+//! ([`limiter_tests::generator`]); the table says which. The rows of the limiter at XDP and of the
+//! bare XDP_DROP need live frames (with the ring, each frame is an skb before XDP, which is not
+//! what a NIC costs): on the packet ring their floods are left out, with a note.
 //!
 //! Options (after `--`), to run a subset quickly, e.g.
 //! `cargo bench -p limiter-tests --bench peers -- --only limiter,xdp-drop --workloads one-source --runs 3 --seconds 3 --parts floods --out target/peers-x`:
@@ -39,7 +44,7 @@
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket},
+    net::{IpAddr, Ipv6Addr, UdpSocket},
     os::fd::AsRawFd as _,
     sync::{
         Arc,
@@ -48,170 +53,33 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, bail};
 use limiter_common::Gcra;
 use limiter_tests::{
     cpu::pin_current_thread,
     flood::{FrameSpec, Frames, L4, Limits, PacketSocket, Sources, cap},
-    livegen::{LiveGen, LiveSources},
+    generator::{Generator, Sender, SourceRange},
     netns::TestNet,
     peers::{self, PORT, PerSource, Place, System},
     plot,
 };
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, setsockopt, sockopt};
+use opts::{Opts, POLICY, Workload, v4};
+use table::{bound_shares, headline, mmm, note_left_out, optional, stats};
 
-const POLICY: PerSource = PerSource { rate_per_s: 5, burst: 5 };
-/// The policy issue 16 measured the refusal cost with: one source at 1000/s, burst 100.
-const POLICY_1K: PerSource = PerSource { rate_per_s: 1000, burst: 100 };
+mod opts;
+mod table;
+
 const SENDER_CPU: usize = 1;
 /// The systems of the boundary burst and the memory sweep: the algorithm, not where its rules
 /// sit, decides both, so each peer appears once, at its best placement.
 const EXTRAS: [System; 4] =
     [System::Limiter, System::Hashlimit(Place::Raw), System::Nftables(Place::Raw), System::Nothing];
 
-/// What to run (the options in the module doc).
-#[derive(Clone, Debug)]
-struct Opts {
-    systems: Vec<System>,
-    workloads: Vec<Workload>,
-    runs: usize,
-    flood: Duration,
-    floods: bool,
-    burst: bool,
-    memory: bool,
-    quick: bool,
-    out: String,
-    table: String,
-    images: Option<String>,
-}
-
-impl Opts {
-    fn parse() -> anyhow::Result<Opts> {
-        let mut o = Opts {
-            systems: System::ALL.to_vec(),
-            workloads: Workload::ALL.to_vec(),
-            runs: 3,
-            flood: Duration::from_secs(2),
-            floods: true,
-            burst: true,
-            memory: true,
-            quick: false,
-            out: "target/peers".into(),
-            table: "target/peers.md".into(),
-            images: None,
-        };
-        let mut args = std::env::args().skip(1);
-        while let Some(a) = args.next() {
-            let mut value = || args.next().with_context(|| format!("{a} needs a value"));
-            match a.as_str() {
-                "--only" => {
-                    o.systems = list(&value()?, |n| System::ALL.into_iter().find(|s| s.short() == n))?;
-                }
-                "--workloads" => {
-                    o.workloads = list(&value()?, |n| Workload::ALL.into_iter().find(|w| w.short() == n))?;
-                }
-                "--runs" => o.runs = value()?.parse().context("--runs N")?,
-                "--seconds" => o.flood = Duration::from_secs_f64(value()?.parse().context("--seconds S")?),
-                "--parts" => {
-                    let parts = value()?;
-                    let parts: Vec<&str> = parts.split(',').collect();
-                    for p in &parts {
-                        ensure!(["floods", "burst", "memory"].contains(p), "--parts: unknown part {p:?}");
-                    }
-                    (o.floods, o.burst, o.memory) =
-                        (parts.contains(&"floods"), parts.contains(&"burst"), parts.contains(&"memory"));
-                }
-                "--quick" => o.quick = true,
-                "--out" => o.out = value()?,
-                "--table" => o.table = value()?,
-                "--images" => o.images = Some(value()?),
-                // cargo bench passes --bench to every harness-less bench.
-                "--bench" => {}
-                _ => bail!("unknown option {a:?} (see the doc comment of tests/benches/peers.rs)"),
-            }
-        }
-        if o.quick {
-            (o.runs, o.flood) = (1, Duration::from_secs(1));
-        }
-        ensure!(o.runs >= 1 && !o.flood.is_zero(), "--runs and --seconds must be positive");
-        Ok(o)
-    }
-}
-
-/// A comma-separated list of names, each looked up by `find`.
-fn list<T>(names: &str, find: impl Fn(&str) -> Option<T>) -> anyhow::Result<Vec<T>> {
-    names.split(',').map(|n| find(n).with_context(|| format!("unknown name {n:?}"))).collect()
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Workload {
-    OneSource,
-    /// The one-source flood at the issue's policy ([`POLICY_1K`]).
-    OneSource1k,
-    Spoofed,
-    Churn,
-}
-
-impl Workload {
-    const ALL: [Workload; 4] = [Self::OneSource, Self::OneSource1k, Self::Spoofed, Self::Churn];
-
-    fn short(self) -> &'static str {
-        match self {
-            Self::OneSource => "one-source",
-            Self::OneSource1k => "one-source-1k",
-            Self::Spoofed => "spoofed",
-            Self::Churn => "churn",
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::OneSource => "one source",
-            Self::OneSource1k => "one source, 1000/s burst 100",
-            Self::Spoofed => "65,536 spoofed sources",
-            Self::Churn => "1,000,000 sources (key churn)",
-        }
-    }
-
-    /// The policy every system enforces on this workload's floods.
-    fn policy(self) -> PerSource {
-        match self {
-            Self::OneSource1k => POLICY_1K,
-            Self::OneSource | Self::Spoofed | Self::Churn => POLICY,
-        }
-    }
-
-    /// One source flooding: nearly every packet dropped.
-    fn one_source(self) -> bool {
-        matches!(self, Self::OneSource | Self::OneSource1k)
-    }
-
-    /// The one-source flood as the claims name it, with its policy.
-    fn claim(self) -> String {
-        let p = self.policy();
-        let issue = if self == Self::OneSource1k { ", the issue's harness" } else { "" };
-        format!("one source at {}/s burst {}{issue}", p.rate_per_s, p.burst)
-    }
-
-    fn sources(self) -> LiveSources {
-        match self {
-            Self::OneSource | Self::OneSource1k => LiveSources { first: v4(198, 19, 0, 1), count: 1 },
-            Self::Spoofed => LiveSources { first: v4(198, 19, 0, 0), count: 1 << 16 },
-            Self::Churn => {
-                LiveSources { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: 1_000_000 }
-            }
-        }
-    }
-}
-
 /// The GCRA of a policy, as the limiter computes its bound.
 fn gcra(policy: PerSource) -> anyhow::Result<Gcra> {
     Gcra::new(u64::from(policy.rate_per_s), 1_000_000_000, u64::from(policy.burst), 1)
         .map_err(|e| anyhow::anyhow!("{e}"))
-}
-
-fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
 }
 
 fn spec(net: &TestNet, v6: bool) -> FrameSpec {
@@ -266,7 +134,7 @@ impl Run {
 
 /// The most the policy lets through for this flood: per key, the GCRA bound over the run or
 /// what the key sent, whichever is smaller.
-fn bound(gcra: &Gcra, sources: LiveSources, sent: u64, seconds: f64) -> u64 {
+fn bound(gcra: &Gcra, sources: SourceRange, sent: u64, seconds: f64) -> u64 {
     let count = u64::from(sources.count);
     let per_key = |n: u64| n.min(gcra.bound((seconds * 1e9) as u64));
     let (each, extra) = (sent / count, sent % count);
@@ -279,7 +147,7 @@ fn flood(system: System, workload: Workload, length: Duration) -> anyhow::Result
     let gcra = gcra(policy)?;
     let net = TestNet::new()?;
     let sources = workload.sources();
-    let generator = LiveGen::new(&spec(&net, sources.first.is_ipv6()), L4::Udp, sources)?;
+    let generator = Generator::new(&spec(&net, sources.first.is_ipv6()), L4::Udp, sources)?;
     let memory_before = peers::kernel_memory()?;
     let receiver = peers::setup(system, &net, policy)?;
     let sender = net.sender.iface.clone();
@@ -416,8 +284,8 @@ fn wait_until(t: Instant) {
 /// State memory as distinct sources grow (one run each, IPv6 /64 sources).
 fn memory_sweep(system: System, sources: u32) -> anyhow::Result<Run> {
     let net = TestNet::new()?;
-    let sources = LiveSources { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: sources };
-    let generator = LiveGen::new(&spec(&net, true), L4::Udp, sources)?;
+    let sources = SourceRange { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: sources };
+    let generator = Generator::new(&spec(&net, true), L4::Udp, sources)?;
     let before = peers::kernel_memory()?;
     let receiver = peers::setup(system, &net, POLICY)?;
     let sender = net.sender.iface.clone();
@@ -443,26 +311,6 @@ fn memory_sweep(system: System, sources: u32) -> anyhow::Result<Run> {
     })
 }
 
-/// `mmm` of a figure only some systems have ("-" for the others).
-fn optional(runs: &[Run], f: fn(&Run) -> Option<f64>, digits: usize) -> String {
-    let v: Option<Vec<f64>> = runs.iter().map(f).collect();
-    match v {
-        Some(v) if !v.is_empty() => mmm(&v, digits),
-        _ => "-".into(),
-    }
-}
-
-fn stats(v: &[f64]) -> (f64, f64, f64) {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    (v[0], v[v.len() / 2], v[v.len() - 1])
-}
-
-fn mmm(v: &[f64], digits: usize) -> String {
-    let (lo, med, hi) = stats(v);
-    format!("{med:.digits$} ({lo:.digits$}-{hi:.digits$})")
-}
-
 fn main() -> anyhow::Result<()> {
     let opts = Opts::parse()?;
     let out_dir = opts.out.clone();
@@ -471,6 +319,15 @@ fn main() -> anyhow::Result<()> {
             "the peers benchmark creates namespaces and loads XDP: run it as root (sudo -E cargo xtask bench --peers)"
         );
     }
+    let sender = Sender::chosen()?;
+    eprintln!("peers: sender {sender}");
+    // The floods' systems: on the packet ring, not those whose rows need live frames.
+    let (floods, left_out): (Vec<System>, Vec<System>) =
+        opts.systems.iter().partition(|s| !(sender.sender.skb_before_xdp() && s.needs_live_frames()));
+    let left_out = note_left_out(&left_out, &sender);
+    if let Some(note) = &left_out {
+        eprintln!("peers: {note}");
+    }
     // The boundary burst's bound (its policy is POLICY; each flood uses its workload's).
     let gcra = gcra(POLICY)?;
     let started = Instant::now();
@@ -478,7 +335,7 @@ fn main() -> anyhow::Result<()> {
     let rounds = if opts.floods { opts.runs } else { 0 };
     for round in 0..rounds {
         for &workload in &opts.workloads {
-            for &system in &opts.systems {
+            for &system in &floods {
                 let run = flood(system, workload, opts.flood)
                     .with_context(|| format!("{} / {}", system.name(), workload.name()))?;
                 eprintln!("round {round}: {:<20} {:<30} {run:?}", system.name(), workload.name());
@@ -543,10 +400,14 @@ fn main() -> anyhow::Result<()> {
         .collect();
     writeln!(
         md,
-        "Policy for every system: {}; on UDP port {PORT} (IPv4 per address, IPv6 per /64). {rounds} runs each, median (min-max). Floods of up to {} s from the live-frames generator on CPU {SENDER_CPU}.\n",
+        "Policy for every system: {}; on UDP port {PORT} (IPv4 per address, IPv6 per /64). {rounds} runs each, median (min-max). Floods of up to {} s from the flood generator on CPU {SENDER_CPU}, sent by {}.\n",
         policies.join("; "),
-        opts.flood.as_secs_f64()
+        opts.flood.as_secs_f64(),
+        sender.sender
     )?;
+    if let Some(note) = &left_out {
+        writeln!(md, "Note: {note}.\n")?;
+    }
     // The floods' table (the boundary burst and the memory sweep have their own).
     if rounds > 0 {
         writeln!(
@@ -555,9 +416,9 @@ fn main() -> anyhow::Result<()> {
         )?;
         writeln!(
             md,
-            "| workload | system | sent | offered (Mpps reached) | admitted | bound | admitted / bound | CPU s per M offered | net of XDP_DROP | net s per M dropped | daemon, % of a core | daemon CPU s per M offered | state memory (MiB) | keys held |"
+            "| workload | system | sender | sent | offered (Mpps reached) | admitted | bound | admitted / bound | CPU s per M offered | net of XDP_DROP | net s per M dropped | daemon, % of a core | daemon CPU s per M offered | state memory (MiB) | keys held |"
         )?;
-        writeln!(md, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(md, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
     }
     // Per workload and system: the net cost per million dropped, (median, min, max).
     let mut per_dropped_cost: BTreeMap<(Workload, System), (f64, f64, f64)> = BTreeMap::new();
@@ -570,7 +431,7 @@ fn main() -> anyhow::Result<()> {
         let stateless = median(System::Nothing, &|r| r.grew as f64).unwrap_or(0.0);
         // What passing a packet up the stack costs, net: "nothing" passes them all.
         let pass_cost = baseline.and_then(|b| median(System::Nothing, &|r| r.cpu_per_million() - b)).map(|c| c / 1e6);
-        for &system in &opts.systems {
+        for &system in &floods {
             let r = &runs[&(workload, system)];
             let col = |f: fn(&Run) -> f64| r.iter().map(f).collect::<Vec<_>>();
             let cpu = col(Run::cpu_per_million);
@@ -592,9 +453,10 @@ fn main() -> anyhow::Result<()> {
             }
             writeln!(
                 md,
-                "| {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 workload.name(),
                 system.name(),
+                sender.sender,
                 mmm(&col(|r| r.sent as f64), 0),
                 mmm(&col(|r| r.offered as f64), 0),
                 mmm(&col(|r| r.offered as f64 / r.seconds.max(1e-9) / 1e6), 2),
@@ -678,7 +540,9 @@ fn main() -> anyhow::Result<()> {
         }
     }
     writeln!(md, "\nMeasured in {:.0} s.", elapsed.as_secs_f64())?;
-    let md = format!("{headline}{md}");
+    // The first line names the sender: `cargo xtask bench --peers` records each sender's table
+    // in a section of its own.
+    let md = format!("Sender: {sender}.\n\n{headline}{md}");
     print!("{md}");
 
     std::fs::create_dir_all(&out_dir)?;
@@ -713,132 +577,4 @@ fn main() -> anyhow::Result<()> {
         plot::memory(&format!("{out_dir}/memory.svg"), &memory_points, cpus)?;
     }
     Ok(())
-}
-
-/// The share of the bound each limiting system admitted on the many-source workloads, side by
-/// side: every system's figure from the same run (the defaults' goal is stated against them).
-fn bound_shares(md: &mut String, opts: &Opts, runs: &BTreeMap<(Workload, System), Vec<Run>>) -> anyhow::Result<()> {
-    let many: Vec<Workload> = opts.workloads.iter().copied().filter(|w| opts.floods && !w.one_source()).collect();
-    let systems: Vec<System> = opts.systems.iter().copied().filter(|s| s.limits()).collect();
-    if many.is_empty() || systems.is_empty() {
-        return Ok(());
-    }
-    writeln!(
-        md,
-        "\nShare of the bound admitted with many sources (1: every source got all the policy allows it; below: innocent refusals of shared buckets or a full table; above: over-admission), median (min-max):\n"
-    )?;
-    let names: Vec<&str> = systems.iter().map(|s| s.label()).collect();
-    writeln!(md, "| workload | {} |", names.join(" | "))?;
-    writeln!(md, "|---|{}", "---:|".repeat(systems.len()))?;
-    for w in many {
-        let cells: Vec<String> = systems
-            .iter()
-            .map(|s| {
-                runs.get(&(w, *s)).map_or("-".into(), |r| {
-                    mmm(&r.iter().map(|r| r.admitted as f64 / r.bound.max(1) as f64).collect::<Vec<_>>(), 3)
-                })
-            })
-            .collect();
-        writeln!(md, "| {} | {} |", w.name(), cells.join(" | "))?;
-    }
-    Ok(())
-}
-
-/// The claims, in the order the docs make them. From the one-source flood at [`POLICY`] (nearly
-/// every packet dropped): the limiter's net cost per million dropped against the cheapest
-/// netfilter placement, then against INPUT as commonly configured; the same against the cheapest
-/// placement on the one-source flood at the issue's policy ([`POLICY_1K`]); then, for each
-/// one-source flood, the limiter's end-to-end cost against a bare XDP_DROP on the same flood.
-/// Empty when the run lacks the systems a line needs.
-fn headline(
-    runs: &BTreeMap<(Workload, System), Vec<Run>>,
-    per_dropped: &BTreeMap<(Workload, System), (f64, f64, f64)>,
-) -> anyhow::Result<String> {
-    let mut md = String::new();
-    let cost = |w: Workload, s: System| per_dropped.get(&(w, s)).map(|c| c.0);
-    // The netfilter placements with a cost on the workload, cheapest first.
-    let netfilter = |w: Workload| {
-        let mut v: Vec<(System, f64)> =
-            System::ALL.into_iter().filter(|s| s.netfilter()).filter_map(|s| Some((s, cost(w, s)?))).collect();
-        v.sort_by(|a, b| a.1.total_cmp(&b.1));
-        v
-    };
-    let w = Workload::OneSource;
-    let others = netfilter(w);
-    if let (Some(limiter), false) = (cost(w, System::Limiter), others.is_empty()) {
-        writeln!(
-            md,
-            "One source flooding at {}/s burst {} (nearly every packet dropped), net CPU s per million dropped (median; the limiter's daemon included):\n",
-            POLICY.rate_per_s, POLICY.burst
-        )?;
-        writeln!(md, "| system | net CPU s per M dropped | limiter cheaper by |")?;
-        writeln!(md, "|---|---:|---:|")?;
-        writeln!(md, "| {} | {limiter:.3} | - |", System::Limiter.name())?;
-        for (s, c) in &others {
-            writeln!(md, "| {} | {c:.3} | {:.1}x |", s.name(), c / limiter)?;
-        }
-        let tcx = cost(w, System::LimiterTcx);
-        if let Some(c) = tcx {
-            writeln!(md, "| {} | {c:.3} | {:.1}x |", System::LimiterTcx.name(), c / limiter)?;
-        }
-        let (best, best_cost) = others[0];
-        write!(md, "\nAgainst netfilter at its best placement ({}): **{:.1}x**", best.name(), best_cost / limiter)?;
-        for s in [System::Hashlimit(Place::Input), System::Nftables(Place::Input)] {
-            if let Some(c) = cost(w, s) {
-                write!(md, "; against {}: {:.1}x", s.name(), c / limiter)?;
-            }
-        }
-        writeln!(md, ".\n")?;
-        if let Some(c) = tcx {
-            writeln!(
-                md,
-                "At tcx ingress (beside another XDP program), the skb already made: the limiter costs **{:.1}x** its cost at XDP, and netfilter at its best placement costs {:.1}x the limiter at tcx.\n",
-                c / limiter,
-                best_cost / c
-            )?;
-        }
-    }
-    let w = Workload::OneSource1k;
-    if let (Some(limiter), Some(&(best, best_cost))) = (cost(w, System::Limiter), netfilter(w).first()) {
-        writeln!(
-            md,
-            "One source flooding at {}/s burst {} (the issue's harness), net CPU s per million dropped (median): the limiter {limiter:.3}, {} {best_cost:.3}; against netfilter at its best placement: **{:.1}x**.\n",
-            POLICY_1K.rate_per_s,
-            POLICY_1K.burst,
-            best.name(),
-            best_cost / limiter
-        )?;
-    }
-    for w in Workload::ALL.into_iter().filter(|w| w.one_source()) {
-        let median =
-            |s: System, f: fn(&Run) -> f64| runs.get(&(w, s)).map(|r| stats(&r.iter().map(f).collect::<Vec<_>>()));
-        let (Some(l), Some(d)) =
-            (median(System::Limiter, Run::cpu_per_million), median(System::XdpDrop, Run::cpu_per_million))
-        else {
-            continue;
-        };
-        write!(
-            md,
-            "End to end, a refused packet costs the limiter **{:.2}x** a bare XDP_DROP, its daemon included (CPU s per million offered, {}: {:.3} ({:.3}-{:.3}) against {:.3} ({:.3}-{:.3}))",
-            l.1 / d.1,
-            w.claim(),
-            l.1,
-            l.0,
-            l.2,
-            d.1,
-            d.0,
-            d.2
-        )?;
-        let share = runs.get(&(w, System::Limiter)).map(|r| optional(r, Run::daemon_share, 1));
-        if let (Some(k), Some(share)) = (median(System::Limiter, Run::cpu_per_million_without_daemon), share) {
-            write!(
-                md,
-                "; without the daemon's share, {:.2}x ({:.3}); the daemon used {share} % of a core",
-                k.1 / d.1,
-                k.1
-            )?;
-        }
-        writeln!(md, ".\n")?;
-    }
-    Ok(md)
 }
