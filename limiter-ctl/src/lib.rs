@@ -28,10 +28,11 @@ use std::process::ExitCode;
 
 pub use kernel::{AttachMode, Hook, HookRequest, Limiter, ModeRequest, Placement, ProgRef, TcxPlace};
 
-/// Test-only: the BPF objects the tests and benchmarks load beside the limiter's own.
+/// Test-only: the BPF objects the tests and benchmarks load (the limiter's own among them, for
+/// `limiter-verify`).
 #[cfg(feature = "testing")]
 pub mod objects {
-    pub use crate::kernel::{BENCH, GEN, PROBE};
+    pub use crate::kernel::{BENCH, GEN, LIMITER, PROBE};
 }
 
 /// `limiter-ctl`: the command its arguments name. The CLI runs its own commands; the daemon's it

@@ -53,7 +53,7 @@ pub(crate) use host::{
 
 /// Test-only: the BPF objects only the tests and benchmarks load.
 #[cfg(feature = "testing")]
-pub use objects::{BENCH, GEN, NEIGHBOUR, PROBE};
+pub use objects::{BENCH, GEN, LIMITER, NEIGHBOUR, PROBE};
 /// Test-only: the names of the maps pinned beside the link.
 #[cfg(feature = "testing")]
 pub use pins::map_names;
