@@ -133,11 +133,21 @@ impl Rig {
 
     /// One UDP source flooding `port` at full speed until stopped, with the counters read first
     /// (see [`Rig::start_counted_flood`]), `warm_up` of it under way before this returns: the
-    /// flow to count and the flood. Its 60 s time limit is a safety net far beyond any test's wait.
+    /// flow to count and the flood. Its time limit ([`SAFETY_NET`]) is far beyond any test's wait.
     pub fn flood_one_source(&self, source: IpAddr, port: u16, warm_up: Duration) -> anyhow::Result<(Flow, Flooding)> {
+        self.flood_one_source_at(source, port, None, warm_up)
+    }
+
+    /// [`Rig::flood_one_source`], paced at `per_sec` if given.
+    pub fn flood_one_source_at(
+        &self,
+        source: IpAddr,
+        port: u16,
+        per_sec: Option<f64>,
+        warm_up: Duration,
+    ) -> anyhow::Result<(Flow, Flooding)> {
         let stream = self.udp(Sources::One(source), port);
-        let limits = Limits::timed(Duration::from_secs(60));
-        let flooding = self.start_counted_flood(std::slice::from_ref(&stream), limits, None)?;
+        let flooding = self.start_counted_flood(std::slice::from_ref(&stream), Limits::timed(safety_net()), per_sec)?;
         thread::sleep(warm_up);
         Ok((flow(&stream, source), flooding))
     }
@@ -276,9 +286,23 @@ impl Rig {
         per_sec: f64,
         warm_up: Duration,
     ) -> anyhow::Result<HandOver> {
-        let (flood, flooding) = self.flood_one_source(flood, port, Duration::ZERO)?;
+        self.start_paced_hand_over(flood, steady, port, per_sec, None, warm_up)
+    }
+
+    /// [`Rig::start_hand_over`], the flood paced at `flood_per_sec` if given (a slow machine
+    /// keeps a paced flood's pace through a hand-over that takes minutes there).
+    pub fn start_paced_hand_over(
+        &self,
+        flood: IpAddr,
+        steady: IpAddr,
+        port: u16,
+        per_sec: f64,
+        flood_per_sec: Option<f64>,
+        warm_up: Duration,
+    ) -> anyhow::Result<HandOver> {
+        let (flood, flooding) = self.flood_one_source_at(flood, port, flood_per_sec, Duration::ZERO)?;
         let stream = self.udp(Sources::One(steady), port + 1);
-        let limits = Limits::timed(Duration::from_secs(60)).on_cpu(flood_cpu());
+        let limits = Limits::timed(safety_net()).on_cpu(flood_cpu());
         let steadily = Flooding::start(
             &self.net.sender,
             std::slice::from_ref(&stream),
@@ -421,6 +445,12 @@ pub fn check_hand_over_with_fresh(
          allows"
     );
     judged
+}
+
+/// The time limit of a flood a test stops itself: 60 s, far beyond any test's wait on this
+/// machine, stretched on a slower one ([`crate::slowdown`]).
+pub fn safety_net() -> Duration {
+    crate::slowdown::stretch(Duration::from_secs(60))
 }
 
 /// Frames are timed when the capture reads them, a little after XDP passed them: at most this.
