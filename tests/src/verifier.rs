@@ -63,13 +63,17 @@ pub fn parse<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<(String, Verdi
     out
 }
 
+/// The statistics a log ends with (`processed N insns ...`, then or before it the time, the
+/// stack and, from 6.x, each subprogram's share): not the reason for a refusal.
+const STATISTICS: [&str; 4] = ["processed ", "verification time", "stack depth", "subprog "];
+
 /// One line of a refusal's log: the count from the verifier's statistics line (`processed N
-/// insns (limit 1000000) ...`), and the last other line as the reason.
+/// insns (limit 1000000) ...`), and the last line that is not statistics as the reason.
 fn read_log_line(log: &str, why: &mut String, processed: &mut Option<u64>) {
     let log = log.trim();
     if let Some(rest) = log.strip_prefix("processed ") {
         *processed = rest.split_whitespace().next().and_then(|n| n.parse().ok());
-    } else if !log.is_empty() && !log.starts_with("verification time") && !log.starts_with("stack depth") {
+    } else if !log.is_empty() && !STATISTICS.iter().any(|s| log.starts_with(s)) {
         *why = log.to_string();
     }
 }
@@ -88,9 +92,15 @@ verify limiter: refused (Permission denied (os error 13))
   | math between pkt pointer and register with unbounded min value is not allowed
   | processed 147894 insns (limit 1000000) max_states_per_insn 4 total_states 900 peak_states 800 mark_read 30
   | 
-verify limiter_tcx: ok insns=?";
+verify limiter_tcx: ok insns=?
+verify limiter_lay_tcx: refused (Argument list too long (os error 7))
+  | BPF program is too large. Processed 1000001 insn
+  | verification time 54842821 usec
+  | stack depth max 0
+  | subprog 0 (limiter_tcx) main insns_self 664201 insns_total 1000001 stack 416
+  | processed 1000001 insns (limit 1000000) max_states_per_insn 30 total_states 71463 peak_states 4909";
         let got = parse(out.lines());
-        assert_eq!(got.len(), 3);
+        assert_eq!(got.len(), 4);
         assert_eq!(got[0], ("limiter_layers".into(), Verdict::Loaded(Some(295_758))));
         assert_eq!(
             got[1].1,
@@ -100,6 +110,8 @@ verify limiter_tcx: ok insns=?";
             }
         );
         assert_eq!(got[2].1, Verdict::Loaded(None));
+        let too_large = "BPF program is too large. Processed 1000001 insn".to_string();
+        assert_eq!(got[3].1, Verdict::Refused { why: too_large, processed: Some(1_000_001) });
         assert_eq!(got[0].1.to_string(), "295,758");
         assert_eq!(thousands(1_000_001), "1,000,001");
         assert_eq!(thousands(999), "999");

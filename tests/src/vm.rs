@@ -178,8 +178,8 @@ impl Vm {
             .spawn()
             .with_context(|| format!("could not start `{}` (is qemu-system-x86 installed?)", describe(&cmd)))?;
         let (tx, lines) = mpsc::channel();
-        forward(child.stdout.take(), "", &tag, tx.clone());
-        forward(child.stderr.take(), "qemu: ", &tag, tx);
+        forward(child.stdout.take(), "", &tag, started, tx.clone());
+        forward(child.stderr.take(), "qemu: ", &tag, started, tx);
         let mut console = Console { child, lines, seen: Vec::new() };
         let deadline = started + self.timeout;
         let mut exit = None;
@@ -259,8 +259,14 @@ impl Drop for Console {
 }
 
 /// Sends each line of `stream` (carriage returns of the serial line dropped) to `tx`, tagged
-/// with `tag`, and echoes it to stderr as `[vm RELEASE] LINE`.
-fn forward(stream: Option<impl Read + Send + 'static>, tag: &'static str, vm: &str, tx: mpsc::Sender<String>) {
+/// with `tag`, and echoes it to stderr as `[vm RELEASE +SECONDS] LINE`, timed from `started`.
+fn forward(
+    stream: Option<impl Read + Send + 'static>,
+    tag: &'static str,
+    vm: &str,
+    started: Instant,
+    tx: mpsc::Sender<String>,
+) {
     let Some(stream) = stream else { return };
     let vm = vm.to_string();
     thread::spawn(move || {
@@ -270,7 +276,7 @@ fn forward(stream: Option<impl Read + Send + 'static>, tag: &'static str, vm: &s
         while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
             let line = format!("{tag}{}", String::from_utf8_lossy(&buf).trim_end_matches(['\r', '\n']));
             buf.clear();
-            eprintln!("[{vm}] {line}");
+            eprintln!("[{vm} +{}s] {line}", started.elapsed().as_secs());
             if tx.send(line).is_err() {
                 break;
             }

@@ -40,16 +40,18 @@ pub const INIT: &str = r#"#!/bin/sh
 # limiter and its tests need, loads the drivers of QEMU's virtio devices (no udev runs here),
 # runs the payload disk's `run`, says its exit status, and powers off.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
-mount -t proc proc /proc
-mount -t sysfs sys /sys
-mount -t devtmpfs dev /dev 2>/dev/null
+# The initrd moved its /proc, /sys, /dev and /run here: what is mounted is kept.
+mnt() { mountpoint -q "$2" || mount -t "$1" "$1" "$2"; }
+mnt proc /proc
+mnt sysfs /sys
+mnt devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
-mount -t devpts devpts /dev/pts
-mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /run
-mount -t tmpfs tmpfs /tmp
-mount -t bpf bpf /sys/fs/bpf
-mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
+mnt devpts /dev/pts
+mnt tmpfs /dev/shm
+mnt tmpfs /run
+mnt tmpfs /tmp
+mnt bpf /sys/fs/bpf
+mnt cgroup2 /sys/fs/cgroup
 cat /sys/bus/virtio/devices/*/modalias 2>/dev/null | sort -u | xargs -r modprobe -q -a 2>/dev/null
 # Before 5.11 BPF maps are charged to the locked-memory limit.
 ulimit -l unlimited
