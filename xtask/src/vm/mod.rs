@@ -170,12 +170,13 @@ pub fn provide() -> anyhow::Result<()> {
     let refresh = std::env::var(REFRESH_ENV).is_ok_and(|v| !matches!(v.trim(), "" | "0"));
     let recipe = rootfs::Recipe::new()?;
     let known = read_manifest(&lab);
-    if !refresh && let Some(picks) = &known {
-        if ready(&lab, &recipe, picks) {
-            let kernels: Vec<String> = picks.iter().map(|p| format!("{} ({})", p.release, p.suite)).collect();
-            eprintln!("setup: VM lab ready in {}: {}", lab.dir.display(), kernels.join(", "));
-            return Ok(());
-        }
+    if !refresh
+        && let Some(picks) = &known
+        && ready(&lab, &recipe, picks)
+    {
+        let kernels: Vec<String> = picks.iter().map(|p| format!("{} ({})", p.release, p.suite)).collect();
+        eprintln!("setup: VM lab ready in {}: {}", lab.dir.display(), kernels.join(", "));
+        return Ok(());
     }
     if !is_root() {
         bail!("the VM lab in {} is missing or stale: run `sudo -E cargo xtask setup`", lab.dir.display());
