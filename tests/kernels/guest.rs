@@ -29,7 +29,7 @@ use limiter_ctl::objects;
 use limiter_tests::{
     bounds::{Judged, check_lower, check_overload, check_upper},
     cpu::flood_cpu,
-    daemon::{Daemon, LEFT, SIGNAL_TIMEOUT, Scratch, program_counters, xdp_program_id},
+    daemon::{Daemon, Scratch, program_counters, xdp_program_id},
     flood::{L4, Limits, Sources, Stream},
     netns::TestNet,
     observe::fresh_stats,
@@ -40,7 +40,6 @@ use limiter_tests::{
     slowdown::stretch,
     transfer,
 };
-use nix::sys::signal::Signal;
 
 /// How long each flood that is not a hand-over runs.
 const FLOOD: Duration = Duration::from_secs(1);
@@ -196,8 +195,6 @@ fn restart(rig: &mut Rig, args: &[String]) {
     rig.set(&pol);
     let id = rig.policy_id("handover");
     let iface = rig.net.receiver.iface.clone();
-    let p1 = rig.daemon.program().expect("program");
-    let pins = rig.scratch.pinned(&iface).expect("pins");
     let hand_over = rig
         .start_paced_hand_over(
             src("198.19.1.1"),
@@ -209,37 +206,18 @@ fn restart(rig: &mut Rig, args: &[String]) {
         )
         .expect("starting the floods");
 
-    sigterm(rig);
-    assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), Some(p1), "the program left with the daemon");
-    assert_eq!(rig.scratch.pinned(&iface).expect("pins"), pins, "the pins changed when the daemon stopped");
-    let (daemon, line) =
-        Daemon::adopt(&rig.net.receiver, &rig.scratch, &strs(args)).unwrap_or_else(|e| panic!("{e:#}"));
-    let adopted = Instant::now();
-    rig.daemon = daemon;
-    eprintln!("restarted: {line}");
-    let p2 = rig.daemon.program().expect("program");
-    assert_ne!(p2, p1, "the new daemon's program is not in the link");
-    assert_eq!(rig.scratch.pinned(&iface).expect("pins"), pins, "adopting replaced pinned objects");
+    let adopted = rig.restart_adopting(&strs(args));
     std::thread::sleep(Duration::from_millis(700));
     let done = hand_over.finish().expect("flood");
     let before = done.run.counted.as_ref().expect("baseline")[usize::from(id)].clone();
-    let after = program_counters(p2, id).expect("counters");
-    check_hand_over("SIGTERM and a restart", &done, adopted, &before, &after, &pol.gcra());
+    let after = program_counters(adopted.program, id).expect("counters");
+    check_hand_over("SIGTERM and a restart", &done, adopted.at, &before, &after, &pol.gcra());
 
-    sigterm(rig);
+    rig.sigterm();
     let detached = rig.scratch.detach(&rig.net.receiver).expect("limiter-ctl detach");
     assert_eq!(detached.code, Some(0), "detach: {detached:?}");
     assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None, "a program is still attached after detach");
     assert!(rig.scratch.pinned(&iface).expect("pins").is_empty(), "pins are left after detach");
-}
-
-/// SIGTERM: the daemon exits 0, saying it left its program attached and pinned.
-fn sigterm(rig: &mut Rig) {
-    rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
-    let status = rig.daemon.wait_exit(SIGNAL_TIMEOUT).expect("the daemon should exit on SIGTERM");
-    let out = rig.daemon.output();
-    assert!(status.success(), "exit {status} on SIGTERM:\n{out}");
-    assert!(out.contains(LEFT), "no '{LEFT}' line:\n{out}");
 }
 
 // ---------------------------------------------------------------------------------------------

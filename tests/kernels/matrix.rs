@@ -25,7 +25,7 @@ use limiter_tests::{
 
 /// How many times slower than this machine the VM runs the scenario (software emulation: a
 /// program load takes 30-60 s there): the daemon waits stretched by it ([`limiter_tests::slowdown`]).
-const SLOWDOWN: u32 = 20;
+const SLOWDOWN: u32 = 10;
 /// The most one kernel's boot may take before QEMU is killed.
 const BOOT_LIMIT: Duration = Duration::from_secs(25 * 60);
 
