@@ -22,6 +22,7 @@ use limiter_ebpf::memo::AllOn;
 #[xdp]
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
+    program::mark_in_handover(&ctx);
     program::limiter::<AllOn, _>(&ctx)
 }
 

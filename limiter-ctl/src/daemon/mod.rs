@@ -30,6 +30,7 @@ mod bans;
 mod commit;
 mod error;
 mod health;
+mod instance;
 mod metrics;
 mod reload;
 mod requests;
@@ -158,6 +159,10 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         }
     };
     desired(&BTreeMap::new(), config::DEFAULT_MAX_FRAME)?;
+    // One daemon per interface, whatever its --pin-dir: the lock on the interface's state,
+    // before anything is bound or read (its bans above all), held until exit.
+    let pins = PinDir::new(&args.pin_dir, &args.iface);
+    let _state = instance::StateLock::take(&args.state_dir, &args.iface, pins.dir())?;
     // The metrics listener (and its probes) first, so /readyz can say what the daemon waits for.
     let (shared, health) = (stats::Shared::default(), Health::new());
     let metrics_addr = match args.metrics {
@@ -177,9 +182,13 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let max_frame = kernel::interface_mtu(&args.iface).map_or(config::DEFAULT_MAX_FRAME, config::max_frame_for_mtu);
     desired(&BTreeMap::new(), max_frame)?;
 
-    // One daemon per interface: the pin directory's lock, taken before anything is written (a
-    // live owner makes this fail with its pid, having changed nothing), held until exit.
-    let pins = PinDir::new(&args.pin_dir, &args.iface);
+    // Nor another limiter on its hooks (a daemon under another --pin-dir and --state-dir, or
+    // the program one left pinned): this one would judge every packet again.
+    if let Some(other) = kernel::other_limiter(&args.iface, &pins) {
+        return Err(kernel::Error::OtherLimiter(Box::new(other)).into());
+    }
+    // One daemon per pin directory: its lock, taken before anything is written (a live owner
+    // makes this fail with its pid, having changed nothing), held until exit.
     let claim = pins.claim()?;
     if let Some(note) = claim.mounted() {
         info!(note, "bpffs");
@@ -359,6 +368,12 @@ async fn start(
     }
     if let Some(reason) = &attached.fallback {
         warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
+    }
+    if let Some(to) = attached.undone {
+        warn!(iface = %args.iface, to = %to, "a move to {to} was cut short (its daemon killed half way): undone, its link to {to} removed; `limiter-ctl attach {to}` moves the program");
+    }
+    if let Some(why) = &attached.lingering {
+        warn!(iface = %args.iface, "{why}");
     }
     let event = match (attached.replaced, limiter.replaces_incompatible()) {
         (true, None) => "adopted the pinned limiter: program replaced in place, buckets, counters and salt kept",
