@@ -55,7 +55,7 @@ impl StateLock {
                 Ok(_) => {}
                 Err((file, Errno::EWOULDBLOCK)) => {
                     let holder = Holder { owner: lock_owner(&path), pins: recorded_pins(file) };
-                    return Err(Error::InstanceRunning { iface: iface.into(), lock: path, holder });
+                    return Err(Error::InstanceRunning { iface: iface.into(), lock: path, holder, ours: pins.into() });
                 }
                 Err((_, errno)) => return Err(failed(errno.into())),
             }

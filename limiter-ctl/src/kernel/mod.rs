@@ -43,7 +43,7 @@ pub use geometry::{
 pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
 pub use load::Limiter;
 pub use maps::BucketScan;
-pub(crate) use others::{OtherLimiter, other_limiter};
+pub(crate) use others::{OtherLimiter, other_limiter, take_off_advice};
 pub use refusals::{DEFAULT_SAMPLE_REFUSALS, DEFAULT_SAMPLES_PER_S, Refusals, per_cpu_budget};
 pub use rotate::draw_salt;
 pub use tcx::{ProgRef, TcxPlace};

@@ -89,10 +89,10 @@ impl fmt::Display for OtherLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Self { iface, hook, program, .. } = self;
         let at = match hook {
-            Hook::Xdp => "XDP",
-            Hook::Tcx => "tc ingress (tcx)",
+            Hook::Xdp => "XDP (",
+            Hook::Tcx => "tc ingress (tcx, ",
         };
-        write!(f, "another limiter already judges on {iface}, at {at} (program id {program}), ")?;
+        write!(f, "another limiter already judges on {iface}, at {at}program id {program}), ")?;
         let Some(dir) = &self.dir else {
             return write!(
                 f,
@@ -101,17 +101,20 @@ impl fmt::Display for OtherLimiter {
                  --iface {iface} --pin-dir DIR` where DIR holds it"
             );
         };
-        let root = dir.parent().unwrap_or(dir);
         match self.owner.0 {
             Some(pid) => write!(f, "pinned at {} and run by the daemon pid {pid}", dir.display())?,
             None => write!(f, "pinned at {} with no daemon running it (left enforcing)", dir.display())?,
         }
-        write!(
-            f,
-            "; nothing was changed. One limiter per interface, or every packet is judged twice: take that one off \
-             (`limiter-ctl detach --iface {iface} --pin-dir {root} --force`), or run this daemon with `--pin-dir \
-             {root}` once that one is stopped, to adopt its program",
-            root = root.display()
-        )
+        write!(f, "; nothing was changed. {}", take_off_advice(iface, dir))
     }
+}
+
+/// What to do about another limiter pinned in `dir` (`<root>/<iface>`), in a sentence.
+pub(crate) fn take_off_advice(iface: &str, dir: &Path) -> String {
+    let root = dir.parent().unwrap_or(dir).display();
+    format!(
+        "One limiter per interface, or every packet is judged twice: take that one off (`limiter-ctl detach --iface \
+         {iface} --pin-dir {root} --force`), or run this daemon with `--pin-dir {root}` once that one is stopped, to \
+         adopt its program"
+    )
 }

@@ -1,6 +1,7 @@
 //! Sharing the interface with other programs (issue 25): the limiter at tcx ingress beside
 //! Debian's xdp-filter at XDP (`xdp_filter`), beside another tcx program in a chosen order, and
-//! moved from XDP to tcx under a flood (`neighbours`).
+//! moved from XDP to tcx under a flood (`neighbours`); a move cut short by a SIGKILL at each of
+//! its steps (`interrupted`); and never beside another limiter (`instances`).
 //!
 //! What got through is counted by a tally ([`Neighbour::tally`]: a tcx program the test puts
 //! last in the chain, counting per flow what every program before it let through), not by a
@@ -9,6 +10,8 @@
 //! the limiter, and its own counters (`xdp-filter status`) say how many it dropped. Floods are
 //! bounded in time, pinned to one CPU ([`flood_cpu`]), and every count is held to what was sent.
 
+mod instances;
+mod interrupted;
 mod neighbours;
 mod xdp_filter;
 
@@ -349,4 +352,9 @@ pub fn watch_move(end: &End, before: usize) -> std::thread::JoinHandle<anyhow::R
 /// An address written in a test.
 pub fn addr(s: &str) -> IpAddr {
     src(s)
+}
+
+/// Arguments built as strings, as the harness takes them.
+pub fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
