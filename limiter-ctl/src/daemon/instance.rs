@@ -22,9 +22,12 @@ use crate::kernel::pins::{Owner, lock_owner, same_inode};
 
 /// The lock on an interface's state. Dropped (the daemon stopping, or failing to start), it
 /// removes its file, then lets go; a SIGKILL leaves the file, which the next daemon locks again.
+/// A start that fails also takes away the directories it made for it.
 pub(super) struct StateLock {
     path: PathBuf,
     lock: Flock<File>,
+    /// The directories made for the lock, until the daemon runs ([`StateLock::keep_dirs`]).
+    created: Vec<PathBuf>,
 }
 
 /// Who holds a state lock, as its file says.
@@ -41,6 +44,7 @@ impl StateLock {
     pub(super) fn take(state_dir: &Path, iface: &str, pins: &Path) -> Result<Self, Error> {
         let path = state_dir.join(format!("{iface}.lock"));
         let failed = |error| Error::StateLock { path: path.clone(), error };
+        let created = state_dir.ancestors().take_while(|d| !d.exists()).map(Path::to_path_buf).collect();
         DirBuilder::new().recursive(true).mode(0o700).create(state_dir).map_err(failed)?;
         // The holder removes the file as it stops: whoever locked the removed one locks anew.
         for _ in 0..3 {
@@ -48,7 +52,7 @@ impl StateLock {
                 OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(&path).map_err(failed)?;
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(lock) if same_inode(&lock, &path) => {
-                    let mut lock = StateLock { path: path.clone(), lock };
+                    let mut lock = StateLock { path: path.clone(), lock, created };
                     lock.write_holder(pins).map_err(failed)?;
                     return Ok(lock);
                 }
@@ -63,6 +67,11 @@ impl StateLock {
         Err(failed(Errno::EAGAIN.into()))
     }
 
+    /// The daemon runs: the state directory stays, whatever happens to the lock.
+    pub(super) fn keep_dirs(&mut self) {
+        self.created.clear();
+    }
+
     fn write_holder(&mut self, pins: &Path) -> std::io::Result<()> {
         let file: &mut File = &mut self.lock;
         file.set_len(0)?;
@@ -74,6 +83,9 @@ impl Drop for StateLock {
     fn drop(&mut self) {
         // Still held here: nobody locks the file between its removal and the release.
         let _ = std::fs::remove_file(&self.path);
+        for dir in &self.created {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
@@ -109,7 +121,16 @@ mod tests {
         let other = StateLock::take(&state, "eth1", Path::new("/p/eth1")).expect("another interface is free");
         drop(first);
         assert!(!lock.exists(), "the lock file stayed");
+        assert!(state.exists(), "the directory went while another lock holds a file there");
         drop(StateLock::take(&state, "eth0", Path::new("/p/eth0")).expect("free again once dropped"));
         drop(other);
+        // The directories a lock made go with it, unless its daemon ran.
+        let fresh = dir.path().join("made/state");
+        drop(StateLock::take(&fresh, "eth0", Path::new("/p/eth0")).expect("a lock where nothing was"));
+        assert!(!dir.path().join("made").exists(), "the directories made for a start that failed stayed");
+        let mut kept = StateLock::take(&fresh, "eth0", Path::new("/p/eth0")).expect("again");
+        kept.keep_dirs();
+        drop(kept);
+        assert!(fresh.exists(), "the state directory of a daemon that ran went with its lock");
     }
 }

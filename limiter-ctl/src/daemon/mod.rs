@@ -162,7 +162,7 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     // One daemon per interface, whatever its --pin-dir: the lock on the interface's state,
     // before anything is bound or read (its bans above all), held until exit.
     let pins = PinDir::new(&args.pin_dir, &args.iface);
-    let _state = instance::StateLock::take(&args.state_dir, &args.iface, pins.dir())?;
+    let mut state_lock = instance::StateLock::take(&args.state_dir, &args.iface, pins.dir())?;
     // The metrics listener (and its probes) first, so /readyz can say what the daemon waits for.
     let (shared, health) = (stats::Shared::default(), Health::new());
     let metrics_addr = match args.metrics {
@@ -214,6 +214,7 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
             return Err(e);
         }
     };
+    state_lock.keep_dirs();
     let result = daemon.serve(listener, refusals, &args, signals).await;
     notify(&[sd_notify::NotifyState::Stopping]);
     if let Err(e) = std::fs::remove_file(socket) {
