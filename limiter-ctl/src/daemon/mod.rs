@@ -1,8 +1,9 @@
-//! The daemon room: `limiter-ctl daemon`. Validate the config, wait for the interface, claim it
-//! (one daemon per interface), load or adopt the program, make its maps say what the config
-//! says, attach, tell systemd it is ready (this file); then run the loop until SIGTERM,
-//! SIGINT or SIGUSR2 (SIGUSR1 is logged and ignored), and leave the program attached and
-//! pinned for the next daemon. A start that fails takes away what it made.
+//! The daemon room: `limiter-ctl daemon`. Validate the config, lock the interface's state
+//! (`instance`), wait for the interface, claim it (one limiter per interface), load or adopt
+//! the program, make its maps say what the config says, attach, tell systemd it is ready (this
+//! file); then run the loop until SIGTERM, SIGINT or SIGUSR2 (SIGUSR1 is logged and ignored),
+//! and leave the program attached and pinned for the next daemon. A start that fails takes away
+//! what it made.
 //!
 //! The loop (`serve`) alone owns the running state (`serve::Daemon`); its other jobs each have
 //! a file:
@@ -11,6 +12,7 @@
 //! - `requests`: each request handled on the running rules;
 //! - `commit`: a new state made the running one, the kernel's maps then the file, the maps put
 //!   back if the file cannot be written;
+//! - `instance`: one daemon per interface, whatever its pin directory (the state lock);
 //! - `bans`: the expiring entries (bans): kept, swept when they expire, saved in the state
 //!   directory;
 //! - `reload`: the config file re-read on SIGHUP, `limiter-ctl reload` and when it changes

@@ -13,7 +13,9 @@ use aya::programs::{
 use limiter_common::maps::Config;
 
 use super::{
-    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement, interface_exists,
+    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement,
+    handover::IN_FLIGHT,
+    interface_exists,
     pins::{PinDir, map_names, xdp_program},
     tcx::{self, TcxPlace},
 };
@@ -244,6 +246,8 @@ impl Limiter {
         let iface = link.iface.clone();
         self.load_hook(hook)?;
         self.set_handover(true)?;
+        // What the XDP program judged before it saw the flag passes tc ingress before tc judges.
+        std::thread::sleep(IN_FLIGHT);
         sigkill_at("move-flagged");
         let moved = self.switch_link(&iface, hook, want, why, from);
         // The link let go of: the old one, or on a failure the new one (if it was made).

@@ -20,9 +20,10 @@ use super::{Error, Hook, Limiter, pins::xdp_program, tcx};
 /// How long a released link may take to leave its hook (the kernel frees it from a workqueue).
 pub(super) const RELEASE: Duration = Duration::from_secs(2);
 
-/// Once the released hook has left, how long packets the XDP program marked may still be on
-/// their way to tc ingress (a CPU's backlog): the flag stays set that much longer.
-const IN_FLIGHT: Duration = Duration::from_millis(50);
+/// How long a packet the XDP program passed may still be on its way to tc ingress (a CPU's
+/// backlog): the flag is set that long before the second hook is attached, and stays set that
+/// long after the released hook has left.
+pub(super) const IN_FLIGHT: Duration = Duration::from_millis(50);
 
 impl Limiter {
     /// Whether [`Config::HANDOVER`] is set.

@@ -1,8 +1,10 @@
 //! The kernel room: the handle on the limiter's programs and maps, [`Limiter`]. It loads the
 //! program or adopts a pinned one (`load`), pins it on bpffs (`pins`), attaches it at XDP or at
 //! tc ingress (`tcx`; `hook` says where it runs), moves it between the two and detaches it
-//! (`attach`), rotates its salt (`rotate`), reads and writes its maps (`maps`), and brings the
-//! maps from one state to another, touching only what differs (`view`), in the kernel's terms
+//! (`attach`; while both hooks hold it, each packet judged once: `handover`), finds another
+//! limiter on the interface (`others`), rotates its salt (`rotate`), reads and writes its maps
+//! (`maps`), and brings the maps from one state to another, touching only what differs (`view`),
+//! in the kernel's terms
 //! of the validated state (`compile`: policy records, routes). One `impl Limiter` per concern,
 //! each in its file. `host` answers what the host is (interfaces, the clock).
 //!
