@@ -48,8 +48,15 @@ impl StateLock {
         DirBuilder::new().recursive(true).mode(0o700).create(state_dir).map_err(failed)?;
         // The holder removes the file as it stops: whoever locked the removed one locks anew.
         for _ in 0..3 {
-            let file =
-                OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(&path).map_err(failed)?;
+            // Not truncated: until it holds the lock, the holder's words in it are not its own.
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&path)
+                .map_err(failed)?;
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                 Ok(lock) if same_inode(&lock, &path) => {
                     let mut lock = StateLock { path: path.clone(), lock, created };
