@@ -150,6 +150,10 @@ pub const MAX_LAYERS: usize = 4;
 /// port class plus one per protocol class, which MAX_POLICIES policies cannot exceed.
 pub const MAX_LAYER_SETS: u32 = 4 * MAX_POLICIES + 8;
 
+/// What the XDP program puts in a packet's metadata (its first 4 bytes) under
+/// [`Config::HANDOVER`]: judged at XDP, not to be judged again at tc ingress.
+pub const JUDGED_MARK: u32 = 0x6a75_6467;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
@@ -213,6 +217,10 @@ impl Config {
     /// set: userspace sets it where a policy could need what is hidden (docs/DESIGN.md,
     /// Hidden ports).
     pub const HIDDEN_DROP: u32 = 1 << 4;
+    /// Both hooks may hold the program (a move between them is under way, or was cut short):
+    /// the XDP program puts [`JUDGED_MARK`] in the metadata of what it passes, and the tc program
+    /// passes what bears it unjudged, so a packet is judged once whichever hooks run.
+    pub const HANDOVER: u32 = 1 << 12;
     /// Userspace only: the program was attached in skb (generic) mode.
     pub const ATTACHED_SKB: u32 = 1 << 16;
     /// Userspace only: the program was attached at tc ingress (tcx), not XDP.

@@ -23,6 +23,7 @@ mod cli;
 pub mod config;
 mod daemon;
 pub mod kernel;
+mod test_hook;
 
 use std::process::ExitCode;
 

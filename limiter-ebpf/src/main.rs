@@ -3,7 +3,8 @@
 //! `program/` (parse → policy → key → decide → act); here every shortcut of the key memo is on.
 //!
 //! The same judgement runs at tc ingress (tcx) for an interface whose XDP hook another program
-//! holds: `limiter_tcx` and `limiter_lay_tcx`, the same code over `__sk_buff`.
+//! holds: `limiter_tcx` and `limiter_lay_tcx`, the same code over `__sk_buff`. While a move
+//! between the hooks has both hold it, what `limiter` judged bears a mark `limiter_tcx` lets by.
 //!
 //! Each body is `#[inline(always)]` into the section function the macro wraps it in: left to
 //! LLVM, a body this large stays a call of its own, and every call's return costs several
@@ -22,6 +23,7 @@ use limiter_ebpf::memo::AllOn;
 #[xdp]
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
+    program::mark_in_handover(&ctx);
     program::limiter::<AllOn, _>(&ctx)
 }
 

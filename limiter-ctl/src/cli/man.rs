@@ -132,9 +132,11 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
             "stopped by SIGTERM, SIGINT or SIGUSR2 (the program left attached and enforcing), also while \
              waiting for the interface"
                 .into(),
-            "failed: the kernel refused the program, another daemon owns the interface or the socket, the \
-             interface did not appear within --wait-iface, or the program was detached or its pins removed \
-             while the daemon ran. A supervisor should start it again (Restart=on-failure)."
+            "failed: the kernel refused the program, another daemon owns the interface (under any --pin-dir: \
+             it holds the interface's lock in --state-dir, or its program is on the interface's hooks; the \
+             line names its pins and pid) or the socket, the interface did not appear within --wait-iface, or \
+             the program was detached or its pins removed while the daemon ran. A supervisor should start it \
+             again (Restart=on-failure)."
                 .into(),
             "bad input, nothing loaded: a bad flag, a config file refused (PATH:LINE:COL: why), a refused \
              --rate or --burst, an interface that does not exist (without --wait-iface), or a \

@@ -178,6 +178,9 @@ impl Daemon {
             }
             None => info!(iface = %self.iface, "attach {hook}: already there; nothing changed"),
         }
+        if let Some(why) = &attached.lingering {
+            warn!(iface = %self.iface, "{why}");
+        }
         // `stats` says the new hook at once, not a second later.
         if let Err(e) = self.snapshot() {
             warn!(error = %e, "reading the counters failed; stats are stale");

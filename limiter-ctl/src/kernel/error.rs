@@ -92,6 +92,9 @@ pub enum Error {
          detach"
     )]
     DetachOwned { iface: String, dir: PathBuf, owner: Owner },
+    /// Another limiter (under another pin directory) already judges on the interface.
+    #[error("{0}")]
+    OtherLimiter(Box<super::OtherLimiter>),
     #[error("sending SIGTERM to the daemon that owns the interface (pid {pid}) failed: {error}")]
     StopOwner { pid: u32, error: nix::Error },
     #[error("the daemon that owns the interface (pid {pid}) still runs {waited:?} after SIGTERM; nothing was removed")]

@@ -153,7 +153,12 @@ impl Limiter {
 
     /// The id the kernel gave the program of the hook it is attached at (XDP's, before it is).
     pub fn program_id(&self) -> Result<u32, Error> {
-        let name = hook_programs(self.hook().unwrap_or(Hook::Xdp)).0;
+        self.hook_program_id(self.hook().unwrap_or(Hook::Xdp))
+    }
+
+    /// The id the kernel gave the program of `hook` (an error if it is not loaded).
+    pub(super) fn hook_program_id(&self, hook: Hook) -> Result<u32, Error> {
+        let name = hook_programs(hook).0;
         let program = self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?;
         program.info().map(|i| i.id()).map_err(Error::Verify)
     }

@@ -1,8 +1,10 @@
 //! The kernel room: the handle on the limiter's programs and maps, [`Limiter`]. It loads the
 //! program or adopts a pinned one (`load`), pins it on bpffs (`pins`), attaches it at XDP or at
 //! tc ingress (`tcx`; `hook` says where it runs), moves it between the two and detaches it
-//! (`attach`), rotates its salt (`rotate`), reads and writes its maps (`maps`), and brings the
-//! maps from one state to another, touching only what differs (`view`), in the kernel's terms
+//! (`attach`; while both hooks hold it, each packet judged once: `handover`), finds another
+//! limiter on the interface (`others`), rotates its salt (`rotate`), reads and writes its maps
+//! (`maps`), and brings the maps from one state to another, touching only what differs (`view`),
+//! in the kernel's terms
 //! of the validated state (`compile`: policy records, routes). One `impl Limiter` per concern,
 //! each in its file. `host` answers what the host is (interfaces, the clock).
 //!
@@ -18,11 +20,13 @@ mod bans;
 pub mod compile;
 mod error;
 mod geometry;
+mod handover;
 mod hook;
 mod host;
 mod load;
 mod maps;
 mod objects;
+mod others;
 pub(crate) mod pins;
 mod refusals;
 mod rotate;
@@ -41,6 +45,7 @@ pub use geometry::{
 pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
 pub use load::Limiter;
 pub use maps::BucketScan;
+pub(crate) use others::{OtherLimiter, other_limiter, take_off_advice};
 pub use refusals::{DEFAULT_SAMPLE_REFUSALS, DEFAULT_SAMPLES_PER_S, Refusals, per_cpu_budget};
 pub use rotate::draw_salt;
 pub use tcx::{ProgRef, TcxPlace};

@@ -19,14 +19,16 @@ mod policy;
 use aya_ebpf::{
     EbpfContext,
     bindings::{TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action::XDP_DROP},
+    helpers::bpf_xdp_adjust_meta,
     macros::map,
     maps::{Array, HashMap, LpmTrie, PerCpuArray, ProgramArray, RingBuf},
     programs::{TcContext, XdpContext},
 };
 use limiter_common::{
     maps::{
-        Ban, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, LayerSet, Lease, MAX_ACL_ENTRIES, MAX_BAN_NETS, MAX_BANS,
-        MAX_LAYER_SETS, MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy, REFUSALS_BYTES,
+        Ban, Config, Counters, DEFAULT_BUCKETS, GENERATIONS, JUDGED_MARK, LayerSet, Lease, MAX_ACL_ENTRIES,
+        MAX_BAN_NETS, MAX_BANS, MAX_LAYER_SETS, MAX_POLICIES, POLICY_NAME_LEN, PORT_POLICY_ENTRIES, Policy,
+        REFUSALS_BYTES,
     },
     sample::Sampler,
 };
@@ -143,12 +145,58 @@ pub fn limiter_layers<H: Hook>(ctx: &H) -> u32 {
     layers::run(ctx)
 }
 
-/// The tc program's body: headers an skb holds in its pages are pulled in first.
+/// The tc program's body: headers an skb holds in its pages are pulled in first. What the XDP
+/// program judged already (both hooks attached, [`Config::HANDOVER`]) goes on unjudged.
 #[inline(always)]
 pub fn limiter_tcx<S: Shortcuts>(ctx: &TcContext) -> i32 {
+    if judged_at_xdp(ctx) {
+        return TC_ACT_UNSPEC;
+    }
     pull_headers(ctx);
     tc_action(limiter::<S, TcContext>(ctx))
 }
+
+/// Under [`Config::HANDOVER`], marks the packet judged before it is: what the XDP program
+/// passes then goes by the tc program unjudged (see [`judged_at_xdp`]); what it drops, nobody
+/// sees. Marked on the way in, not out: one test where the program starts, not one on each of
+/// its ways out, which the verifier would walk for every state that reaches them.
+#[inline(always)]
+pub fn mark_in_handover(ctx: &XdpContext) {
+    if CONFIG.get(0).is_some_and(|c| c.flags & Config::HANDOVER != 0) {
+        mark_judged(ctx);
+    }
+}
+
+/// [`JUDGED_MARK`] in four bytes of metadata before the frame. A driver that keeps no metadata
+/// refuses the room: the packet is then judged at tc ingress too, the strict side.
+#[inline(always)]
+fn mark_judged(ctx: &XdpContext) {
+    // SAFETY: the helper checks the room it makes; the packet pointers are read after it.
+    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(MARK_LEN as i32)) } != 0 {
+        return;
+    }
+    let (meta, data) = (ctx.metadata(), ctx.data());
+    if meta + MARK_LEN <= data {
+        // SAFETY: within the metadata, checked just above.
+        unsafe { core::ptr::write_unaligned(meta as *mut u32, JUDGED_MARK) };
+    }
+}
+
+/// Whether the packet bears the XDP program's [`JUDGED_MARK`] while both hooks may judge: only
+/// then, so metadata some other XDP program leaves is never taken for it otherwise.
+#[inline(always)]
+fn judged_at_xdp(ctx: &TcContext) -> bool {
+    let skb = ctx.skb.skb;
+    // SAFETY: fields of the context the kernel hands the program.
+    let (meta, data) = unsafe { ((*skb).data_meta as usize, (*skb).data as usize) };
+    // SAFETY: within the metadata, checked first.
+    meta + MARK_LEN <= data
+        && unsafe { core::ptr::read_unaligned(meta as *const u32) } == JUDGED_MARK
+        && CONFIG.get(0).is_some_and(|c| c.flags & Config::HANDOVER != 0)
+}
+
+/// The metadata the mark takes (the kernel wants a multiple of 4).
+const MARK_LEN: usize = 4;
 
 /// The program's body, with the memo's shortcuts `S`, at hook `H`: an XDP action.
 #[inline(always)]
