@@ -13,6 +13,8 @@
 //!   back if the file cannot be written;
 //! - `bans`: the expiring entries (bans): kept, swept when they expire, saved in the state
 //!   directory;
+//! - `listing`: work on the bans a page at a time: `ban-list` answers streamed to their client,
+//!   and the saves' pages;
 //! - `reload`: the config file re-read on SIGHUP, `limiter-ctl reload` and when it changes
 //!   (`watch`), and a hand edit caught up with before a change.
 //!
@@ -30,6 +32,7 @@ mod bans;
 mod commit;
 mod error;
 mod health;
+mod listing;
 mod metrics;
 mod reload;
 mod requests;
