@@ -101,6 +101,16 @@ fn at_capacity_lists_answer_rm_works_memory_stays_and_stats_is_answered() {
         "the daemon grew {grown:.0} MB over five lists ({before:.0} MB before: {after:.0?})"
     );
 
+    // A reader that takes nothing for 3 s (a pager): the CLI reads on, so the daemon, which
+    // drops a client that takes nothing for 2 s, keeps sending.
+    let bin = limiter_tests::daemon::limiter_ctl_binary().expect("limiter-ctl");
+    let mut paged = Ctl::command(&bin, &rig.scratch.socket(), &["deny", "list"]);
+    let paged = paged.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("running limiter-ctl");
+    std::thread::sleep(Duration::from_secs(3));
+    let out = paged.wait_with_output().expect("its output");
+    assert!(out.status.success(), "deny list read 3 s late: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1 + total, "deny list read 3 s late");
+
     // Counted, not parsed: the harness is a debug build, a parse of 300 MB would take half a
     // minute (the shape is the CLI's unit tests').
     let (took, text) = list_to_file(&rig, &["deny", "list", "--json"]);

@@ -131,11 +131,12 @@ impl Exchange {
         match (read, self.unsent.take()) {
             (_, Some(e)) if !whole => Err(error(e)),
             (Err(e), _) => Err(error(e)),
-            (Ok(_), _) => {
+            (Ok(_), _) if whole => {
                 line.pop();
                 self.reader.get_mut().deadline = Instant::now() + DEADLINE;
-                Ok(whole)
+                Ok(true)
             }
+            (Ok(_), _) => Ok(false),
         }
     }
 }
@@ -179,8 +180,25 @@ impl Iterator for BanPages {
     }
 }
 
+impl BanPages {
+    /// The pages read on a thread of their own, as fast as the daemon sends them, whatever the
+    /// taker does meanwhile: the daemon drops a client that takes nothing for 2 s, and a pager
+    /// (`deny list | less`) may wait longer than that. What is not taken yet waits here.
+    pub(crate) fn read_ahead(self) -> impl Iterator<Item = Result<Vec<BanStatus>, BanCallError>> {
+        let (pages, taken) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for page in self {
+                if pages.send(page).is_err() {
+                    break;
+                }
+            }
+        });
+        taken.into_iter()
+    }
+}
+
 /// The expiring entries of a list, a page at a time as the daemon sends them: the whole list
-/// is never in memory here (nor in the daemon).
+/// is never in the daemon's memory (nor here, unless the pages are not taken).
 pub(crate) fn ban_list(socket: &Path, list: List) -> Result<BanPages, ClientError> {
     ban_pages(socket, &Request::BanList { list, cidrs: None })
 }
@@ -313,4 +331,35 @@ pub(crate) fn ban_rm(socket: &Path, list: List, origin: Origin, cidrs: &[IpNet])
         removed.extend(answer.cidrs);
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request cut short says what was applied, what may have been and what was not sent;
+    /// one whose connection never opened (nothing sent) is said as it was.
+    #[test]
+    fn a_request_cut_short_says_what_was_applied() {
+        let lost = |e, done, sent, total| after_chunks(BanCallError::Client(e), done, sent, total).to_string();
+        let reset = || ClientError::Closed(PathBuf::from("/run/limiter/ctl.sock"));
+        assert!(
+            lost(reset(), 372_000, 1000, 1_048_575).ends_with(
+                "of 1048575 entries, the first 372000 were applied, the next 1000 may have been, the last 675575 \
+                 were not sent"
+            ),
+            "{}",
+            lost(reset(), 372_000, 1000, 1_048_575)
+        );
+        assert!(lost(reset(), 0, 1000, 5000).ends_with(
+            "none of the 5000 entries was confirmed applied, the first 1000 may have been, the last 4000 were not sent"
+        ));
+        assert!(lost(reset(), 0, 3, 3).ends_with("none of the 3 entries was confirmed applied; they may have been"));
+        let gone = || ClientError::NoDaemon(PathBuf::from("/run/limiter/ctl.sock"));
+        assert!(
+            lost(gone(), 2000, 1000, 5000)
+                .ends_with("of 5000 entries, the first 2000 were applied, the last 3000 were not sent")
+        );
+        assert_eq!(lost(gone(), 0, 1000, 5000), gone().to_string(), "nothing sent, nothing to count");
+    }
 }

@@ -497,7 +497,7 @@ fn list_entries(socket: &std::path::Path, list: List, json: bool) -> Result<Stri
         Response::Usage { error } => return Err(Error::Refused(error)),
         Response::Failed { error } => return Err(Error::Failed(error)),
     };
-    let pages = client::ban_list(socket, list).map_err(Error::Client)?;
+    let pages = client::ban_list(socket, list).map_err(Error::Client)?.read_ahead();
     let mut lost = None;
     let bans = pages.map_while(|page| page.map_err(|e| lost = Some(e)).ok()).flatten();
     let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
