@@ -64,10 +64,21 @@ fn at_capacity_lists_answer_rm_works_memory_stays_and_stats_is_answered() {
     assert_eq!(out.code, Some(0), "{out:?}");
     eprintln!("{PER_FAMILY} IPv6 bans added in {took:?}");
     answered_meanwhile("a load", &waits);
-    // A save of them all, after the load.
-    let loaded = SystemTime::now();
-    let (saved, waits) = timing_stats(&rig, || saved_after(&rig, loaded, total));
-    eprintln!("{total} bans saved in the {saved:?} after the load");
+    // A save of them all: once the saves the load made are over, one change (a ban renewed)
+    // makes one more, watched from before the change to its file's rename.
+    let file = ban_file(&rig);
+    settled(&file);
+    let (saved, waits) = timing_stats(&rig, || {
+        let before = modified(&file);
+        let start = Instant::now();
+        rig.ctl_ok(&["deny", "add", BANNED, "--for", "40m"]);
+        while modified(&file) == before {
+            assert!(start.elapsed() < Duration::from_secs(30), "no save within 30 s of a change");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        start.elapsed()
+    });
+    eprintln!("{total} bans saved within {saved:?} of a change");
     answered_meanwhile("a save", &waits);
     assert_eq!((kernel_bans(&rig, false), kernel_bans(&rig, true)), (PER_FAMILY as usize, PER_FAMILY as usize));
     let (banned, bystander) = (rig.stream(L4::Udp, PORT, BANNED), rig.stream(L4::Udp, PORT, BYSTANDER));
@@ -80,18 +91,17 @@ fn at_capacity_lists_answer_rm_works_memory_stays_and_stats_is_answered() {
     // Five lists: each whole within LIST_TIME, stats answered meanwhile, the memory flat.
     let before = rss_mb(&rig);
     let mut after = Vec::new();
-    let (times, waits) = timing_stats(&rig, || {
-        let mut times = Vec::new();
-        for _ in 0..5 {
-            let (took, text) = list_to_file(&rig, &["deny", "list"]);
-            assert_eq!(text.lines().count(), 1 + total, "lines of `deny list` (a header, then an entry each)");
-            let first = text.lines().nth(1).unwrap_or_default();
-            assert!(first.starts_with(&format!("{BANNED}/32 ")) && first.contains(" cli "), "{first}");
-            times.push(took);
-            after.push(rss_mb(&rig));
-        }
-        times
-    });
+    let (mut times, mut waits) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let ((took, text), during) = timing_stats(&rig, || list_to_file(&rig, &["deny", "list"]));
+        waits.extend(during);
+        after.push(rss_mb(&rig));
+        times.push(took);
+        assert_eq!(text.lines().count(), 1 + total, "lines of `deny list` (a header, then an entry each)");
+        let first = text.lines().nth(1).unwrap_or_default();
+        assert!(first.starts_with(&format!("{BANNED}/32 ")) && first.contains(" cli "), "{first}");
+    }
+    waits.sort();
     eprintln!("deny list of {total} bans: {times:?}; RSS {before:.0} MB before, {after:.0?} MB after each");
     answered_meanwhile("lists", &waits);
     assert!(times.iter().all(|t| *t < LIST_TIME), "deny list took {times:?}");
@@ -175,25 +185,22 @@ fn rss_mb(rig: &BanRig) -> f64 {
     kb.and_then(|kb| kb.parse::<f64>().ok()).expect("VmRSS") / 1024.0
 }
 
-/// How long after `since` the ban file held `total` deny entries, written after `since`
-/// (within 30 s). Counted, not parsed (see the `--json` list).
-fn saved_after(rig: &BanRig, since: SystemTime, total: usize) -> Duration {
-    let path = ban_file(rig);
-    let read = |path: &Path| -> Option<usize> {
-        let text = std::fs::read_to_string(path).ok()?;
-        text.ends_with("]}\n").then(|| text.matches(r#"["deny","#).count())
-    };
-    let mut last = None;
-    loop {
-        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-        if modified.is_some_and(|m| m > since) && modified != last {
-            last = modified;
-            if read(&path) == Some(total) {
-                return since.elapsed().unwrap_or_default();
-            }
-        }
-        assert!(since.elapsed().unwrap_or_default() < Duration::from_secs(30), "no save of {total} bans within 30 s");
+/// When a file was last written (None: it is not there).
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Waits until the ban file has not been rewritten for 2.5 s: the saves in flight are over (at
+/// most 30 s).
+fn settled(path: &Path) {
+    let start = Instant::now();
+    let (mut last, mut since) = (modified(path), Instant::now());
+    while since.elapsed() < Duration::from_millis(2500) {
+        assert!(start.elapsed() < Duration::from_secs(30), "the ban file still rewritten after 30 s");
         std::thread::sleep(Duration::from_millis(50));
+        if modified(path) != last {
+            (last, since) = (modified(path), Instant::now());
+        }
     }
 }
 
