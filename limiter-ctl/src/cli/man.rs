@@ -143,9 +143,14 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
              --tcx-before or --tcx-after program that is not at tc ingress (when attaching there)"
                 .into(),
         ),
-        Page::Client { .. } => {
-            ("done".into(), unreachable.into(), format!("{bad_args}, or the daemon refused the request as bad input"))
-        }
+        Page::Client { .. } => (
+            "done".into(),
+            format!(
+                "{unreachable}. A command of many entries (--file) whose connection was lost partway says how many \
+                 were applied and how to finish; a list cut short is printed as far as it came"
+            ),
+            format!("{bad_args}, or the daemon refused the request as bad input"),
+        ),
         Page::Reload => (
             "the file was applied".into(),
             format!("{unreachable}; the running config stays"),

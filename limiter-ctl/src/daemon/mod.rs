@@ -15,6 +15,8 @@
 //! - `instance`: one daemon per interface, whatever its pin directory (the state lock);
 //! - `bans`: the expiring entries (bans): kept, swept when they expire, saved in the state
 //!   directory;
+//! - `listing`: work on the bans a page at a time: `ban-list` answers streamed to their client,
+//!   and the saves' pages;
 //! - `reload`: the config file re-read on SIGHUP, `limiter-ctl reload` and when it changes
 //!   (`watch`), and a hand edit caught up with before a change.
 //!
@@ -33,6 +35,7 @@ mod commit;
 mod error;
 mod health;
 mod instance;
+mod listing;
 mod metrics;
 mod reload;
 mod requests;

@@ -141,8 +141,9 @@ impl Daemon {
                 }
                 Err(e) => ban_error(e),
             },
-            Request::BanList { list } => {
-                Response::Ok { data: serde_json::to_value(self.bans.list(list)).unwrap_or_default() }
+            // Answered by its connection, page by page from the loop (`listing`): never queued here.
+            Request::BanList { .. } => {
+                Response::Failed { error: "ban-list is answered by its connection, not the loop".into() }
             }
         }
     }
