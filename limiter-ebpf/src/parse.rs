@@ -187,7 +187,7 @@ fn parse_v4<F: Frame>(ctx: &F, l3: usize) -> Result<Packet, Skip> {
         return Err(Skip::Malformed);
     }
     let ihl = usize::from(vihl & 0x0f) * 4;
-    let stated = usize::from(u16::from_be_bytes(unsafe { (*ip).tot_len }));
+    let stated = length(unsafe { (*ip).tot_len });
     // BIG TCP (rule 6): the datagram is the frame.
     let big = stated == 0 && beyond_64k(ctx, l3);
     // Without a branch (`stated` is 0 when big): fewer paths for the verifier to walk.
@@ -225,6 +225,15 @@ fn parse_v4<F: Frame>(ctx: &F, l3: usize) -> Result<Packet, Skip> {
     Ok(pkt)
 }
 
+/// A datagram's stated length (network order), bounded where the verifier sees it: the
+/// verifiers of kernels before 6.? forget a byte swap's range (6.1's turns its result into an
+/// unknown scalar, which it then refuses to add to a packet pointer). LLVM knows the bound and
+/// would drop a plain mask, so the value goes through `black_box` first.
+#[inline(always)]
+fn length(be: [u8; 2]) -> usize {
+    core::hint::black_box(usize::from(u16::from_be_bytes(be))) & 0xffff
+}
+
 /// The frame holds 64 KiB or more from `off` (the IP header, or IPv6's payload), more than a
 /// stated length can cover: only an aggregate can (skb mode; no driver's linear XDP frame is
 /// that long).
@@ -250,7 +259,7 @@ fn parse_v6<F: Frame>(ctx: &F, l3: usize) -> Result<Packet, Skip> {
     if unsafe { (*ip).vcf[0] } >> 4 != 6 {
         return Err(Skip::Malformed);
     }
-    let payload = usize::from(u16::from_be_bytes(unsafe { (*ip).payload_len }));
+    let payload = length(unsafe { (*ip).payload_len });
     // BIG TCP and jumbograms (rule 6): the datagram is the frame.
     let big = payload == 0 && beyond_64k(ctx, l3 + Ipv6Hdr::LEN);
     let end = l3 + Ipv6Hdr::LEN + (payload | (usize::from(big) * BIG_DATAGRAM));

@@ -93,6 +93,9 @@ static KEY_MEMO: PerCpuArray<KeyMemo> = PerCpuArray::with_max_entries(1, 0);
 /// rows' arrays would push past 512 B beside the program's own frame. Not pinned: scratch.
 #[map]
 static HOST_ROWS: PerCpuArray<host_rows::HostRows> = PerCpuArray::with_max_entries(1, 0);
+/// Each CPU's parsed packet, written and read back between the parse and the judgement.
+#[map]
+static PACKET: PerCpuArray<limiter_ebpf::parse::Packet> = PerCpuArray::with_max_entries(1, 0);
 /// Each CPU's packet handed to the layered judgement (`layers::Task`), and its progress.
 #[map]
 static LAYER_TASK: PerCpuArray<layers::Task> = PerCpuArray::with_max_entries(1, 0);
@@ -206,15 +209,20 @@ pub fn limiter<S: Shortcuts, H: Hook>(ctx: &H) -> u32 {
         Ok(pkt) => pkt,
         Err(skip) => return act::skipped(skip),
     };
+    let Some(slot) = PACKET.get_ptr_mut(0) else {
+        return act::fault();
+    };
+    unsafe { core::ptr::copy_nonoverlapping(&pkt, slot, 1) };
     let Some(cfg) = CONFIG.get(0) else {
         return act::fault();
     };
-    let policy = match policy::select(cfg, &pkt) {
+    let pkt: &limiter_ebpf::parse::Packet = unsafe { &*slot };
+    let policy = match policy::select(cfg, pkt) {
         Selected::Judge(policy) => policy,
-        Selected::Layers(set) => return layers::hand_over(ctx, &pkt, set, frame_len),
+        Selected::Layers(set) => return layers::hand_over(ctx, pkt, set, frame_len),
         Selected::Done(action) => return action,
     };
-    let words = key_words(&pkt, policy);
+    let words = key_words(pkt, policy);
     let verdict = if policy.flags & Policy::SCOPE_HOST != 0 {
         if cfg.host_rows > 1 {
             // Out of line, and the program's last step (`host_rows`).
