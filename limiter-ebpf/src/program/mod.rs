@@ -12,6 +12,7 @@
 
 mod act;
 mod buckets;
+mod host_one;
 mod host_rows;
 mod layers;
 mod policy;
@@ -96,6 +97,9 @@ static HOST_ROWS: PerCpuArray<host_rows::HostRows> = PerCpuArray::with_max_entri
 /// Each CPU's parsed packet, written and read back between the parse and the judgement.
 #[map]
 static PACKET: PerCpuArray<limiter_ebpf::parse::Packet> = PerCpuArray::with_max_entries(1, 0);
+/// Each CPU's one-row host-scope judgement being made (`host_one::HostOne`). Not pinned: scratch.
+#[map]
+static HOST_ONE: PerCpuArray<host_one::HostOne> = PerCpuArray::with_max_entries(1, 0);
 /// Each CPU's packet handed to the layered judgement (`layers::Task`), and its progress.
 #[map]
 static LAYER_TASK: PerCpuArray<layers::Task> = PerCpuArray::with_max_entries(1, 0);
