@@ -300,13 +300,17 @@ fn bucket_rows(cfg: &Config, generation: usize, hash: u64, rows: usize, len: u32
 /// The buckets' values; None on a failed lookup (an index beyond the map).
 #[inline(always)]
 fn read_rows(idx: &[u32; MAX_ROWS], rows: usize) -> Option<[u64; MAX_ROWS]> {
-    let mut values = [0u64; MAX_ROWS];
-    let mut i = 0;
-    while i < MAX_ROWS && i < rows {
-        values[i] = unsafe { *BUCKETS.get_ptr(idx[i])? };
-        i += 1;
-    }
-    Some(values)
+    // Each entry read or 0, none first zeroed (`row_indexes` says why).
+    let mut found = true;
+    let values = core::array::from_fn(|i| match BUCKETS.get_ptr(idx[i]) {
+        _ if i >= rows => 0,
+        Some(v) => unsafe { *v },
+        None => {
+            found = false;
+            0
+        }
+    });
+    found.then_some(values)
 }
 
 /// Writes the rows whose value changes (read above, so the lookups succeed).

@@ -209,17 +209,21 @@ const MARK_LEN: usize = 4;
 #[inline(always)]
 pub fn limiter<S: Shortcuts, H: Hook>(ctx: &H) -> u32 {
     let frame_len = ctx.len();
-    let pkt = match parse(ctx) {
-        Ok(pkt) => pkt,
-        Err(skip) => return act::skipped(skip),
-    };
+    // Parsed into this CPU's scratch, and read from there after a helper call: the verifier
+    // knows nothing of a map value's contents, so every way through the parse (each with its
+    // own constants) meets the rest of the program as one state, instead of walking it again
+    // (on kernel 7.3 the limiter went from 822k instructions to under half that).
     let Some(slot) = PACKET.get_ptr_mut(0) else {
         return act::fault();
     };
-    unsafe { core::ptr::copy_nonoverlapping(&pkt, slot, 1) };
+    // SAFETY: a map value, valid for the program's run; only this CPU touches it.
+    if let Err(skip) = parse(ctx, unsafe { &mut *slot }) {
+        return act::skipped(skip);
+    }
     let Some(cfg) = CONFIG.get(0) else {
         return act::fault();
     };
+    // SAFETY: as above.
     let pkt: &limiter_ebpf::parse::Packet = unsafe { &*slot };
     let policy = match policy::select(cfg, pkt) {
         Selected::Judge(policy) => policy,
