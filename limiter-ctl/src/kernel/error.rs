@@ -23,7 +23,8 @@ pub enum Error {
     Rejected { hook: &'static str, program: &'static str, reason: String, saved: Option<PathBuf> },
     /// The kernel lacks something the limiter needs (`features`): nothing was loaded.
     #[error(
-        "this kernel (Linux {release}) cannot run the limiter: it lacks {lacks}, which Linux {since} and later have          ({detail}); run Linux {min} or later (Debian 12's 6.1 and later are tested: `man limiter-ctl-daemon`,          REQUIREMENTS)",
+        "this kernel (Linux {release}) cannot run the limiter: it lacks {lacks} (Linux {since} and later have it; \
+         {detail}); run Linux {min} or later (Debian 12's 6.1 and later are tested)",
         min = super::features::MINIMUM
     )]
     KernelLacks { release: String, lacks: &'static str, since: &'static str, detail: String },

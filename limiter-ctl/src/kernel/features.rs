@@ -38,12 +38,12 @@ pub(super) fn require_programs(ebpf: &mut Ebpf) -> Result<(), Error> {
     match probe.load() {
         Ok(()) => Ok(()),
         Err(ProgramError::LoadError { io_error, verifier_log }) => {
-            let last = verifier_log.to_string();
-            let reason = last.lines().rev().find(|l| !l.trim().is_empty() && !l.starts_with("processed")).unwrap_or("");
+            let log = verifier_log.to_string();
+            let said = super::verifier::last_words(&log).unwrap_or("no reason given");
             Err(lacks(
-                "BPF atomics (compare-and-exchange), which the host-scope buckets are shared with",
+                "BPF atomics (compare-and-exchange), which host scope shares buckets with",
                 "5.12",
-                format!("{io_error}: {}", reason.trim()),
+                format!("the verifier said: {said} ({io_error})"),
             ))
         }
         Err(other) => Err(Error::Program(other)),

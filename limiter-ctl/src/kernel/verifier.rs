@@ -40,10 +40,9 @@ pub(super) fn rejected(hook: &'static str, program: &'static str, e: ProgramErro
 /// The verifier's reason: the last line of its log that is neither its statistics nor an
 /// instruction, e.g. `math between pkt pointer and register with unbounded min value is not
 /// allowed`, or `BPF program is too large. Processed 1000001 insn`.
-fn last_words(log: &str) -> Option<&str> {
-    let statistic = |l: &str| {
-        ["processed ", "verification time", "stack depth", "subprog "].iter().any(|s| l.starts_with(s))
-    };
+pub(super) fn last_words(log: &str) -> Option<&str> {
+    let statistic =
+        |l: &str| ["processed ", "verification time", "stack depth", "subprog "].iter().any(|s| l.starts_with(s));
     let instruction = |l: &str| l.split_once(':').is_some_and(|(n, _)| n.trim().bytes().all(|b| b.is_ascii_digit()));
     log.lines().map(str::trim).rev().find(|l| !l.is_empty() && !statistic(l) && !instruction(l) && !l.starts_with(';'))
 }

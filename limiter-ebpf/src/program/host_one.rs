@@ -67,7 +67,8 @@ impl HostOne {
             _ => return (Verdict::Admit, None),
         };
         // SAFETY: written by `host_one_judge` just now, this CPU's alone.
-        let (stored, store) = unsafe { (core::ptr::read_volatile(&self.stored), core::ptr::read_volatile(&self.store)) };
+        let (stored, store) =
+            unsafe { (core::ptr::read_volatile(&self.stored), core::ptr::read_volatile(&self.store)) };
         (verdict, (stored != 0).then_some(store))
     }
 
