@@ -47,6 +47,10 @@ pub const PROGRAM_TCX: &str = "limiter_tcx";
 /// [`PROGRAM_LAYERS`] at tc ingress, reached from [`PROGRAM_TCX`] through `JUMPS_TCX` (a
 /// program array holds programs of one type only). At most 15 characters: the kernel's name.
 pub const PROGRAM_LAYERS_TCX: &str = "limiter_lay_tcx";
+/// A probe, loaded (never attached) before the limiter: one compare-and-exchange, which the
+/// host-scope buckets need (BPF atomics, Linux 5.12). A kernel that refuses it cannot run the
+/// limiter, and the daemon says so.
+pub const PROBE_CAS: &str = "limiter_cas";
 pub const MAP_CONFIG: &str = "CONFIG";
 pub const MAP_POLICIES: &str = "POLICIES";
 pub const MAP_PORT_POLICY: &str = "PORT_POLICY";
@@ -150,6 +154,10 @@ pub const MAX_LAYERS: usize = 4;
 /// port class plus one per protocol class, which MAX_POLICIES policies cannot exceed.
 pub const MAX_LAYER_SETS: u32 = 4 * MAX_POLICIES + 8;
 
+/// What the XDP program puts in a packet's metadata (its first 4 bytes) under
+/// [`Config::HANDOVER`]: judged at XDP, not to be judged again at tc ingress.
+pub const JUDGED_MARK: u32 = 0x6a75_6467;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
@@ -213,6 +221,10 @@ impl Config {
     /// set: userspace sets it where a policy could need what is hidden (docs/DESIGN.md,
     /// Hidden ports).
     pub const HIDDEN_DROP: u32 = 1 << 4;
+    /// Both hooks may hold the program (a move between them is under way, or was cut short):
+    /// the XDP program puts [`JUDGED_MARK`] in the metadata of what it passes, and the tc program
+    /// passes what bears it unjudged, so a packet is judged once whichever hooks run.
+    pub const HANDOVER: u32 = 1 << 12;
     /// Userspace only: the program was attached in skb (generic) mode.
     pub const ATTACHED_SKB: u32 = 1 << 16;
     /// Userspace only: the program was attached at tc ingress (tcx), not XDP.

@@ -23,6 +23,7 @@ mod cli;
 pub mod config;
 mod daemon;
 pub mod kernel;
+mod test_hook;
 
 use std::process::ExitCode;
 
@@ -42,7 +43,7 @@ pub fn main() -> ExitCode {
         cli::Run::Done(code) => code,
         cli::Run::Daemon { options, socket } => match daemon::main(*options, &socket) {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => cli::report_failure(&e, e.is_bad_input()),
+            Err(e) => cli::report_failure(&e, e.exit_code()),
         },
     }
 }

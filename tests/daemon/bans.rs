@@ -3,35 +3,24 @@
 //! within a second of its expiry (real traffic on the veth pair); it survives a daemon restart
 //! with the time it had left (and one that expired meanwhile is gone); bad input changes
 //! nothing, exit 2; 100,000 bans go in and out in under 2 s each while another client's `stats`
-//! is answered; a million per family fit.
+//! is answered. (A million per family: ban_capacity.rs.)
 //!
 //! Through the real `limiter-ctl` (daemon and CLI) on the shared [`limiter_tests::rig`], the
 //! daemon's state directory in the scratch directory (`--state-dir`).
 
 use std::{
-    io::Write as _,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::unix::net::UnixStream,
-    path::Path,
-    process::Stdio,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
     thread,
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, Map, MapData};
-use limiter_common::maps::{Ban, MAP_BANS_V4, MAP_BANS_V6};
 use limiter_tests::{
-    daemon::{Ctl, SIGNAL_TIMEOUT},
+    ban_rig::{addresses, args, ctl_with_input, deny_list, kernel_bans, raw_request, rig, while_asking_stats},
+    daemon::SIGNAL_TIMEOUT,
     flood::{L4, Limits},
     observe::fresh_stats,
     require_root,
     rig::Rig,
 };
-use serde_json::Value;
 
 /// A test source the tests ban, and one beside it they never ban.
 const BANNED: &str = "198.18.200.5";
@@ -39,84 +28,6 @@ const BYSTANDER: &str = "198.18.200.6";
 const PORT: u16 = 4000;
 /// Frames a second from each source while a test watches a ban (paced: every 2 ms).
 const PER_SEC: f64 = 1000.0;
-
-/// One test of this file at a time, whatever `--test-threads` says (`cargo xtask test` runs
-/// them one by one anyway): the timings asserted here must not share the CPUs with a million
-/// bans being loaded beside them.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// A rig whose daemon keeps its runtime state in a directory of the test's own, holding this
-/// file's lock ([`SERIAL`]). Fields drop in order: the daemon stops (saving its bans), then the
-/// state directory goes, then the next test may start.
-struct BanRig {
-    rig: Rig,
-    state: tempfile::TempDir,
-    _serial: std::sync::MutexGuard<'static, ()>,
-}
-
-impl std::ops::Deref for BanRig {
-    type Target = Rig;
-
-    fn deref(&self) -> &Rig {
-        &self.rig
-    }
-}
-
-impl std::ops::DerefMut for BanRig {
-    fn deref_mut(&mut self) -> &mut Rig {
-        &mut self.rig
-    }
-}
-
-fn rig() -> BanRig {
-    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let state = tempfile::Builder::new().prefix("limiter-state").tempdir().expect("a state directory");
-    let rig = Rig::start(&args(state.path())).expect("starting the rig");
-    BanRig { rig, state, _serial: serial }
-}
-
-fn args(state: &Path) -> Vec<&str> {
-    vec!["--rotate-every", "off", "--metrics", "off", "--state-dir", state.to_str().expect("a UTF-8 path")]
-}
-
-/// Entries in the pinned exact-address ban map of one family.
-fn kernel_bans(rig: &Rig, v6: bool) -> usize {
-    let pin = rig.scratch.pin_dir(&rig.net.receiver.iface).join(if v6 { MAP_BANS_V6 } else { MAP_BANS_V4 });
-    let data = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("opening {}: {e}", pin.display()));
-    if v6 {
-        let map: HashMap<_, [u8; 16], Ban> = HashMap::try_from(Map::HashMap(data)).expect("a hash map");
-        map.keys().count()
-    } else {
-        let map: HashMap<_, [u8; 4], Ban> = HashMap::try_from(Map::HashMap(data)).expect("a hash map");
-        map.keys().count()
-    }
-}
-
-/// `deny list --json`, parsed.
-fn deny_list(rig: &Rig) -> Vec<Value> {
-    let out = rig.ctl_ok(&["deny", "list", "--json"]);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("deny list --json ({e}): {out}"))
-}
-
-/// `limiter-ctl ARGS` with `input` on its standard input.
-fn ctl_with_input(rig: &Rig, args: &[&str], input: &str) -> Ctl {
-    let bin = limiter_tests::daemon::limiter_ctl_binary().expect("limiter-ctl");
-    let mut cmd = Ctl::command(&bin, &rig.scratch.socket(), args);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("running limiter-ctl");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let text = input.to_string();
-    let writer = thread::spawn(move || {
-        let _ = stdin.write_all(text.as_bytes());
-    });
-    let out = child.wait_with_output().expect("limiter-ctl's output");
-    writer.join().expect("the writer");
-    Ctl {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
 
 /// A ban with `--for 2s` drops its source's frames at XDP from when the CLI returns until its
 /// deadline, and they pass again within 1 s of it; a source beside it passes throughout; the
@@ -288,53 +199,6 @@ fn bad_input_changes_nothing() {
     assert_eq!(kernel_bans(&rig, false), 3);
 }
 
-/// One request line on the socket, its answer line.
-fn raw_request(socket: &Path, line: &str) -> String {
-    use std::io::{BufRead as _, BufReader};
-    let mut stream = UnixStream::connect(socket).expect("connecting");
-    stream.write_all(line.as_bytes()).and_then(|()| stream.write_all(b"\n")).expect("writing");
-    let mut answer = String::new();
-    BufReader::new(stream).read_line(&mut answer).expect("reading");
-    answer
-}
-
-/// `n` addresses, one per line: IPv4 from 240.0.0.0 (reserved, never a real source) or IPv6
-/// in 2001:db8:b::/48.
-fn addresses(n: u32, v6: bool) -> String {
-    let mut out = String::with_capacity(n as usize * 24);
-    for i in 0..n {
-        let addr: IpAddr = if v6 {
-            Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, (i >> 16) as u16, i as u16).into()
-        } else {
-            Ipv4Addr::from(0xf000_0000 + i).into()
-        };
-        out.push_str(&addr.to_string());
-        out.push('\n');
-    }
-    out
-}
-
-/// Another client asking `stats` in a loop while `work` runs: how many answers it got
-/// meanwhile, and the longest wait for one.
-fn while_asking_stats<T>(rig: &Rig, work: impl FnOnce() -> T) -> (T, usize, Duration) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let waits = Arc::new(Mutex::new(Vec::new()));
-    let (socket, flag, log) = (rig.scratch.socket(), stop.clone(), waits.clone());
-    let asker = thread::spawn(move || {
-        while !flag.load(Ordering::Relaxed) {
-            let start = Instant::now();
-            let answer = raw_request(&socket, r#"{"op":"stats"}"#);
-            assert!(answer.contains(r#""status":"ok""#), "{answer}");
-            log.lock().expect("the log").push(start.elapsed());
-        }
-    });
-    let result = work();
-    stop.store(true, Ordering::Relaxed);
-    asker.join().expect("the stats client");
-    let waits = waits.lock().expect("the log");
-    (result, waits.len(), waits.iter().max().copied().unwrap_or_default())
-}
-
 /// 100,000 bans from standard input reach the kernel in under 2 s, and as many removals take
 /// them out in under 2 s, while another client's `stats` is answered all along.
 #[test]
@@ -364,32 +228,6 @@ fn a_hundred_thousand_bans_go_in_and_out_in_under_two_seconds() {
     assert!(took < Duration::from_secs(2), "removing 100,000 bans took {took:?}");
     assert!(answers >= 5 && longest < Duration::from_millis(500), "{answers} stats answers, longest {longest:?}");
     assert_eq!(kernel_bans(&rig, false), 0);
-}
-
-/// A million bans per family fit (the maps hold 2^20 each), and a source banned beside them
-/// is dropped at XDP.
-#[test]
-fn a_million_bans_per_family_fit() {
-    require_root!();
-    let rig = rig();
-    let start = Instant::now();
-    for v6 in [false, true] {
-        let out = ctl_with_input(&rig, &["deny", "add", "--file", "-", "--for", "10m"], &addresses(1_000_000, v6));
-        assert_eq!(out.code, Some(0), "{out:?}");
-    }
-    rig.ctl_ok(&["deny", "add", BANNED, "--for", "10m"]);
-    eprintln!("2,000,001 bans added in {:?}", start.elapsed());
-    assert_eq!(kernel_bans(&rig, false), 1_000_001);
-    assert_eq!(kernel_bans(&rig, true), 1_000_000);
-    let banned = rig.stream(L4::Udp, PORT, BANNED);
-    let bystander = rig.stream(L4::Udp, PORT, BYSTANDER);
-    let run = rig
-        .flood(&[banned.clone(), bystander.clone()], Limits::counted(400, Duration::from_secs(2)), Some(PER_SEC))
-        .expect("traffic");
-    assert_eq!(run.delivered(&limiter_tests::rig::flow_of(&banned)), 0, "the banned source's frames");
-    assert!(run.delivered(&limiter_tests::rig::flow_of(&bystander)) >= 190, "the bystander's frames");
-    let s = fresh_stats(&rig);
-    assert_eq!(s["bans"]["active_v6"]["cli"], 1_000_000, "{s}");
 }
 
 /// A ban decides before the config file's lists: an allow ban lets one address of a denied

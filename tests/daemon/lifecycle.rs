@@ -274,25 +274,33 @@ fn detach_refuses_while_the_owner_lives_unless_forced() {
     assert!(!rig.scratch.pin_dir(&iface).exists(), "{:?}", rig.scratch.pinned(&iface));
 }
 
-/// Another daemon's program holds the interface (a limiter under another --pin-dir): a start
-/// that asks for XDP (`--attach xdp`; auto would go to tcx) fails with exit 1, naming that
-/// program's id and name, and leaves nothing behind: no pin directory, no pins, no socket; the
-/// program there is untouched.
+/// Another daemon's program holds the interface (a limiter under another --pin-dir and another
+/// --state-dir): a start that asks for XDP (`--attach xdp`) fails with exit 1, naming that
+/// program's id and where it is pinned, and leaves nothing behind: no pin directory, no pins,
+/// no socket, no state directory; the program there is untouched.
 #[test]
 fn a_failed_start_leaves_nothing_and_names_the_program_in_the_way() {
     require_root!();
     let rig = Rig::start(&ARGS).expect("rig");
     let p1 = rig.daemon.program().expect("program");
     let other = Scratch::new().expect("scratch");
-    let xdp_only = [&ARGS[..], &["--attach", "xdp"]].concat();
+    let state = other.path().join("state");
+    let state_arg = state.to_str().expect("a UTF-8 path");
+    let xdp_only = [&ARGS[..], &["--attach", "xdp", "--state-dir", state_arg]].concat();
     let mut second = Daemon::spawn(&rig.net.receiver, &other, &xdp_only).expect("second daemon");
     let status = second.wait_exit(Duration::from_secs(30)).expect("the second daemon should exit");
     let out = second.output();
     eprintln!("second daemon: {status}\n{out}");
     assert_eq!(status.code(), Some(1), "{out}");
-    assert!(out.contains(&format!("XDP program id {p1} named 'limiter'")), "the error does not name {p1}:\n{out}");
+    let first_pins = rig.scratch.pin_dir(&rig.net.receiver.iface);
+    assert!(
+        out.contains(&format!("at XDP (program id {p1})")) && out.contains(&first_pins.display().to_string()),
+        "the error does not name {p1} and {}:\n{out}",
+        first_pins.display()
+    );
     assert!(!other.pins().exists(), "the failed start left {}", other.pins().display());
     assert!(!other.socket().exists(), "the failed start left its socket");
+    assert!(!state.exists(), "the failed start left its state directory");
     assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), Some(p1));
     rig.ctl_ok(&["stats"]);
 }

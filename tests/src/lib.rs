@@ -10,10 +10,12 @@
 //! TCP bulk transfers ([`transfer`]); for sharing the interface, Debian's xdp-filter holding the
 //! XDP hook ([`xdp_filter`]) and another tcx program loaded by the test ([`neighbour`]); the feeders of bans, Debian's
 //! fail2ban ([`fail2ban`]) and CrowdSec's local API ([`crowdsec`]), run as processes the test
-//! starts and stops ([`service`]); what the microbenchmarks share ([`microbench`]); waits
-//! stretched on a slower machine ([`slowdown`]); the kernel matrix's VMs ([`vm`]) and what the
-//! verifier made of the programs ([`verifier`]).
+//! starts and stops ([`service`]); what the ban tests share ([`ban_rig`]) and bans watched on
+//! traffic ([`bans`]); what the microbenchmarks share ([`microbench`]); waits stretched on a
+//! slower machine ([`slowdown`]); the kernel matrix's VMs ([`vm`]) and what the verifier made of
+//! the programs ([`verifier`]).
 
+pub mod ban_rig;
 pub mod bans;
 pub mod bounds;
 pub mod capture;

@@ -67,9 +67,13 @@ pub(crate) enum Request {
         #[serde(deserialize_with = "nets")]
         cidrs: Vec<IpNet>,
     },
-    /// The expiring entries of a list, with their origin and time left ([`BanStatus`]).
+    /// The expiring entries of a list, with their origin and time left ([`BanStatus`]), in
+    /// lines of at most 10,000 ([`BanPage`]); with `cidrs` (at most [`MAX_BATCH`]), those
+    /// networks' entries only, of every origin, in one line.
     BanList {
         list: List,
+        #[serde(default, deserialize_with = "some_nets", skip_serializing_if = "Option::is_none")]
+        cidrs: Option<Vec<IpNet>>,
     },
     SaltRotate,
     /// Re-read the config file (what SIGHUP does), and say whether it was applied.
@@ -103,6 +107,10 @@ fn nets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> 
     Ok(Vec::<Net>::deserialize(d)?.into_iter().map(|n| n.0).collect())
 }
 
+fn some_nets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<IpNet>>, D::Error> {
+    nets(d).map(Some)
+}
+
 /// What `ban-add` answers: how many entries are now in force from the batch (all of them).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct BanAdded {
@@ -116,15 +124,48 @@ pub(crate) struct BanRemoved {
     pub cidrs: Vec<IpNet>,
 }
 
-/// An expiring entry as `ban-list` reports it.
+/// An expiring entry as `ban-list` reports it. Fields in alphabetical order: the order they
+/// have always had on the wire.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct BanStatus {
     pub cidr: IpNet,
-    pub origin: Origin,
     /// Wall-clock expiry, ms since the Unix epoch.
     pub expires_at_ms: u64,
     /// Time left when answered, in ms.
     pub expires_in_ms: u64,
+    pub origin: Origin,
+}
+
+/// One line of a `ban-list` answer: an answer's line (`{"status":"ok","data":[...]}`), with
+/// `"more":true` when another follows. So a list that fits in one line reads as any answer;
+/// a longer one comes as the client reads it, never whole in the daemon's memory or the
+/// client's. A refusal, or a failure midway (the daemon stopping), is an answer's usual line.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BanPage<'a> {
+    pub status: Status,
+    #[serde(default)]
+    pub data: std::borrow::Cow<'a, [BanStatus]>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub more: bool,
+    /// Why not, when `status` is not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl<'a> BanPage<'a> {
+    pub(crate) fn ok(data: &'a [BanStatus], more: bool) -> Self {
+        Self { status: Status::Ok, data: data.into(), more, error: None }
+    }
+}
+
+/// An answer's `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Status {
+    Ok,
+    /// Bad input: nothing changed.
+    Usage,
+    Failed,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -248,6 +289,12 @@ mod tests {
         let text = r#"{"op":"ban-rm","list":"deny","origin":"crowdsec","cidrs":["198.18.0.5/32","2001:db8::/64"]}"#;
         assert_eq!(serde_json::to_string(&rm).unwrap(), text);
         assert_eq!(serde_json::from_str::<Request>(text).unwrap(), rm);
+        let list = r#"{"op":"ban-list","list":"deny"}"#;
+        assert_eq!(serde_json::from_str::<Request>(list).unwrap(), Request::BanList { list: List::Deny, cidrs: None });
+        assert_eq!(serde_json::to_string(&Request::BanList { list: List::Deny, cidrs: None }).unwrap(), list);
+        let some = r#"{"op":"ban-list","list":"deny","cidrs":["198.18.0.5/32"]}"#;
+        let cidrs = Some(vec!["198.18.0.5/32".parse().unwrap()]);
+        assert_eq!(serde_json::from_str::<Request>(some).unwrap(), Request::BanList { list: List::Deny, cidrs });
         let f2b = r#"{"op":"ban-add","list":"allow","origin":"fail2ban","entries":[]}"#;
         assert!(matches!(serde_json::from_str::<Request>(f2b), Ok(Request::BanAdd { origin: Origin::Fail2ban, .. })));
         // A permanent entry is no ban; nor is an unknown origin or a lax CIDR.
@@ -257,8 +304,31 @@ mod tests {
             r#"{"op":"ban-add","list":"deny","origin":"cli","entries":[{"cidr":"198.18.0.5/32","for_ms":-5}]}"#,
             r#"{"op":"ban-add","list":"deny","origin":"nginx","entries":[]}"#,
             r#"{"op":"ban-rm","list":"deny","origin":"cli","cidrs":["010.1.1.1/32"]}"#,
+            r#"{"op":"ban-list","list":"deny","cidrs":["010.1.1.1/32"]}"#,
         ] {
             assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A `ban-list` answer's lines: the last (or only) one is any answer's line; the others say
+    /// `more`; a refusal midway is any refusal's line.
+    #[test]
+    fn ban_pages_read_as_answers() {
+        let entry = BanStatus {
+            cidr: "198.18.0.5/32".parse().unwrap(),
+            origin: Origin::Cli,
+            expires_at_ms: 1_700_000_600_000,
+            expires_in_ms: 600_000,
+        };
+        let last = serde_json::to_string(&BanPage::ok(std::slice::from_ref(&entry), false)).unwrap();
+        let as_answer = Response::Ok { data: serde_json::to_value([&entry]).unwrap() };
+        assert_eq!(last, serde_json::to_string(&as_answer).unwrap());
+        let more = serde_json::to_string(&BanPage::ok(&[], true)).unwrap();
+        assert_eq!(more, r#"{"status":"ok","data":[],"more":true}"#);
+        let page: BanPage = serde_json::from_str(&last).unwrap();
+        assert_eq!((page.status, page.data.as_ref(), page.more), (Status::Ok, std::slice::from_ref(&entry), false));
+        let failed = serde_json::to_string(&Response::Failed { error: "stopping".into() }).unwrap();
+        let page: BanPage = serde_json::from_str(&failed).unwrap();
+        assert_eq!((page.status, page.error.as_deref(), page.data.len()), (Status::Failed, Some("stopping"), 0));
     }
 }

@@ -469,6 +469,8 @@ pub(crate) enum ListCommand {
     /// config file), or with --for expiring (a ban, kept in the daemon's state directory).
     ///
     /// All or nothing: one malformed network or duration refuses the whole command (exit 2).
+    /// Expiring entries go 1,000 per request, each applied whole: a connection lost partway is
+    /// said with how many were applied, and the same command run again finishes it.
     Add {
         /// The networks; with --for, a bare address stands for itself (/32 or /128).
         #[arg(value_name = "CIDR", required_unless_present = "file")]
@@ -486,6 +488,9 @@ pub(crate) enum ListCommand {
     },
     /// Remove networks: the expiring entries of --origin (default cli) for them, else the
     /// permanent entry. With --origin given, a network without an entry is no error.
+    ///
+    /// Sent 1,000 per request, each applied whole: a connection lost partway is said with how
+    /// many were applied, and how to finish.
     Rm {
         /// The networks; a bare address stands for itself (/32 or /128).
         #[arg(value_name = "CIDR", required_unless_present = "file")]
@@ -499,6 +504,11 @@ pub(crate) enum ListCommand {
     },
     /// The networks on the list: permanent ones (origin config) and expiring ones, with their
     /// origin and the time they have left.
+    ///
+    /// Printed as the daemon sends them, 10,000 at a time: two million in seconds, the list never
+    /// whole in memory, other clients answered meanwhile. An entry added or removed while it
+    /// runs may be listed or not; every other is listed once. A list cut short (the daemon
+    /// stopped) is printed as far as it came, then the error (exit 1).
     List {
         #[arg(long)]
         json: bool,

@@ -22,7 +22,7 @@ use serde::{Deserialize, Deserializer, de::IgnoredAny};
 
 use super::client::{self, BanCallError};
 use crate::{
-    api::ipc::{self, BanStatus, Request, Response},
+    api::ipc,
     config::{List, Origin},
 };
 
@@ -630,12 +630,13 @@ impl Sink for DaemonSink {
     }
 
     fn listed(&mut self) -> Result<Vec<IpNet>, String> {
-        let bans: Vec<BanStatus> = match client::call(&self.socket, &Request::BanList { list: List::Deny }) {
-            Ok(Response::Ok { data }) => serde_json::from_value(data).map_err(|e| e.to_string())?,
-            Ok(Response::Usage { error } | Response::Failed { error }) => return Err(error),
-            Err(e) => return Err(e.to_string()),
-        };
-        Ok(bans.into_iter().filter(|b| b.origin == Origin::Crowdsec).map(|b| b.cidr).collect())
+        // A page at a time: the list may hold millions.
+        let mut ours = Vec::new();
+        for page in client::ban_list(&self.socket, List::Deny).map_err(|e| e.to_string())? {
+            let page = page.map_err(|e| e.to_string())?;
+            ours.extend(page.into_iter().filter(|b| b.origin == Origin::Crowdsec).map(|b| b.cidr));
+        }
+        Ok(ours)
     }
 }
 

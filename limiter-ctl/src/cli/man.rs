@@ -132,18 +132,25 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
             "stopped by SIGTERM, SIGINT or SIGUSR2 (the program left attached and enforcing), also while \
              waiting for the interface"
                 .into(),
-            "failed: the kernel refused the program, another daemon owns the interface or the socket, the \
-             interface did not appear within --wait-iface, or the program was detached or its pins removed \
-             while the daemon ran. A supervisor should start it again (Restart=on-failure)."
+            "failed: the kernel refused the program, another daemon owns the interface (under any --pin-dir: \
+             it holds the interface's lock in --state-dir, or its program is on the interface's hooks; the \
+             line names its pins and pid) or the socket, the interface did not appear within --wait-iface, or \
+             the program was detached or its pins removed while the daemon ran. A supervisor should start it \
+             again (Restart=on-failure)."
                 .into(),
             "bad input, nothing loaded: a bad flag, a config file refused (PATH:LINE:COL: why), a refused \
              --rate or --burst, an interface that does not exist (without --wait-iface), or a \
              --tcx-before or --tcx-after program that is not at tc ingress (when attaching there)"
                 .into(),
         ),
-        Page::Client { .. } => {
-            ("done".into(), unreachable.into(), format!("{bad_args}, or the daemon refused the request as bad input"))
-        }
+        Page::Client { .. } => (
+            "done".into(),
+            format!(
+                "{unreachable}. A command of many entries (--file) whose connection was lost partway says how many \
+                 were applied and how to finish; a list cut short is printed as far as it came"
+            ),
+            format!("{bad_args}, or the daemon refused the request as bad input"),
+        ),
         Page::Reload => (
             "the file was applied".into(),
             format!("{unreachable}; the running config stays"),
@@ -170,7 +177,17 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
             format!("{bad_args}: --lapi is not a plain-HTTP URL, or --key-file cannot be read or is not one line"),
         ),
     };
-    [("0", ok), ("1", failed), ("2", bad)].into_iter().filter(|(_, text)| !text.is_empty()).collect()
+    let mut codes: Vec<(&'static str, String)> =
+        [("0", ok), ("1", failed), ("2", bad)].into_iter().filter(|(_, text)| !text.is_empty()).collect();
+    if page == Page::Daemon {
+        codes.push((
+            "4",
+            "this kernel cannot run the limiter: it lacks something the limiter needs (BPF atomics, Linux 5.12; the \
+             line names it and the kernel); nothing was loaded. Starting again will not help: run a newer kernel"
+                .into(),
+        ));
+    }
+    codes
 }
 
 fn environment(page: Page) -> Vec<(&'static str, String)> {

@@ -24,7 +24,7 @@ use client::ClientError;
 
 use crate::{
     api::{
-        ipc::{Attachment, BanStatus, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+        ipc::{Attachment, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
         start::Options,
         stats, top,
     },
@@ -102,10 +102,11 @@ fn fail(e: &Error) -> ExitCode {
     say(exit_code(e), &line)
 }
 
-/// Reports why the daemon stopped, in one line on stderr, and gives its exit code: bad input
-/// (2) as itself; a failure (1) saying what failed and every cause, each after a colon.
-pub(crate) fn report_failure(e: &(dyn std::error::Error + 'static), bad_input: bool) -> ExitCode {
-    if bad_input {
+/// Reports why the daemon stopped, in one line on stderr, and gives its exit `code`: bad input
+/// (2) as itself; a failure (1, or 4 for a kernel that cannot run the limiter) saying what
+/// failed and every cause, each after a colon.
+pub(crate) fn report_failure(e: &(dyn std::error::Error + 'static), code: u8) -> ExitCode {
+    if code == BAD_INPUT {
         return say(BAD_INPUT, &format!("error: {}", escape::controls(&e.to_string(), true)));
     }
     let mut line = e.to_string();
@@ -115,7 +116,7 @@ pub(crate) fn report_failure(e: &(dyn std::error::Error + 'static), bad_input: b
         line.push_str(&s.to_string());
         source = s.source();
     }
-    say(FAILED, &format!("error: {}", escape::controls(&line, false)))
+    say(code, &format!("error: {}", escape::controls(&line, false)))
 }
 
 /// Writes an error's line on stderr; `code` is the exit code.
@@ -347,7 +348,9 @@ fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitC
         ListCommand::Add { cidrs, for_: Some(d), origin, file } => read_nets(&cidrs, file.as_deref(), true)
             .and_then(|nets| {
                 let entries: Vec<_> = nets.into_iter().map(|n| (n, d)).collect();
-                client::ban_add(socket, list, origin.unwrap_or_default(), &entries).map_err(ban_error)
+                client::ban_add(socket, list, origin.unwrap_or_default(), &entries).map_err(|e| {
+                    change_error(e, "run the same command again: adding an entry again only sets its expiry anew")
+                })
             })
             .map(|_| String::new()),
         ListCommand::Add { cidrs, for_: None, file, .. } => {
@@ -373,6 +376,15 @@ fn ban_error(e: client::BanCallError) -> Error {
         client::BanCallError::Refused(m) => Error::Refused(m),
         client::BanCallError::Failed(m) => Error::Failed(m),
         client::BanCallError::Unexpected(e) => Error::Unexpected(e),
+        lost @ client::BanCallError::Lost { .. } => Error::Failed(lost.to_string()),
+    }
+}
+
+/// A ban change's error; one cut short (the connection lost partway) says how to finish it.
+fn change_error(e: client::BanCallError, again: &str) -> Error {
+    match e {
+        lost @ client::BanCallError::Lost { .. } => Error::Failed(format!("{lost}; once the daemon answers, {again}")),
+        e => ban_error(e),
     }
 }
 
@@ -442,14 +454,27 @@ fn remove(
     let listed: std::collections::HashSet<ipnet::IpNet> = permanent(socket)?.into_iter().collect();
     let by = origin.unwrap_or_default();
     if origin.is_none() {
-        let bans: std::collections::HashSet<ipnet::IpNet> =
-            ban_list(socket, list)?.into_iter().filter(|b| b.origin == by).map(|b| b.cidr).collect();
+        // Only these networks' entries: the list may hold millions.
+        let bans: std::collections::HashSet<ipnet::IpNet> = client::ban_list_of(socket, list, nets)
+            .map_err(ban_error)?
+            .into_iter()
+            .filter(|b| b.origin == by)
+            .map(|b| b.cidr)
+            .collect();
         if let Some(missing) = nets.iter().find(|n| !listed.contains(n) && !bans.contains(n)) {
             return Err(Error::Refused(config::Error::NotOnList { net: *missing, list }.to_string()));
         }
     }
+    let again = match origin {
+        Some(_) => "run the same command again: a network whose entry is gone is no error".to_string(),
+        None => format!(
+            "finish with `limiter-ctl {list} rm --origin {by}` on the same networks (one whose entry is gone is then \
+             no error), then remove any permanent entry among them without --origin",
+            list = list.as_str()
+        ),
+    };
     let removed: std::collections::HashSet<ipnet::IpNet> =
-        client::ban_rm(socket, list, by, nets).map_err(ban_error)?.into_iter().collect();
+        client::ban_rm(socket, list, by, nets).map_err(|e| change_error(e, &again))?.into_iter().collect();
     // A permanent entry (the config file's) is removed only without `--origin`: an origin's unban
     // (fail2ban's, after its ban already expired) must not take the operator's own entry.
     for net in nets.iter().filter(|n| origin.is_none() && !removed.contains(n) && listed.contains(n)) {
@@ -464,23 +489,31 @@ fn remove(
     Ok(String::new())
 }
 
-fn ban_list(socket: &std::path::Path, list: List) -> Result<Vec<BanStatus>, Error> {
-    match client::call(socket, &Request::BanList { list }).map_err(Error::Client)? {
-        Response::Ok { data } => serde_json::from_value(data).map_err(Error::Unexpected),
-        Response::Usage { error } => Err(Error::Refused(error)),
-        Response::Failed { error } => Err(Error::Failed(error)),
-    }
-}
-
-/// `list`: the permanent entries (origin `config`, no expiry) then the expiring ones.
+/// `list`: the permanent entries (origin `config`, no expiry) then the expiring ones, printed
+/// as the daemon sends them, a page at a time (the list is never whole in memory). A list cut
+/// short (the daemon stopped) is printed as far as it came, then the error.
 fn list_entries(socket: &std::path::Path, list: List, json: bool) -> Result<String, Error> {
     let permanent: Vec<ipnet::IpNet> = match client::call(socket, &Request::ListShow { list }).map_err(Error::Client)? {
         Response::Ok { data } => serde_json::from_value(data).map_err(Error::Unexpected)?,
         Response::Usage { error } => return Err(Error::Refused(error)),
         Response::Failed { error } => return Err(Error::Failed(error)),
     };
-    let bans = ban_list(socket, list)?;
-    Ok(if json { show::list_json(&permanent, &bans).map_err(Error::Json)? } else { show::list(&permanent, &bans) })
+    let pages = client::ban_list(socket, list).map_err(Error::Client)?.read_ahead();
+    let mut lost = None;
+    let bans = pages.map_while(|page| page.map_err(|e| lost = Some(e)).ok()).flatten();
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    let written =
+        if json { show::list_json(&mut out, &permanent, bans) } else { show::list(&mut out, &permanent, bans) };
+    let written = written.and_then(|()| out.flush());
+    if let Some(e) = lost {
+        return Err(ban_error(e));
+    }
+    match written {
+        // A reader that had enough (`| head`).
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(String::new()),
+        Err(e) => Err(Error::Failed(format!("writing the list: {e}"))),
+        Ok(()) => Ok(String::new()),
+    }
 }
 
 /// A change applied prints nothing, unless the daemon reloaded a hand edit of its file first:

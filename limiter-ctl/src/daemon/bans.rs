@@ -17,6 +17,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
     io::Write as _,
+    ops::Bound,
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
     sync::{
@@ -31,6 +32,7 @@ use limiter_common::maps::{ACL_ALLOW, ACL_DENY, Ban, MAX_BAN_NETS, MAX_BANS};
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
+use super::listing::{self, Loop, PAGE};
 use crate::{
     api::{
         ipc::{BanStatus, MAX_BATCH, MAX_FOR_MS},
@@ -51,7 +53,8 @@ const SWEEP_MAX: usize = 20_000;
 /// The file's format.
 const FILE_VERSION: u32 = 1;
 
-type Key = (IpNet, List, Origin);
+/// An entry's key; also where a page of entries ends and the next starts (`listing`).
+pub(super) type Key = (IpNet, List, Origin);
 
 /// Why a batch was refused (bad input: nothing changed) or failed (the kernel refused it: put
 /// back as it was).
@@ -94,10 +97,11 @@ impl Clock {
 #[derive(Debug, Serialize, Deserialize)]
 struct Saved(List, Origin, #[serde(deserialize_with = "crate::config::net_serde::deserialize")] IpNet, u64);
 
+/// The file: its entries a `Vec` read back, pages fetched as they are written ([`Pages`]).
 #[derive(Serialize, Deserialize)]
-struct SavedFile {
+struct SavedFile<B> {
     version: u32,
-    bans: Vec<Saved>,
+    bans: B,
 }
 
 pub(super) struct Bans {
@@ -376,18 +380,41 @@ impl Bans {
         }
     }
 
-    /// The entries of a list, with their time left.
-    pub(super) fn list(&self, list: List) -> Vec<BanStatus> {
+    /// A page of the entries after `after` (None: from the first), in order: of the first `max`
+    /// looked at, those `keep` takes; and where the next page starts (None: there is none).
+    /// One page costs the loop a few milliseconds whatever the number of bans.
+    fn page<T>(
+        &self,
+        after: Option<Key>,
+        max: usize,
+        mut keep: impl FnMut(Key, u64) -> Option<T>,
+    ) -> (Vec<T>, Option<Key>) {
+        let rest = match after {
+            Some(key) => self.entries.range((Bound::Excluded(key), Bound::Unbounded)),
+            None => self.entries.range(..),
+        };
+        let (mut out, mut last, mut seen) = (Vec::new(), None, 0);
+        for (&key, &expires) in rest.take(max) {
+            (seen, last) = (seen + 1, Some(key));
+            out.extend(keep(key, expires));
+        }
+        (out, if seen < max { None } else { last })
+    }
+
+    /// A page of the entries of a list in force, with their time left (`ban-list`, `listing`).
+    pub(super) fn list_page(&self, list: List, after: Option<Key>, max: usize) -> (Vec<BanStatus>, Option<Key>) {
         let now = Clock::now().wall_ms;
-        self.entries
-            .iter()
-            .filter(|((_, l, _), expires)| *l == list && **expires > now)
-            .map(|((net, _, origin), &expires)| BanStatus {
-                cidr: *net,
-                origin: *origin,
-                expires_at_ms: expires,
-                expires_in_ms: expires - now,
-            })
+        self.page(after, max, |key, expires| status(key, expires, now).filter(|_| key.1 == list))
+    }
+
+    /// The entries of a list in force for these networks, whatever their origin.
+    pub(super) fn list_of(&self, list: List, nets: &[IpNet]) -> Vec<BanStatus> {
+        let now = Clock::now().wall_ms;
+        seen_order(nets.iter().copied())
+            .into_iter()
+            .flat_map(|net| self.entries.range(net_range(net)))
+            .filter(|((_, l, _), _)| *l == list)
+            .filter_map(|(&key, &expires)| status(key, expires, now))
             .collect()
     }
 
@@ -442,8 +469,11 @@ impl Bans {
         Ok(())
     }
 
-    /// Saves the bans off the loop when they changed and the last save is old enough.
-    pub(super) fn save_if_due(&mut self) {
+    /// Saves the bans off the loop when they changed and the last save is old enough. The
+    /// writer takes them from the loop a page at a time (`loop_`): a copy of them all at once
+    /// would hold the loop for a tenth of a second per million. A change made meanwhile makes
+    /// the next save.
+    pub(super) fn save_if_due(&mut self, loop_: &Loop) {
         // A failed save is tried again (once a second) until one works.
         if self.failing.load(Ordering::Acquire) {
             self.dirty = true;
@@ -452,17 +482,20 @@ impl Bans {
             return;
         }
         let Some(path) = self.path.clone() else { return };
-        let snapshot = self.snapshot();
         self.dirty = false;
         self.last_saved = Instant::now();
         self.saving.store(true, Ordering::Release);
-        let (saving, failing) = (self.saving.clone(), self.failing.clone());
-        tokio::task::spawn_blocking(move || {
-            match write_file(&path, snapshot) {
-                Err(error) if !failing.swap(true, Ordering::AcqRel) => {
+        let (saving, failing, loop_) = (self.saving.clone(), self.failing.clone(), loop_.clone());
+        let unsaved = self.saving.clone();
+        let spawned = listing::in_background("bans-save", move || {
+            let pages = |after| listing::blocking_on(&loop_, move |bans: &Bans| bans.saved_page(after));
+            match write_file(&path, pages) {
+                // The daemon is stopping: it saves them itself (`save_now`).
+                Err(WriteError::Stopped) => {}
+                Err(WriteError::Failed(error)) if !failing.swap(true, Ordering::AcqRel) => {
                     warn!(file = %path.display(), %error, "saving the bans failed; a restart would lose them (retried while they change, said again when it works)")
                 }
-                Err(_) => {}
+                Err(WriteError::Failed(_)) => {}
                 Ok(()) if failing.swap(false, Ordering::AcqRel) => {
                     info!(file = %path.display(), "saving the bans works again")
                 }
@@ -470,9 +503,14 @@ impl Bans {
             }
             saving.store(false, Ordering::Release);
         });
+        if !spawned {
+            warn!("no thread for saving the bans; tried again in a second");
+            unsaved.store(false, Ordering::Release);
+            self.dirty = true;
+        }
     }
 
-    /// Saves the bans now (at stop), after any save in flight.
+    /// Saves the bans now (at stop, the loop ended), after any save in flight.
     pub(super) fn save_now(&mut self) {
         let Some(path) = self.path.clone() else { return };
         if !self.dirty {
@@ -482,15 +520,21 @@ impl Bans {
         while self.saving.load(Ordering::Acquire) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        match write_file(&path, self.snapshot()) {
+        match write_file(&path, |after| Some(self.saved_page(after))) {
             Ok(()) => self.dirty = false,
             Err(error) => warn!(file = %path.display(), %error, "saving the bans at stop failed"),
         }
     }
 
-    fn snapshot(&self) -> Vec<Saved> {
-        self.entries.iter().map(|((net, list, origin), &e)| Saved(*list, *origin, *net, e)).collect()
+    /// A page of the entries as the file holds them.
+    fn saved_page(&self, after: Option<Key>) -> (Vec<Saved>, Option<Key>) {
+        self.page(after, PAGE, |(net, list, origin), expires| Some(Saved(list, origin, net, expires)))
     }
+}
+
+/// An entry in force as `ban-list` reports it (None: expired, not swept yet).
+fn status((net, _, origin): Key, expires: u64, now: u64) -> Option<BanStatus> {
+    (expires > now).then(|| BanStatus { cidr: net, origin, expires_at_ms: expires, expires_in_ms: expires - now })
 }
 
 /// Each network once, in first-seen order.
@@ -506,34 +550,53 @@ fn read_file(path: &Path) -> Result<Option<Vec<Saved>>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.to_string()),
     };
-    let file: SavedFile = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    let file: SavedFile<Vec<Saved>> = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
     if file.version != FILE_VERSION {
         return Err(format!("format version {} (this daemon reads {FILE_VERSION})", file.version));
     }
     Ok(Some(file.bans))
 }
 
-/// Writes the bans whole: a temporary file beside the old, synced, renamed over it (a crash
-/// leaves the old file or the new, never half of one). The directory is made 0700.
-fn write_file(path: &Path, bans: Vec<Saved>) -> Result<(), String> {
+/// Why a save was not made.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    /// The loop that hands out the pages ended: the daemon is stopping.
+    #[error("the daemon stopped during the save")]
+    Stopped,
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Writes the bans whole, page by page as `pages` hands them out (after a key, the next page
+/// and where the one after starts): a temporary file beside the old, synced, renamed over it (a
+/// crash leaves the old file or the new, never half of one). The directory is made 0700.
+fn write_file(
+    path: &Path,
+    pages: impl FnMut(Option<Key>) -> Option<(Vec<Saved>, Option<Key>)>,
+) -> Result<(), WriteError> {
+    let failed = |e: &dyn std::fmt::Display| WriteError::Failed(e.to_string());
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        .map_err(|e| WriteError::Failed(format!("creating {}: {e}", dir.display())))?;
     let mut tmp = tempfile::Builder::new()
         .prefix(".bans")
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .tempfile_in(dir)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| failed(&e))?;
+    let bans = listing::Seq::new(listing::Pages::new(pages));
     {
         let mut out = std::io::BufWriter::new(tmp.as_file_mut());
-        serde_json::to_writer(&mut out, &SavedFile { version: FILE_VERSION, bans }).map_err(|e| e.to_string())?;
-        out.write_all(b"\n").and_then(|()| out.flush()).map_err(|e| e.to_string())?;
+        serde_json::to_writer(&mut out, &SavedFile { version: FILE_VERSION, bans: &bans }).map_err(|e| failed(&e))?;
+        out.write_all(b"\n").and_then(|()| out.flush()).map_err(|e| failed(&e))?;
     }
-    tmp.as_file().sync_all().map_err(|e| e.to_string())?;
-    tmp.persist(path).map_err(|e| e.error.to_string())?;
+    if bans.into_inner().stopped {
+        return Err(WriteError::Stopped);
+    }
+    tmp.as_file().sync_all().map_err(|e| failed(&e))?;
+    tmp.persist(path).map_err(|e| failed(&e.error))?;
     // The rename itself, durable.
     if let Ok(d) = std::fs::OpenOptions::new().read(true).custom_flags(0).open(dir) {
         let _ = d.sync_all();
@@ -592,26 +655,71 @@ mod tests {
         assert_eq!(clock.deadline_ns(u64::MAX), u64::MAX);
     }
 
-    /// The file holds every entry and reads back the same; another version is refused.
+    /// A list comes in pages that end where the next starts, each of at most `max` entries
+    /// looked at, the other list's and the expired skipped: every entry in force once, in
+    /// order. `list_of` gives a network's entries of every origin, once.
+    #[test]
+    fn a_list_pages_through_every_entry_once() {
+        let mut bans = Bans::new(None);
+        let later = Clock::now().wall_ms + 60_000;
+        let addr = |i: u32| IpNet::from(std::net::IpAddr::from(std::net::Ipv4Addr::from(0xc612_0000 + i)));
+        for i in 0..25 {
+            let list = if i % 5 == 0 { List::Allow } else { List::Deny };
+            bans.put((addr(i), list, Origin::Cli), Some(later));
+        }
+        bans.put((addr(3), List::Deny, Origin::Crowdsec), Some(later));
+        bans.put((addr(100), List::Deny, Origin::Cli), Some(1));
+        let (mut listed, mut after, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let (page, next) = bans.list_page(List::Deny, after, 7);
+            listed.extend(page.iter().map(|b| (b.cidr, b.origin)));
+            pages += 1;
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        let mut want: Vec<_> = (0..25).filter(|i| i % 5 != 0).map(|i| (addr(i), Origin::Cli)).collect();
+        want.insert(3, (addr(3), Origin::Crowdsec));
+        assert_eq!(listed, want);
+        assert_eq!(pages, 4, "27 entries, 7 looked at a page");
+        let of = bans.list_of(List::Deny, &[addr(3), addr(0), addr(3), addr(100)]);
+        let of: Vec<_> = of.iter().map(|b| (b.cidr, b.origin)).collect();
+        assert_eq!(of, [(addr(3), Origin::Cli), (addr(3), Origin::Crowdsec)], "allow's and the expired left out");
+    }
+
+    /// The file is written page by page and holds every entry; a save whose pages stop coming
+    /// (the daemon stopping) leaves the old file as it was, and no other; another version is
+    /// refused.
     #[test]
     fn the_file_reads_back_what_was_written() {
         let dir = tempfile::tempdir().unwrap();
         let path = Bans::file_for(dir.path(), "eth0");
         assert!(read_file(&path).unwrap().is_none(), "no file: no bans, no error");
-        let saved = vec![
-            Saved(List::Deny, Origin::Fail2ban, net("198.18.0.5/32"), 1_700_000_000_000),
-            Saved(List::Allow, Origin::Cli, net("2001:db8::/48"), 1_800_000_000_000),
+        let mut bans = Bans::new(None);
+        bans.put((net("198.18.0.5/32"), List::Deny, Origin::Fail2ban), Some(1_700_000_000_000));
+        bans.put((net("2001:db8::/48"), List::Allow, Origin::Cli), Some(1_800_000_000_000));
+        bans.put((net("198.18.0.6/32"), List::Deny, Origin::Cli), Some(1_750_000_000_000));
+        let one = |after| Some(bans.page(after, 1, |(net, list, origin), e| Some(Saved(list, origin, net, e))));
+        write_file(&path, one).unwrap();
+        let read = || -> Vec<_> {
+            read_file(&path).unwrap().unwrap().into_iter().map(|Saved(l, o, n, e)| (l, o, n, e)).collect()
+        };
+        let want = vec![
+            (List::Deny, Origin::Fail2ban, net("198.18.0.5/32"), 1_700_000_000_000),
+            (List::Deny, Origin::Cli, net("198.18.0.6/32"), 1_750_000_000_000),
+            (List::Allow, Origin::Cli, net("2001:db8::/48"), 1_800_000_000_000),
         ];
-        write_file(&path, saved).unwrap();
-        let back = read_file(&path).unwrap().unwrap();
-        let back: Vec<_> = back.into_iter().map(|Saved(l, o, n, e)| (l, o, n, e)).collect();
-        assert_eq!(
-            back,
-            vec![
-                (List::Deny, Origin::Fail2ban, net("198.18.0.5/32"), 1_700_000_000_000),
-                (List::Allow, Origin::Cli, net("2001:db8::/48"), 1_800_000_000_000)
-            ]
-        );
+        assert_eq!(read(), want);
+        bans.put((net("198.18.0.5/32"), List::Deny, Origin::Fail2ban), None);
+        let mut fetched = 0;
+        let stopping = |after| {
+            fetched += 1;
+            (fetched < 2).then(|| bans.page(after, 1, |(net, list, origin), e| Some(Saved(list, origin, net, e))))
+        };
+        assert!(matches!(write_file(&path, stopping), Err(WriteError::Stopped)));
+        assert_eq!(read(), want, "the old file stays");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "a temporary file left");
         std::fs::write(&path, r#"{"version":2,"bans":[]}"#).unwrap();
         assert!(read_file(&path).unwrap_err().contains("version 2"));
         std::fs::write(&path, r#"{"version":1,"bans":[["deny","cli","010.0.0.1/32",1]]}"#).unwrap();

@@ -28,6 +28,10 @@ pub enum Error {
     HostSize(kernel::HostSizeError),
     #[error("interface '{iface}' did not appear within {waited} (--wait-iface); see `ip link`")]
     InterfaceNeverAppeared { iface: String, waited: String },
+    #[error("{}", instance_running(iface, lock, holder, ours))]
+    InstanceRunning { iface: String, lock: PathBuf, holder: super::instance::Holder, ours: PathBuf },
+    #[error("locking the interface's state at {path}: {error}")]
+    StateLock { path: PathBuf, error: io::Error },
     #[error("the pins at {dir} were removed while the daemon ran, so the program left the interface with it")]
     PinsGone { dir: PathBuf },
     #[error("the program is not attached to {iface} any more ({found} there now)")]
@@ -66,6 +70,16 @@ pub enum Error {
 
 impl Error {
     /// Bad input (the config, the flags, the interface): exit 2, where a failure exits 1.
+    /// The daemon's exit code for it: 2 bad input, 4 a kernel that cannot run the limiter, 1
+    /// any other failure (docs/OPERATIONS.md, the man page's EXIT STATUS).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            _ if self.is_bad_input() => 2,
+            Self::Kernel(e) if e.is_unsupported_kernel() => 4,
+            _ => 1,
+        }
+    }
+
     pub fn is_bad_input(&self) -> bool {
         match self {
             Self::File(_) | Self::Config { .. } | Self::DefaultPolicy(_) | Self::NoSuchInterface(_) => true,
@@ -80,6 +94,30 @@ impl From<kernel::Error> for Error {
     fn from(e: kernel::Error) -> Self {
         Self::Kernel(Box::new(e))
     }
+}
+
+/// Another daemon holds the interface's state lock: who, and what to do (under this daemon's
+/// pin directory `ours`, stopping it is enough: this one then adopts its program).
+fn instance_running(
+    iface: &str,
+    lock: &std::path::Path,
+    holder: &super::instance::Holder,
+    ours: &std::path::Path,
+) -> String {
+    let pins = holder.pins.as_ref().map(|p| format!(", pins at {}", p.display())).unwrap_or_default();
+    let advice = match &holder.pins {
+        Some(theirs) if theirs != ours => crate::kernel::take_off_advice(iface, theirs),
+        _ => format!(
+            "One daemon per interface: stop that one first (`systemctl stop limiter` or `limiter@{iface}`, or kill \
+             it), or choose another --iface"
+        ),
+    };
+    format!(
+        "another limiter daemon ({}{pins}) runs on {iface}: it holds {}, the lock on the interface's state (its \
+         bans); nothing was changed. {advice}",
+        holder.owner,
+        lock.display()
+    )
 }
 
 /// Whether the maps were put back after a change failed half way.

@@ -1,8 +1,9 @@
-//! The daemon room: `limiter-ctl daemon`. Validate the config, wait for the interface, claim it
-//! (one daemon per interface), load or adopt the program, make its maps say what the config
-//! says, attach, tell systemd it is ready (this file); then run the loop until SIGTERM,
-//! SIGINT or SIGUSR2 (SIGUSR1 is logged and ignored), and leave the program attached and
-//! pinned for the next daemon. A start that fails takes away what it made.
+//! The daemon room: `limiter-ctl daemon`. Validate the config, lock the interface's state
+//! (`instance`), wait for the interface, claim it (one limiter per interface), load or adopt
+//! the program, make its maps say what the config says, attach, tell systemd it is ready (this
+//! file); then run the loop until SIGTERM, SIGINT or SIGUSR2 (SIGUSR1 is logged and ignored),
+//! and leave the program attached and pinned for the next daemon. A start that fails takes away
+//! what it made.
 //!
 //! The loop (`serve`) alone owns the running state (`serve::Daemon`); its other jobs each have
 //! a file:
@@ -11,8 +12,11 @@
 //! - `requests`: each request handled on the running rules;
 //! - `commit`: a new state made the running one, the kernel's maps then the file, the maps put
 //!   back if the file cannot be written;
+//! - `instance`: one daemon per interface, whatever its pin directory (the state lock);
 //! - `bans`: the expiring entries (bans): kept, swept when they expire, saved in the state
 //!   directory;
+//! - `listing`: work on the bans a page at a time: `ban-list` answers streamed to their client,
+//!   and the saves' pages;
 //! - `reload`: the config file re-read on SIGHUP, `limiter-ctl reload` and when it changes
 //!   (`watch`), and a hand edit caught up with before a change.
 //!
@@ -30,6 +34,8 @@ mod bans;
 mod commit;
 mod error;
 mod health;
+mod instance;
+mod listing;
 mod metrics;
 mod reload;
 mod requests;
@@ -158,6 +164,10 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
         }
     };
     desired(&BTreeMap::new(), config::DEFAULT_MAX_FRAME)?;
+    // One daemon per interface, whatever its --pin-dir: the lock on the interface's state,
+    // before anything is bound or read (its bans above all), held until exit.
+    let pins = PinDir::new(&args.pin_dir, &args.iface);
+    let mut state_lock = instance::StateLock::take(&args.state_dir, &args.iface, pins.dir())?;
     // The metrics listener (and its probes) first, so /readyz can say what the daemon waits for.
     let (shared, health) = (stats::Shared::default(), Health::new());
     let metrics_addr = match args.metrics {
@@ -177,9 +187,13 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
     let max_frame = kernel::interface_mtu(&args.iface).map_or(config::DEFAULT_MAX_FRAME, config::max_frame_for_mtu);
     desired(&BTreeMap::new(), max_frame)?;
 
-    // One daemon per interface: the pin directory's lock, taken before anything is written (a
-    // live owner makes this fail with its pid, having changed nothing), held until exit.
-    let pins = PinDir::new(&args.pin_dir, &args.iface);
+    // Nor another limiter on its hooks (a daemon under another --pin-dir and --state-dir, or
+    // the program one left pinned): this one would judge every packet again.
+    if let Some(other) = kernel::other_limiter(&args.iface, &pins) {
+        return Err(kernel::Error::OtherLimiter(Box::new(other)).into());
+    }
+    // One daemon per pin directory: its lock, taken before anything is written (a live owner
+    // makes this fail with its pid, having changed nothing), held until exit.
     let claim = pins.claim()?;
     if let Some(note) = claim.mounted() {
         info!(note, "bpffs");
@@ -205,6 +219,7 @@ async fn run(args: Options, socket: &Path) -> Result<(), Error> {
             return Err(e);
         }
     };
+    state_lock.keep_dirs();
     let result = daemon.serve(listener, refusals, &args, signals).await;
     notify(&[sd_notify::NotifyState::Stopping]);
     if let Err(e) = std::fs::remove_file(socket) {
@@ -324,6 +339,10 @@ async fn start(
     let Probes { shared, health, metrics_addr, arrays } = probes;
     let listener = bind(socket)?;
     made.socket = true;
+    // A program the verifier refuses leaves its log beside the socket (the error names it).
+    if let Some(dir) = socket.parent() {
+        kernel::keep_verifier_logs_in(dir);
+    }
 
     // A place at tcx naming a program that is not there is refused before anything is loaded
     // (a pinned link keeps its place: nothing to check then).
@@ -359,6 +378,12 @@ async fn start(
     }
     if let Some(reason) = &attached.fallback {
         warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
+    }
+    if let Some(to) = attached.undone {
+        warn!(iface = %args.iface, to = %to, "a move to {to} was cut short (its daemon killed half way): undone, its link to {to} removed; `limiter-ctl attach {to}` moves the program");
+    }
+    if let Some(why) = &attached.lingering {
+        warn!(iface = %args.iface, "{why}");
     }
     let event = match (attached.replaced, limiter.replaces_incompatible()) {
         (true, None) => "adopted the pinned limiter: program replaced in place, buckets, counters and salt kept",

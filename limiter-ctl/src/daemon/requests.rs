@@ -141,8 +141,9 @@ impl Daemon {
                 }
                 Err(e) => ban_error(e),
             },
-            Request::BanList { list } => {
-                Response::Ok { data: serde_json::to_value(self.bans.list(list)).unwrap_or_default() }
+            // Answered by its connection, page by page from the loop (`listing`): never queued here.
+            Request::BanList { .. } => {
+                Response::Failed { error: "ban-list is answered by its connection, not the loop".into() }
             }
         }
     }
@@ -177,6 +178,9 @@ impl Daemon {
                 info!(iface = %self.iface, "attach {hook}: already there, its place at tc ingress kept; nothing changed")
             }
             None => info!(iface = %self.iface, "attach {hook}: already there; nothing changed"),
+        }
+        if let Some(why) = &attached.lingering {
+            warn!(iface = %self.iface, "{why}");
         }
         // `stats` says the new hook at once, not a second later.
         if let Err(e) = self.snapshot() {

@@ -1,6 +1,6 @@
 //! The daemon's loop, which alone owns the daemon's state ([`Daemon`]): it waits on the
 //! signals, the control socket's requests (`socket` reads them, `requests` answers them), the
-//! config watch, the refusal stream, and its timers: scheduled salt rotations, the interface
+//! pages of the bans that lists and saves ask for (`listing`), the config watch, the refusal stream, and its timers: scheduled salt rotations, the interface
 //! check and the stats snapshot once a second, the bucket scan, the stats log line. Each event
 //! is handled whole before the next.
 
@@ -25,7 +25,7 @@ use super::{
     Error,
     bans::{self, Bans},
     health::Health,
-    socket, stats,
+    listing, socket, stats,
     top::Top,
     watch::{self, ConfigWatch},
 };
@@ -167,7 +167,8 @@ impl Daemon {
         signals: Signals,
     ) -> Result<(), Error> {
         // Accepting stops when the loop ends and this guard goes.
-        let (_acceptor, mut jobs) = socket::spawn(listener);
+        let (on_bans, mut bans_jobs) = listing::queue();
+        let (_acceptor, mut jobs) = socket::spawn(listener, on_bans.clone());
         let Signals { mut sigint, mut sigterm, mut sighup, mut sigusr1, mut sigusr2 } = signals;
         let mut stats = args.stats_every.map(tokio::time::interval);
         let mut last = (Instant::now(), self.total()?);
@@ -215,6 +216,7 @@ impl Daemon {
                 }
                 _ = sigusr1.recv() => ignored_usr1(),
                 Some(job) = jobs.recv() => self.run(job),
+                Some(job) = bans_jobs.recv() => job(&self.bans),
                 _ = watch::settled(&mut config_watch) => self.file_changed(),
                 ready = refusals.readable_mut() => match ready {
                     Ok(mut guard) => {
@@ -245,7 +247,7 @@ impl Daemon {
                 _ = occupancy.tick() => self.measure_occupancy(),
                 _ = sweep.tick() => {
                     self.bans.sweep(&mut self.limiter);
-                    self.bans.save_if_due();
+                    self.bans.save_if_due(&on_bans);
                 }
                 _ = tick(&mut stats) => {
                     match self.total() {
@@ -260,6 +262,8 @@ impl Daemon {
             }
         };
         info!(signal = signal_name, "stopping");
+        // A save or a list waiting for a page is told the loop has ended.
+        drop(bans_jobs);
         self.bans.save_now();
         Ok(())
     }

@@ -3,7 +3,8 @@
 //! more told so and closed), and each served in a task of its own: its request line read
 //! within [`READ_DEADLINE`], handed to the loop as a [`Job`], the loop's answer written back
 //! within [`WRITE_DEADLINE`]. So no client, however slow, holds up the loop, the stats tick,
-//! other clients or a signal. One JSON line each way (`api::ipc`).
+//! other clients or a signal. One JSON line each way (`api::ipc`), but for `ban-list`, whose
+//! answer comes a line per page of the bans (`listing`), each within [`WRITE_DEADLINE`].
 
 use std::{
     io,
@@ -20,7 +21,11 @@ use tokio::{
 };
 use tracing::warn;
 
-use super::{Error, throttled::Throttled};
+use super::{
+    Error,
+    listing::{self, Loop},
+    throttled::Throttled,
+};
 use crate::api::ipc::{MAX_REQUEST, Request, Response};
 
 /// Control connections served at once; one more is told so in one line and closed.
@@ -77,10 +82,11 @@ pub(super) fn bind(path: &Path) -> Result<UnixListener, Error> {
 
 /// Serves the control socket in a task of its own, until the returned guard is dropped (when
 /// the loop ends; connections still open are dropped with the runtime). Each request read
-/// whole comes out of the receiver, for the loop to answer.
-pub(super) fn spawn(listener: UnixListener) -> (AbortOnDrop, mpsc::Receiver<Job>) {
+/// whole comes out of the receiver, for the loop to answer; a `ban-list` is answered page by
+/// page through `bans`.
+pub(super) fn spawn(listener: UnixListener, bans: Loop) -> (AbortOnDrop, mpsc::Receiver<Job>) {
     let (jobs_in, jobs) = mpsc::channel(MAX_CONNECTIONS);
-    (AbortOnDrop(tokio::spawn(accept(listener, jobs_in))), jobs)
+    (AbortOnDrop(tokio::spawn(accept(listener, jobs_in, bans))), jobs)
 }
 
 /// Aborts a task when dropped.
@@ -94,7 +100,7 @@ impl Drop for AbortOnDrop {
 
 /// Accepts control connections from root or the daemon's own user, each served by a task of
 /// its own, at most [`MAX_CONNECTIONS`] at once.
-async fn accept(listener: UnixListener, jobs: mpsc::Sender<Job>) {
+async fn accept(listener: UnixListener, jobs: mpsc::Sender<Job>, bans: Loop) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let (mut refused, mut failing) = (Throttled::default(), Throttled::default());
     loop {
@@ -113,9 +119,9 @@ async fn accept(listener: UnixListener, jobs: mpsc::Sender<Job>) {
             }
             Ok((stream, _)) => match slots.clone().try_acquire_owned() {
                 Ok(slot) => {
-                    let jobs = jobs.clone();
+                    let (jobs, bans) = (jobs.clone(), bans.clone());
                     tokio::spawn(async move {
-                        if let Err(e) = connection(stream, jobs).await {
+                        if let Err(e) = connection(stream, jobs, bans).await {
                             warn!(error = %e, "control connection dropped");
                         }
                         drop(slot);
@@ -158,7 +164,7 @@ fn refuse(stream: &UnixStream, why: &str) {
 
 /// One connection: its request line within [`READ_DEADLINE`], to the loop, and the loop's
 /// answer back within [`WRITE_DEADLINE`].
-async fn connection(stream: UnixStream, jobs: mpsc::Sender<Job>) -> io::Result<()> {
+async fn connection(stream: UnixStream, jobs: mpsc::Sender<Job>, bans: Loop) -> io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(read.take(MAX_REQUEST as u64));
@@ -171,6 +177,9 @@ async fn connection(stream: UnixStream, jobs: mpsc::Sender<Job>) -> io::Result<(
         return Ok(());
     }
     let response = match serde_json::from_str::<Request>(&line) {
+        Ok(Request::BanList { list, cidrs }) => {
+            return listing::answer(list, cidrs, &mut write, &bans, WRITE_DEADLINE).await;
+        }
         Ok(request) => {
             let (answer, answered) = oneshot::channel();
             let job = Job { request, received: Instant::now(), answer };

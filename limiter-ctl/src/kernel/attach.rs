@@ -13,10 +13,13 @@ use aya::programs::{
 use limiter_common::maps::Config;
 
 use super::{
-    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement, interface_exists,
+    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement,
+    handover::IN_FLIGHT,
+    interface_exists,
     pins::{PinDir, map_names, xdp_program},
     tcx::{self, TcxPlace},
 };
+use crate::test_hook::sigkill_at;
 
 /// The limiter's link: held here, and pinned too (at [`PinDir::link`]) when it has pins, so it
 /// outlives the process.
@@ -33,27 +36,44 @@ impl Limiter {
         self.attach_as(iface, &Placement { hook: HookRequest::Xdp, mode, tcx: TcxPlace::First })
     }
 
-    /// Attaches to `iface` as `want` says. With pins: a pinned predecessor's link gets this
+    /// Attaches to `iface` as `want` says. With pins: a move a predecessor did not finish is
+    /// undone first ([`handover`](super::handover)); a pinned predecessor's link gets this
     /// program swapped in atomically (its hook, XDP mode and tcx place stay), then an explicit
     /// hook other than that link's is moved to ([`Limiter::move_to`]); otherwise a new link is
     /// made and pinned. A program loaded in place of one it could not adopt
     /// ([`Limiter::replaces_incompatible`]) then pins its own maps where the predecessor's were.
     pub fn attach_as(&mut self, iface: &str, want: &Placement) -> Result<Attached, Error> {
-        let attached = self.attach_link(iface, want)?;
+        let undone = self.undo_move()?;
+        let mut attached = self.attach_link(iface, want)?;
         if self.stale.is_some() {
             self.pin_maps()?;
         }
-        if !attached.replaced || self.stale.is_some() {
-            // A fresh config: record the mode the link was made in (or, replacing, found in).
-            self.record_mode(attached.mode)?;
-        }
+        // The mode the link was made in, or found in: never what a move cut short recorded.
+        self.record_mode(attached.mode)?;
+        attached.lingering = self.end_handover(iface, undone)?;
+        attached.undone = undone.map(|(hook, _)| hook);
         match want.hook.explicit() {
             Some(hook) if hook != attached.mode.hook() => {
                 let why = format!("asked for (--attach {hook})");
-                Ok(Attached { replaced: attached.replaced, ..self.move_to(hook, want, why)? })
+                let moved = self.move_to(hook, want, why)?;
+                Ok(Attached { replaced: attached.replaced, undone: attached.undone, ..moved })
             }
             _ => Ok(attached),
         }
+    }
+
+    /// A move cut short between pinning its new link beside the old one and renaming it over
+    /// it left two links pinned: the new one goes, so the program stays where its link is.
+    /// Returns that link's hook and program, to wait for it to leave.
+    fn undo_move(&self) -> Result<Option<(Hook, u32)>, Error> {
+        let Some(pins) = &self.pins else { return Ok(None) };
+        let next = pins.link_next();
+        if !next.exists() {
+            return Ok(None);
+        }
+        let found = pinned_link(&next).ok();
+        remove_pin(&next, "removing the unfinished move's")?;
+        Ok(found)
     }
 
     fn attach_link(&mut self, iface: &str, want: &Placement) -> Result<Attached, Error> {
@@ -62,8 +82,6 @@ impl Limiter {
         }
         let mut defunct = None;
         if let Some(pins) = self.pins.clone() {
-            // A move that died half way left its new link pinned beside the old: it goes.
-            remove_pin(&pins.link_next(), "removing the unfinished move's")?;
             let path = pins.link();
             if path.exists() {
                 let (hook, link) = open_pinned(&path)?;
@@ -214,10 +232,11 @@ impl Limiter {
         }
     }
 
-    /// Moves the program to `hook` without a gap: attached there first (both hooks judge for a
-    /// moment, the strict side), the new link pinned in place of the old, then the old released.
-    /// Already at `hook`: nothing changes (`moved_from` is None). On a failure the program stays
-    /// where it was.
+    /// Moves the program to `hook` without a gap: verified for it first (the slow step, while
+    /// one hook judges); then, under [`Config::HANDOVER`] (both hooks hold it, each packet is
+    /// judged once), attached there, the new link pinned in place of the old one, the old one
+    /// released; the flag is cleared once the old hook has left. Already at `hook`: nothing
+    /// changes (`moved_from` is None). On a failure the program stays where it was.
     pub fn move_to(&mut self, hook: Hook, want: &Placement, why: String) -> Result<Attached, Error> {
         let Some(link) = &self.link else { return Err(Error::NotAttached) };
         let from = self.attach_mode()?;
@@ -225,10 +244,35 @@ impl Limiter {
             return Ok(Attached { why_tcx: link.why_tcx.clone(), ..Attached::new(from) });
         }
         let iface = link.iface.clone();
+        self.load_hook(hook)?;
+        self.set_handover(true)?;
+        // What the XDP program judged before it saw the flag passes tc ingress before tc judges.
+        std::thread::sleep(IN_FLIGHT);
+        sigkill_at("move-flagged");
+        let moved = self.switch_link(&iface, hook, want, why, from);
+        // The link let go of: the old one, or on a failure the new one (if it was made).
+        let released = if moved.is_ok() { from.hook() } else { hook };
+        let ended = self.end_handover(&iface, self.hook_program_id(released).ok().map(|p| (released, p)));
+        let mut attached = moved?;
+        attached.lingering = ended?;
+        Ok(attached)
+    }
+
+    /// The steps of [`Limiter::move_to`] that change the hooks: attached at `hook`, the mode
+    /// recorded, the new link pinned over the old one ([`pin_over`]), the old one released.
+    fn switch_link(
+        &mut self,
+        iface: &str,
+        hook: Hook,
+        want: &Placement,
+        why: String,
+        from: AttachMode,
+    ) -> Result<Attached, Error> {
         let (fd, mut attached) = match hook {
-            Hook::Xdp => self.attach_xdp(&iface, want.mode)?,
-            Hook::Tcx => self.attach_tcx(&iface, &want.tcx, why)?,
+            Hook::Xdp => self.attach_xdp(iface, want.mode)?,
+            Hook::Tcx => self.attach_tcx(iface, &want.tcx, why)?,
         };
+        sigkill_at("move-attached");
         // Recorded before the pin names the new link, and put back if pinning fails.
         self.record_mode(attached.mode)?;
         let fd = match &self.pins {
@@ -238,9 +282,11 @@ impl Limiter {
             })?,
             None => fd,
         };
-        let old = self.link.replace(Link { iface, hook, fd, why_tcx: attached.why_tcx.clone() });
-        // Closing the old link's last descriptor (its pin is gone) releases it: one hook judges.
+        sigkill_at("move-renamed");
+        let old = self.link.replace(Link { iface: iface.into(), hook, fd, why_tcx: attached.why_tcx.clone() });
+        // Closing the old link's last descriptor (its pin is gone) releases it.
         drop(old);
+        sigkill_at("move-released");
         attached.moved_from = Some(from);
         Ok(attached)
     }
@@ -338,16 +384,16 @@ impl Limiter {
         Ok(())
     }
 
-    /// How the program is attached, as recorded in the kernel's config when the link was made
-    /// (so it survives reattaching and adoption).
+    /// How the program is attached: at its link's hook; at XDP, in the mode recorded in the
+    /// kernel's config when the link was made (so it survives reattaching and adoption). Not
+    /// attached (yet): as recorded.
     pub fn attach_mode(&self) -> Result<AttachMode, Error> {
         let flags = self.read_config()?.flags;
-        Ok(if flags & Config::ATTACHED_TCX != 0 {
-            AttachMode::Tcx
-        } else if flags & Config::ATTACHED_SKB != 0 {
-            AttachMode::Skb
-        } else {
-            AttachMode::Native
+        let hook = self.hook().unwrap_or(if flags & Config::ATTACHED_TCX != 0 { Hook::Tcx } else { Hook::Xdp });
+        Ok(match hook {
+            Hook::Tcx => AttachMode::Tcx,
+            Hook::Xdp if flags & Config::ATTACHED_SKB != 0 => AttachMode::Skb,
+            Hook::Xdp => AttachMode::Native,
         })
     }
 }
@@ -378,6 +424,7 @@ fn pin_over(pins: &PinDir, link: FdLink) -> Result<FdLink, Error> {
     let (next, path) = (pins.link_next(), pins.link());
     // On a failure the new link is dropped with its descriptor: it detaches, the old stays.
     let pinned = link.pin(&next).map_err(|error| Error::PinLink { path: next.clone(), error })?;
+    sigkill_at("move-pinned");
     if let Err(error) = std::fs::rename(&next, &path) {
         let _ = std::fs::remove_file(&next);
         return Err(Error::PinFile { doing: "renaming the new link over", path, error });

@@ -119,10 +119,24 @@ pub struct Attached {
     pub why_tcx: Option<String>,
     /// Where the program ran before, when this moved it to another hook.
     pub moved_from: Option<AttachMode>,
+    /// A move to this hook that a predecessor did not finish (killed half way), undone at start.
+    pub undone: Option<Hook>,
+    /// Why both hooks still hold the program after a move (the released link is held
+    /// elsewhere); each packet is still judged once.
+    pub lingering: Option<String>,
 }
 
 impl Attached {
     pub(super) fn new(mode: AttachMode) -> Self {
-        Self { mode, fallback: None, replaced: false, mode_unknown: None, why_tcx: None, moved_from: None }
+        Self {
+            mode,
+            fallback: None,
+            replaced: false,
+            mode_unknown: None,
+            why_tcx: None,
+            moved_from: None,
+            undone: None,
+            lingering: None,
+        }
     }
 }

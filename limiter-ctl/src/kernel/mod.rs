@@ -1,8 +1,10 @@
 //! The kernel room: the handle on the limiter's programs and maps, [`Limiter`]. It loads the
 //! program or adopts a pinned one (`load`), pins it on bpffs (`pins`), attaches it at XDP or at
 //! tc ingress (`tcx`; `hook` says where it runs), moves it between the two and detaches it
-//! (`attach`), rotates its salt (`rotate`), reads and writes its maps (`maps`), and brings the
-//! maps from one state to another, touching only what differs (`view`), in the kernel's terms
+//! (`attach`; while both hooks hold it, each packet judged once: `handover`), finds another
+//! limiter on the interface (`others`), rotates its salt (`rotate`), reads and writes its maps
+//! (`maps`), and brings the maps from one state to another, touching only what differs (`view`),
+//! in the kernel's terms
 //! of the validated state (`compile`: policy records, routes). One `impl Limiter` per concern,
 //! each in its file. `host` answers what the host is (interfaces, the clock).
 //!
@@ -17,18 +19,22 @@ mod attach;
 mod bans;
 pub mod compile;
 mod error;
+pub mod features;
 mod geometry;
+mod handover;
 mod hook;
 mod host;
 mod load;
 mod maps;
 mod objects;
+mod others;
 pub(crate) mod pins;
 mod refusals;
 mod rotate;
 pub(crate) mod tcx;
 #[cfg(feature = "testing")]
 mod testing;
+mod verifier;
 mod view;
 
 pub(crate) use attach::chain as error_chain;
@@ -41,9 +47,11 @@ pub use geometry::{
 pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
 pub use load::Limiter;
 pub use maps::BucketScan;
+pub(crate) use others::{OtherLimiter, other_limiter, take_off_advice};
 pub use refusals::{DEFAULT_SAMPLE_REFUSALS, DEFAULT_SAMPLES_PER_S, Refusals, per_cpu_budget};
 pub use rotate::draw_salt;
 pub use tcx::{ProgRef, TcxPlace};
+pub use verifier::keep_logs_in as keep_verifier_logs_in;
 pub use view::MapView;
 
 pub(crate) use host::{

@@ -29,7 +29,7 @@ use nix::{
     fcntl::{Flock, FlockArg},
 };
 
-use super::{Error, Geometry, Hook, Incompatible, MapShape, host::if_index};
+use super::{Error, Geometry, Hook, Incompatible, MapShape, handover::RELEASE, host::if_index};
 
 pub(crate) const DEFAULT_ROOT: &str = "/sys/fs/bpf/limiter";
 pub(super) const BPFFS: &str = "/sys/fs/bpf";
@@ -234,7 +234,7 @@ impl std::fmt::Display for Owner {
 }
 
 /// Whether the locked descriptor is still the directory at `path` (not one removed meanwhile).
-fn same_inode(lock: &File, path: &Path) -> bool {
+pub(crate) fn same_inode(lock: &File, path: &Path) -> bool {
     match (lock.metadata(), std::fs::metadata(path)) {
         (Ok(held), Ok(now)) => held.dev() == now.dev() && held.ino() == now.ino(),
         _ => false,
@@ -303,9 +303,6 @@ fn mount_bpffs() -> Result<(), Error> {
         .map_err(Error::MountBpffs)
 }
 
-/// How long a released link may take to leave its hook (the kernel frees it from a workqueue).
-const RELEASE: Duration = Duration::from_secs(2);
-
 /// How long `detach --force` waits for the owning daemon to exit after SIGTERM.
 const OWNER_EXIT: Duration = Duration::from_secs(15);
 
@@ -371,35 +368,23 @@ fn xdp_after_release(iface: &str) -> String {
 /// What is at tc ingress once the limiter's tcx link (running `program`) is released, in a line:
 /// the other programs there stay, in their order.
 fn tcx_after_release(iface: &str, program: u32) -> String {
-    let start = Instant::now();
-    loop {
-        match super::tcx::programs(iface) {
-            // Released from a workqueue, a moment after the unpin (see `still_attached_after_release`).
-            Ok(chain) if chain.iter().any(|p| p.id == program) && start.elapsed() < RELEASE => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Ok(chain) if chain.iter().any(|p| p.id == program) => {
-                return format!(
-                    "the limiter's program (id {program}) is still at tc ingress of {iface}: a process holds its link \
-                     (`bpftool link` shows it)\n"
-                );
-            }
-            Ok(chain) if chain.is_empty() => {
-                return format!("the limiter left tc ingress of {iface}; no program is there\n");
-            }
-            Ok(chain) => {
-                return format!(
-                    "the limiter left tc ingress of {iface}; the other programs there stay: {}\n",
-                    super::tcx::listed(&chain)
-                );
-            }
-            Err(e) => {
-                return format!(
-                    "could not check that the limiter left tc ingress of {iface} ({e}); `bpftool net show dev {iface}` \
-                     shows it\n"
-                );
-            }
-        }
+    // Released from a workqueue, a moment after the unpin (see `still_attached_after_release`).
+    if !super::handover::wait_left(iface, Hook::Tcx, program) {
+        return format!(
+            "the limiter's program (id {program}) is still at tc ingress of {iface}: a process holds its link \
+             (`bpftool link` shows it)\n"
+        );
+    }
+    match super::tcx::programs(iface) {
+        Ok(chain) if chain.is_empty() => format!("the limiter left tc ingress of {iface}; no program is there\n"),
+        Ok(chain) => format!(
+            "the limiter left tc ingress of {iface}; the other programs there stay: {}\n",
+            super::tcx::listed(&chain)
+        ),
+        Err(e) => format!(
+            "could not check that the limiter left tc ingress of {iface} ({e}); `bpftool net show dev {iface}` shows \
+             it\n"
+        ),
     }
 }
 

@@ -42,6 +42,7 @@ impl Shortcuts for AtLoad {
 #[xdp]
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
+    program::mark_in_handover(&ctx);
     program::limiter::<AtLoad, _>(&ctx)
 }
 

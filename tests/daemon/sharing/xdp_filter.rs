@@ -173,7 +173,7 @@ fn a_restart_beside_xdp_filter_stays_at_tcx_with_no_gap() {
     check_at_tcx(&rig, &filter, &tally);
 
     let done = hand_over.finish(&rig, id, &tally, handed_over, Duration::from_millis(1200));
-    check_hand_over("a restart at tcx beside xdp-filter", &done, handed_over, Duration::ZERO);
+    check_hand_over("a restart at tcx beside xdp-filter", &done, handed_over);
     let hits = filter.status().expect("status").port_hits(FILTERED_PORT) - hits;
     let dropped = flow_of(&dropped);
     assert_eq!(hits, done.run.sent(&dropped), "xdp-filter's port rule vs sent to the port across the restart");

@@ -106,6 +106,7 @@ pub const TARGETS: &[Target] = &[
     root("config_file", &[Kernel]),
     root("config_edits", &[Kernel]),
     root("bans", &[Kernel]),
+    root("ban_capacity", &[Kernel]),
     Target {
         name: "control",
         needs: &[Kernel],

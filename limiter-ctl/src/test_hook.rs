@@ -1,0 +1,16 @@
+//! Fault injection for the integration tests, in the binary that ships (the tests run the
+//! release build): inert unless the environment names a step in [`SIGKILL_AT`]. The daemon
+//! then SIGKILLs itself when it reaches that step, as a crash or the OOM killer would kill it
+//! there, so a test can check what the next start makes of the state left behind. Never set
+//! it outside a test.
+
+/// `LIMITER_TEST_SIGKILL_AT=STEP`: the step at which the daemon kills itself.
+pub(crate) const SIGKILL_AT: &str = "LIMITER_TEST_SIGKILL_AT";
+
+/// Kills the process with SIGKILL here if [`SIGKILL_AT`] names `step`; else nothing.
+pub(crate) fn sigkill_at(step: &str) {
+    if std::env::var_os(SIGKILL_AT).is_some_and(|at| at == step) {
+        eprintln!("{SIGKILL_AT}={step}: killing this process (SIGKILL), as a test asked");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}

@@ -1,0 +1,143 @@
+//! A move between hooks cut short: the daemon SIGKILLs itself at each step of `limiter-ctl
+//! attach` (the test hook `LIMITER_TEST_SIGKILL_AT`), from tcx to XDP and from XDP to tcx.
+//! Killed at any step, the program left behind judges each packet once, whichever hooks still
+//! hold it: a fresh source gets its burst, not half of it. The next start repairs what was left:
+//! one hook holds the program (the old one if the new link was not renamed over it yet, the new
+//! one after), no `link_next` is pinned, the hand-over flag is cleared, `stats --json` and
+//! `attach` name the hook the program is really at, and a fresh source gets its burst once.
+
+use std::{os::unix::process::ExitStatusExt as _, path::Path, time::Duration};
+
+use limiter_common::maps::Config;
+use limiter_tests::{
+    bounds,
+    cpu::flood_cpu,
+    daemon::{Daemon, Launch, Scratch, xdp_program_id},
+    flood::Limits,
+    neighbour::{Neighbour, tcx_chain},
+    netns::TestNet,
+    require_root,
+    rig::Flooding,
+};
+
+use super::*;
+
+/// The steps of a move, in order, as the test hook names them: the flag set; the new hook
+/// attached (its link held by the daemon only); pinned beside the old link (`link_next`); renamed
+/// over it; the old link released.
+const STEPS: [&str; 5] = ["move-flagged", "move-attached", "move-pinned", "move-renamed", "move-released"];
+/// From this step on, the new link is the pinned one: the program is at the new hook.
+const RENAMED: usize = 3;
+
+/// A policy whose burst a fresh source spends in a moment, at a rate that adds little to it.
+const BURST_ARGS: [&str; 10] =
+    ["--rate", "10/s", "--burst", "1000", "--buckets", "1024", "--metrics", "off", "--rotate-every", "off"];
+const BURST: u64 = 1000;
+/// What a fresh source sends, paced: three bursts' worth, in about 150 ms.
+const SENT: u64 = 3000;
+const PACE: f64 = 20_000.0;
+
+#[test]
+fn a_move_from_tcx_to_xdp_killed_at_any_step_judges_each_packet_once() {
+    require_root!();
+    for (i, step) in STEPS.iter().enumerate() {
+        killed_at("tcx", "xdp", i, step);
+    }
+}
+
+#[test]
+fn a_move_from_xdp_to_tcx_killed_at_any_step_judges_each_packet_once() {
+    require_root!();
+    for (i, step) in STEPS.iter().enumerate() {
+        killed_at("xdp", "tcx", i, step);
+    }
+}
+
+/// The daemon at `from`, asked to move `to` and killed at `step` (the `i`th); then restarted.
+fn killed_at(from: &str, to: &str, i: usize, step: &str) {
+    let what = format!("{from} to {to}, killed at {step}");
+    let net = TestNet::new().expect("test network");
+    let scratch = Scratch::new().expect("scratch");
+    let state = scratch.path().join("state");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let state = state.to_str().expect("a UTF-8 path");
+        BURST_ARGS.iter().chain(extra).chain(&["--state-dir", state]).map(|s| s.to_string()).collect()
+    };
+    let first_args = args(&["--attach", from]);
+    let launch = Launch { env: vec![("LIMITER_TEST_SIGKILL_AT".into(), step.into())], ..Launch::default() };
+    let mut daemon = Daemon::launch(&net.receiver, &scratch, &strs(&first_args), launch).expect("daemon");
+    daemon.wait_attached(&net.receiver).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    let tally = Neighbour::tally(&net.receiver).expect("tally");
+
+    let out = daemon.ctl(&["attach", to]).expect("running attach");
+    let status = daemon.wait_exit(Duration::from_secs(10)).expect("the daemon should die");
+    assert_eq!(status.signal(), Some(9), "{what}: not killed at its step ({status}): {out:?}\n{}", daemon.output());
+    assert_ne!(out.code, Some(0), "{what}: attach answered as if done: {out:?}");
+    let pins = scratch.pin_dir(&net.receiver.iface);
+    eprintln!("{what}: pinned {:?}", scratch.pinned(&net.receiver.iface).expect("pins").keys());
+    check_burst_once(&format!("{what}, before a restart"), &net, &tally, i, 0);
+
+    let restart = args(&[]);
+    let mut daemon = Daemon::spawn(&net.receiver, &scratch, &strs(&restart)).expect("restart");
+    let line = daemon.wait_adopted(&net.receiver).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    let at = if i >= RENAMED { to } else { from };
+    let undone = daemon.output().contains("was cut short");
+    assert_eq!(undone, step == "move-pinned", "{what}: the start says it undid a move: {undone}\n{line}");
+    check_one_hook(&what, &net, &daemon, &pins, at);
+    let mode = if at == "xdp" { "native" } else { "tcx" };
+    let stats: serde_json::Value =
+        serde_json::from_str(&daemon.ctl_ok(&["stats", "--json"]).expect("stats")).expect("stats --json");
+    assert_eq!(stats["attach_mode"], mode, "{what}: stats --json after the restart: {stats}");
+    let again = daemon.ctl_ok(&["attach", at]).expect("attach again");
+    assert!(again.contains(&format!("already at {at} ({mode})")), "{what}: attach {at} says: {again}");
+    check_burst_once(&format!("{what}, restarted"), &net, &tally, i, 1);
+}
+
+/// One hook holds the daemon's program, `at` ("xdp" or "tcx"); only its link is pinned; the
+/// hand-over flag is clear.
+#[track_caller]
+fn check_one_hook(what: &str, net: &TestNet, daemon: &Daemon, pins: &Path, at: &str) {
+    let link = daemon.link().expect("the pinned link").expect("no link pinned");
+    let program = daemon.program().expect("program");
+    assert_eq!(link.program, program, "{what}: the pinned link runs another program");
+    let at_xdp = xdp_program_id(&net.receiver).expect("ip link");
+    let chain = tcx_chain(&net.receiver).expect("tcx chain");
+    eprintln!("{what}: link {link:?}; XDP {at_xdp:?}; tcx {chain:?}");
+    match at {
+        "xdp" => {
+            assert_eq!(at_xdp, Some(program), "{what}: XDP");
+            assert_eq!(chain.len(), 1, "{what}: more than the tally at tcx: {chain:?}");
+        }
+        _ => {
+            assert_eq!(at_xdp, None, "{what}: a program still at XDP");
+            assert_eq!(chain.first(), Some(&program), "{what}: not first at tcx: {chain:?}");
+            assert_eq!(chain.len(), 2, "{what}: {chain:?}");
+        }
+    }
+    assert!(!pins.join("link_next").exists(), "{what}: the unfinished move's link is still pinned");
+    let flags = daemon.maps().expect("maps").rules.config.flags;
+    assert_eq!(flags & Config::HANDOVER, 0, "{what}: the hand-over flag is still set");
+}
+
+/// A fresh source (198.19.`round`.`i + 1`) sends [`SENT`] frames at [`PACE`]: what reaches the
+/// tally is its burst and the rate's worth over the run, judged once; judged at two hooks, it
+/// would be about half of that.
+#[track_caller]
+fn check_burst_once(what: &str, net: &TestNet, tally: &Neighbour, i: usize, round: usize) {
+    let source = format!("198.19.{}.{}", 10 + round, i + 1);
+    let stream = udp(net, &source, 7000);
+    let limits = Limits::counted(SENT, Duration::from_secs(5)).on_cpu(flood_cpu());
+    let run = Flooding::start(&net.sender, std::slice::from_ref(&stream), limits, Some(PACE), None)
+        .finish()
+        .expect("sending");
+    let last = settle(tally);
+    assert_eq!(run.report.sent, SENT, "{what}: sent {}", run.report);
+    let through = tally.flow(&limiter_tests::rig::flow_of(&stream)).expect("tally");
+    let window = bounds::window(&run.report, Some(last));
+    let most = limiter_tests::policies::gcra(10, BURST).bound(bounds::nanos(window));
+    eprintln!("{what}: {through} of {SENT} from {source} through (burst {BURST}, at most {most} over {window:?})");
+    assert!(
+        (BURST..=most).contains(&through),
+        "{what}: {through} of {SENT} through, not the burst of {BURST} (at most {most}): judged twice, or not at all"
+    );
+}
