@@ -20,7 +20,7 @@ use std::{
 use limiter_tests::{
     daemon::limiter_ctl_binary,
     verifier::{self, MAX_INSNS, Verdict},
-    vm::{Lab, Outcome, Payload},
+    vm::{Lab, Outcome, Payload, say},
 };
 
 /// How many times slower than this machine the VM runs the scenario (software emulation: a
@@ -153,7 +153,7 @@ fn report(out: &Outcome, suite: &str, version: &str, verdicts: &[(String, Verdic
         let result = if r.status == 0 { "ok".to_string() } else { format!("FAILED (exit {})", r.status) };
         text.push_str(&format!("| {} | {result} | {} |\n", r.name, r.seconds));
     }
-    eprintln!("{text}");
+    say(&text);
 }
 
 /// The guest target's test binary, built (or found up to date) by `cargo test --no-run`.
@@ -208,13 +208,13 @@ test -e /tmp/limiter.toml && echo 'LAB-CONFIG written' || echo 'LAB-CONFIG none'
     let one = |prefix: &str| out.lines_after(prefix).next().unwrap_or_else(|| panic!("no {prefix} line")).to_string();
     let stderr: Vec<&str> = out.lines_after("LAB-STDERR ").collect();
     let stdout: Vec<&str> = out.lines_after("LAB-STDOUT ").collect();
-    eprintln!(
+    say(&format!(
         "kernel matrix: {} (bullseye, package {}): exit {}, stderr {stderr:?}, {} lines of log",
         out.release,
         kernel.version,
         one("LAB-DAEMON exit="),
         stdout.len()
-    );
+    ));
     let all = format!("stdout:\n{}\nstderr:\n{}", stdout.join("\n"), stderr.join("\n"));
     assert_eq!(one("LAB-DAEMON exit="), TOO_OLD.to_string(), "the daemon's exit status on {}:\n{all}", out.release);
     assert_eq!(stderr.len(), 1, "the refusal is one line on stderr:\n{all}");

@@ -6,8 +6,8 @@
 //! not boot Debian's kernels) on a snapshot of that image, with a second disk made for the run
 //! from a [`Payload`] directory and mounted read-only at `/lab`: the lab's init runs `/lab/run`,
 //! prints its exit status and powers off. The serial console is streamed to this process's
-//! stderr as it comes (a boot takes minutes) and collected; a boot that overruns its time is
-//! killed.
+//! stderr as it comes (a boot takes minutes; [`say`]) and collected; a boot that overruns its
+//! time is killed.
 //!
 //! The console's markers, from the lab's init: `LAB-BEGIN kernel=RELEASE cpus=N` once the payload
 //! is mounted, `LAB-EXIT status=N` when `run` ended ([`Outcome`]).
@@ -169,7 +169,7 @@ impl Vm {
         let image = payload.image(dir.path())?;
         let mut cmd = self.command(&image);
         let tag = format!("vm {}", self.kernel.release);
-        eprintln!("[{tag}] + {}", describe(&cmd));
+        say(&format!("[{tag}] + {}", describe(&cmd)));
         let started = Instant::now();
         let mut child = cmd
             .stdin(Stdio::null())
@@ -276,12 +276,21 @@ fn forward(
         while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
             let line = format!("{tag}{}", String::from_utf8_lossy(&buf).trim_end_matches(['\r', '\n']));
             buf.clear();
-            eprintln!("[{vm} +{}s] {line}", started.elapsed().as_secs());
+            say(&format!("[{vm} +{}s] {line}", started.elapsed().as_secs()));
             if tx.send(line).is_err() {
                 break;
             }
         }
     });
+}
+
+/// Writes `text` and a newline to this process's stderr as it comes: past the test harness's
+/// capture of `eprintln!` (which holds a passing test's output back, its threads' too), so a
+/// boot that takes minutes is seen as it goes, and results are shown whether the test passes.
+pub fn say(text: &str) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes()).and_then(|()| err.write_all(b"\n"));
 }
 
 /// What a boot said.
