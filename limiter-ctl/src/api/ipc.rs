@@ -52,8 +52,10 @@ pub(crate) enum Request {
     ListShow {
         list: List,
     },
-    /// Expiring entries (bans), applied whole or not at all. `for_ms` is required and above 0:
-    /// a permanent entry is a `list-add`.
+    /// Expiring entries (bans). Bad input refuses the whole batch; an entry the daemon's rules
+    /// refuse (broader than the floor, a deny over the allow list) is left out and named in the
+    /// answer ([`BanAdded`]), the rest applied whole or not at all. `for_ms` is required and
+    /// above 0: a permanent entry is a `list-add`. IPv4-mapped networks are taken as IPv4.
     BanAdd {
         list: List,
         origin: Origin,
@@ -103,10 +105,20 @@ fn nets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> 
     Ok(Vec::<Net>::deserialize(d)?.into_iter().map(|n| n.0).collect())
 }
 
-/// What `ban-add` answers: how many entries are now in force from the batch (all of them).
+/// What `ban-add` answers: how many entries of the batch are now in force, and the ones the
+/// daemon's rules refused (too broad, or over the allow list), each with why.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct BanAdded {
     pub added: usize,
+    #[serde(default)]
+    pub refused: Vec<BanRefused>,
+}
+
+/// An entry of a `ban-add` the rules refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BanRefused {
+    pub cidr: IpNet,
+    pub reason: String,
 }
 
 /// What `ban-rm` answers: the networks whose entry of that origin was removed.
