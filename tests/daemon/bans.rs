@@ -9,11 +9,6 @@
 //! daemon's state directory in the scratch directory (`--state-dir`).
 
 use std::{
-    io::Write as _,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::unix::net::UnixStream,
-    path::Path,
-    process::Stdio,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -22,16 +17,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, Map, MapData};
-use limiter_common::maps::{Ban, MAP_BANS_V4, MAP_BANS_V6};
 use limiter_tests::{
-    daemon::{Ctl, SIGNAL_TIMEOUT},
+    ban_rig::{BanRig, addresses, args, ctl_with_input, deny_list, kernel_bans, raw_request},
+    daemon::SIGNAL_TIMEOUT,
     flood::{L4, Limits},
     observe::fresh_stats,
     require_root,
     rig::Rig,
 };
-use serde_json::Value;
 
 /// A test source the tests ban, and one beside it they never ban.
 const BANNED: &str = "198.18.200.5";
@@ -40,82 +33,8 @@ const PORT: u16 = 4000;
 /// Frames a second from each source while a test watches a ban (paced: every 2 ms).
 const PER_SEC: f64 = 1000.0;
 
-/// One test of this file at a time, whatever `--test-threads` says (`cargo xtask test` runs
-/// them one by one anyway): the timings asserted here must not share the CPUs with a million
-/// bans being loaded beside them.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// A rig whose daemon keeps its runtime state in a directory of the test's own, holding this
-/// file's lock ([`SERIAL`]). Fields drop in order: the daemon stops (saving its bans), then the
-/// state directory goes, then the next test may start.
-struct BanRig {
-    rig: Rig,
-    state: tempfile::TempDir,
-    _serial: std::sync::MutexGuard<'static, ()>,
-}
-
-impl std::ops::Deref for BanRig {
-    type Target = Rig;
-
-    fn deref(&self) -> &Rig {
-        &self.rig
-    }
-}
-
-impl std::ops::DerefMut for BanRig {
-    fn deref_mut(&mut self) -> &mut Rig {
-        &mut self.rig
-    }
-}
-
 fn rig() -> BanRig {
-    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let state = tempfile::Builder::new().prefix("limiter-state").tempdir().expect("a state directory");
-    let rig = Rig::start(&args(state.path())).expect("starting the rig");
-    BanRig { rig, state, _serial: serial }
-}
-
-fn args(state: &Path) -> Vec<&str> {
-    vec!["--rotate-every", "off", "--metrics", "off", "--state-dir", state.to_str().expect("a UTF-8 path")]
-}
-
-/// Entries in the pinned exact-address ban map of one family.
-fn kernel_bans(rig: &Rig, v6: bool) -> usize {
-    let pin = rig.scratch.pin_dir(&rig.net.receiver.iface).join(if v6 { MAP_BANS_V6 } else { MAP_BANS_V4 });
-    let data = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("opening {}: {e}", pin.display()));
-    if v6 {
-        let map: HashMap<_, [u8; 16], Ban> = HashMap::try_from(Map::HashMap(data)).expect("a hash map");
-        map.keys().count()
-    } else {
-        let map: HashMap<_, [u8; 4], Ban> = HashMap::try_from(Map::HashMap(data)).expect("a hash map");
-        map.keys().count()
-    }
-}
-
-/// `deny list --json`, parsed.
-fn deny_list(rig: &Rig) -> Vec<Value> {
-    let out = rig.ctl_ok(&["deny", "list", "--json"]);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("deny list --json ({e}): {out}"))
-}
-
-/// `limiter-ctl ARGS` with `input` on its standard input.
-fn ctl_with_input(rig: &Rig, args: &[&str], input: &str) -> Ctl {
-    let bin = limiter_tests::daemon::limiter_ctl_binary().expect("limiter-ctl");
-    let mut cmd = Ctl::command(&bin, &rig.scratch.socket(), args);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("running limiter-ctl");
-    let mut stdin = child.stdin.take().expect("stdin");
-    let text = input.to_string();
-    let writer = thread::spawn(move || {
-        let _ = stdin.write_all(text.as_bytes());
-    });
-    let out = child.wait_with_output().expect("limiter-ctl's output");
-    writer.join().expect("the writer");
-    Ctl {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    BanRig::start()
 }
 
 /// A ban with `--for 2s` drops its source's frames at XDP from when the CLI returns until its
@@ -286,32 +205,6 @@ fn bad_input_changes_nothing() {
     let out = ctl_with_input(&rig, &["deny", "add", "--file", "-", "--for", "1m"], &good);
     assert_eq!(out.code, Some(0), "{out:?}");
     assert_eq!(kernel_bans(&rig, false), 3);
-}
-
-/// One request line on the socket, its answer line.
-fn raw_request(socket: &Path, line: &str) -> String {
-    use std::io::{BufRead as _, BufReader};
-    let mut stream = UnixStream::connect(socket).expect("connecting");
-    stream.write_all(line.as_bytes()).and_then(|()| stream.write_all(b"\n")).expect("writing");
-    let mut answer = String::new();
-    BufReader::new(stream).read_line(&mut answer).expect("reading");
-    answer
-}
-
-/// `n` addresses, one per line: IPv4 from 240.0.0.0 (reserved, never a real source) or IPv6
-/// in 2001:db8:b::/48.
-fn addresses(n: u32, v6: bool) -> String {
-    let mut out = String::with_capacity(n as usize * 24);
-    for i in 0..n {
-        let addr: IpAddr = if v6 {
-            Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, (i >> 16) as u16, i as u16).into()
-        } else {
-            Ipv4Addr::from(0xf000_0000 + i).into()
-        };
-        out.push_str(&addr.to_string());
-        out.push('\n');
-    }
-    out
 }
 
 /// Another client asking `stats` in a loop while `work` runs: how many answers it got

@@ -11,6 +11,7 @@
 //! fail2ban ([`fail2ban`]) and CrowdSec's local API ([`crowdsec`]), run as processes the test
 //! starts and stops ([`service`]); what the microbenchmarks share ([`microbench`]).
 
+pub mod ban_rig;
 pub mod bans;
 pub mod bounds;
 pub mod capture;

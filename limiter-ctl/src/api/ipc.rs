@@ -22,6 +22,12 @@ pub(crate) const MAX_REQUEST: usize = 256 * 1024;
 pub(crate) const MAX_BATCH: usize = 1_000;
 /// The longest ban: ten years (longer is a permanent entry: `list-add`).
 pub(crate) const MAX_FOR_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+/// The shortest prefix a ban may have, from any origin: an IPv4 /8 is the largest block ever
+/// allocated to one holder (16.7M addresses), an IPv6 /32 the usual allocation to a whole
+/// provider. Broader is a ban on a region or on everyone, not on an attacker; only the config
+/// file's deny list takes it.
+pub(crate) const FLOOR_V4: u8 = 8;
+pub(crate) const FLOOR_V6: u8 = 32;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]

@@ -629,7 +629,8 @@ impl Sink for DaemonSink {
 
 /// Sends `items` through `send`; a request the daemon refuses as bad input (nothing of it
 /// applied) is split in halves and sent again, down to the one item at fault, so one ban the
-/// daemon will not take (a network on the allow list) does not hold back the others. Returns
+/// daemon will not take does not hold back the others. (A ban its rules refuse, broader than
+/// the floor or over the allow list, it leaves out itself, applying the rest.) Returns
 /// the refused items' first refusal and their count; an error when the daemon cannot be asked.
 fn bisect<T>(
     items: &[T],

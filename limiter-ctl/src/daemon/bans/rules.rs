@@ -8,13 +8,10 @@ use std::{collections::BTreeSet, fmt, net::IpAddr};
 
 use ipnet::IpNet;
 
-use crate::{api::ipc::MAX_FOR_MS, config::List};
-
-/// The shortest prefix a ban may have: an IPv4 /8 is the largest block ever allocated to one
-/// holder (16.7M addresses), an IPv6 /32 the usual allocation to a whole provider. Broader is a
-/// ban on a region or on everyone, not on an attacker.
-pub(crate) const FLOOR_V4: u8 = 8;
-pub(crate) const FLOOR_V6: u8 = 32;
+use crate::{
+    api::ipc::{FLOOR_V4, FLOOR_V6, MAX_FOR_MS},
+    config::List,
+};
 
 /// Why one entry of a batch was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

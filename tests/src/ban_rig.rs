@@ -1,0 +1,168 @@
+//! A rig for the tests of bans (tests/daemon/bans.rs, ban_rules.rs, ban_crashes.rs,
+//! ban_clock.rs): the daemon with its state directory in one of the test's own, and the ways
+//! they look at bans: `deny list --json`, the pinned kernel maps, the socket itself.
+
+use std::{
+    io::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::unix::net::UnixStream,
+    path::Path,
+    process::Stdio,
+    sync::Mutex,
+    thread,
+};
+
+use aya::maps::{HashMap, LpmTrie, Map, MapData};
+use limiter_common::maps::{Ban, MAP_BAN_NETS_V4, MAP_BANS_V4, MAP_BANS_V6};
+use serde_json::Value;
+
+use crate::{
+    daemon::{Ctl, Launch},
+    rig::Rig,
+};
+
+/// One test of a target at a time, whatever `--test-threads` says (`cargo xtask test` runs them
+/// one by one anyway): the timings asserted must not share the CPUs with a million bans being
+/// loaded beside them.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A rig whose daemon keeps its runtime state in a directory of the test's own, holding the
+/// target's lock ([`SERIAL`]). Fields drop in order: the daemon stops (saving its bans), then
+/// the state directory goes, then the next test may start.
+pub struct BanRig {
+    pub rig: Rig,
+    pub state: tempfile::TempDir,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for BanRig {
+    type Target = Rig;
+
+    fn deref(&self) -> &Rig {
+        &self.rig
+    }
+}
+
+impl std::ops::DerefMut for BanRig {
+    fn deref_mut(&mut self) -> &mut Rig {
+        &mut self.rig
+    }
+}
+
+/// The daemon's arguments: its state in `state`, no rotation, no metrics endpoint.
+pub fn args(state: &Path) -> Vec<&str> {
+    vec!["--rotate-every", "off", "--metrics", "off", "--state-dir", state.to_str().expect("a UTF-8 path")]
+}
+
+impl BanRig {
+    pub fn start() -> Self {
+        Self::start_with(Launch::default())
+    }
+
+    /// [`BanRig::start`], the daemon launched the way `launch` says (more environment, a wrapper).
+    pub fn start_with(launch: Launch) -> Self {
+        let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = tempfile::Builder::new().prefix("limiter-state").tempdir().expect("a state directory");
+        let rig = Rig::start_launched(launch, &args(state.path())).expect("starting the rig");
+        Self { rig, state, _serial: serial }
+    }
+
+    /// A new daemon on the same state directory (the old one must have exited).
+    pub fn restart_kept(&mut self) {
+        self.restart_kept_with(Launch::default());
+    }
+
+    /// [`BanRig::restart_kept`], the daemon launched the way `launch` says.
+    pub fn restart_kept_with(&mut self, launch: Launch) {
+        let state = self.state.path().to_path_buf();
+        self.rig.restart_launched(launch, &args(&state)).expect("restarting");
+    }
+
+    /// The snapshot file of the rig's interface in the state directory.
+    pub fn bans_file(&self) -> std::path::PathBuf {
+        self.state.path().join(format!("bans-{}.json", self.rig.net.receiver.iface))
+    }
+}
+
+/// Entries in the pinned exact-address ban map of one family.
+pub fn kernel_bans(rig: &Rig, v6: bool) -> usize {
+    let pin = rig.scratch.pin_dir(&rig.net.receiver.iface).join(if v6 { MAP_BANS_V6 } else { MAP_BANS_V4 });
+    let data = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("opening {}: {e}", pin.display()));
+    if v6 {
+        let map: HashMap<_, [u8; 16], Ban> = HashMap::try_from(Map::HashMap(data)).expect("a hash map");
+        map.keys().count()
+    } else {
+        let map: HashMap<_, [u8; 4], Ban> = HashMap::try_from(Map::HashMap(data)).expect("a hash map");
+        map.keys().count()
+    }
+}
+
+/// The pinned IPv4 ban maps' entries (exact and prefixes), as text (`198.18.0.5/32`).
+pub fn kernel_v4_nets(rig: &Rig) -> Vec<String> {
+    let pins = rig.scratch.pin_dir(&rig.net.receiver.iface);
+    let open = |name: &str| {
+        let pin = pins.join(name);
+        MapData::from_pin(&pin).unwrap_or_else(|e| panic!("opening {}: {e}", pin.display()))
+    };
+    let exact: HashMap<_, [u8; 4], Ban> = HashMap::try_from(Map::HashMap(open(MAP_BANS_V4))).expect("a hash map");
+    let mut nets: Vec<String> = exact.keys().map(|k| format!("{}/32", Ipv4Addr::from(k.expect("a key")))).collect();
+    let trie: LpmTrie<_, [u8; 4], Ban> = LpmTrie::try_from(Map::LpmTrie(open(MAP_BAN_NETS_V4))).expect("a trie");
+    nets.extend(trie.keys().map(|k| {
+        let k = k.expect("a key");
+        format!("{}/{}", Ipv4Addr::from(k.data()), k.prefix_len())
+    }));
+    nets.sort();
+    nets
+}
+
+/// `deny list --json`, parsed.
+pub fn deny_list(rig: &Rig) -> Vec<Value> {
+    let out = rig.ctl_ok(&["deny", "list", "--json"]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("deny list --json ({e}): {out}"))
+}
+
+/// `limiter-ctl ARGS` with `input` on its standard input.
+pub fn ctl_with_input(rig: &Rig, args: &[&str], input: &str) -> Ctl {
+    let bin = crate::daemon::limiter_ctl_binary().expect("limiter-ctl");
+    let mut cmd = Ctl::command(&bin, &rig.scratch.socket(), args);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("running limiter-ctl");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let text = input.to_string();
+    let writer = thread::spawn(move || {
+        let _ = stdin.write_all(text.as_bytes());
+    });
+    let out = child.wait_with_output().expect("limiter-ctl's output");
+    writer.join().expect("the writer");
+    Ctl {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// One request line on the socket, its answer line.
+pub fn raw_request(socket: &Path, line: &str) -> String {
+    use std::io::{BufRead as _, BufReader};
+    let mut stream = UnixStream::connect(socket).expect("connecting");
+    stream.write_all(line.as_bytes()).and_then(|()| stream.write_all(b"\n")).expect("writing");
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer).expect("reading");
+    answer
+}
+
+/// `n` addresses, one per line: IPv4 from 240.0.0.0 (reserved, never a real source) or IPv6
+/// in 2001:db8:b::/48.
+pub fn addresses(n: u32, v6: bool) -> String {
+    let mut out = String::with_capacity(n as usize * 24);
+    for i in 0..n {
+        let addr: IpAddr = if v6 {
+            Ipv6Addr::new(0x2001, 0xdb8, 0xb, 0, 0, 0, (i >> 16) as u16, i as u16).into()
+        } else {
+            Ipv4Addr::from(0xf000_0000 + i).into()
+        };
+        out.push_str(&addr.to_string());
+        out.push('\n');
+    }
+    out
+}
