@@ -15,7 +15,7 @@ use std::{
 };
 
 use limiter_tests::{
-    ban_rig::{BanRig, deny_list, kernel_bans},
+    ban_rig::{BanRig, deny_list, kernel_bans, probes},
     daemon::Launch,
     flood::{L4, Limits},
     require_root,
@@ -44,16 +44,6 @@ fn step(offsets: &Path, offset: &str) {
     std::fs::write(offsets, format!("{offset}\n")).expect("writing the offset");
     // A second of sweeps on the stepped clock.
     thread::sleep(Duration::from_secs(1));
-}
-
-/// `n` frames from `src`, paced at 500/s: how many arrived.
-fn probes(rig: &Rig, src: &str, n: u64) -> u64 {
-    let stream = rig.stream(L4::Udp, PORT, src);
-    let run = rig
-        .flood(std::slice::from_ref(&stream), Limits::counted(n, Duration::from_secs(5)), Some(500.0))
-        .expect("probes");
-    assert_eq!(run.sent(&flow_of(&stream)), n, "probes sent from {src}");
-    run.delivered(&flow_of(&stream))
 }
 
 /// How far the daemon's wall clock is from the test's, as `list` shows it (`expires_at_ms` is
@@ -99,7 +89,7 @@ fn wall_clock_steps_change_no_ban() {
     step(&offsets, "+1h");
     assert_eq!(wall_offset_s(&rig), 3600, "the daemon's wall clock an hour forward");
     counts_down(&rig, "the 10-minute ban, an hour forward");
-    assert_eq!(probes(&rig, "198.18.200.5", 20), 0, "the 10-minute ban, an hour forward");
+    assert_eq!(probes(&rig, "198.18.200.5", PORT, 20), 0, "the 10-minute ban, an hour forward");
     step(&offsets, "-1h");
     assert_eq!(wall_offset_s(&rig), -3600, "the daemon's wall clock an hour back");
     while start.elapsed() < Duration::from_millis(3600) {
@@ -107,15 +97,15 @@ fn wall_clock_steps_change_no_ban() {
     }
     assert_eq!(left_ms(&rig, "198.18.200.6/32"), None, "the 3 s ban still listed, an hour back");
     assert_eq!(kernel_bans(&rig, false), 1, "only the 10-minute address ban left in the kernel");
-    assert_eq!(probes(&rig, "198.18.200.6", 20), 20, "the 3 s ban lifted, an hour back");
-    assert_eq!(probes(&rig, "198.18.201.7", 20), 0, "the expired allow ban still shadows the /24");
+    assert_eq!(probes(&rig, "198.18.200.6", PORT, 20), 20, "the 3 s ban lifted, an hour back");
+    assert_eq!(probes(&rig, "198.18.201.7", PORT, 20), 0, "the expired allow ban still shadows the /24");
     // Expired while the daemon was stopped; restarted an hour back.
     rig.ctl_ok(&["deny", "add", "198.18.200.8", "--for", "2s"]);
     rig.daemon.stop_ok();
     thread::sleep(Duration::from_millis(2500));
     rig.restart_kept_with(faked(&offsets));
     assert_eq!(left_ms(&rig, "198.18.200.8/32"), None, "an expired ban came back after a restart, an hour back");
-    assert_eq!(probes(&rig, "198.18.200.8", 20), 20);
+    assert_eq!(probes(&rig, "198.18.200.8", PORT, 20), 20);
     step(&offsets, "+0");
     counts_down(&rig, "the 10-minute ban at the end");
 }

@@ -12,11 +12,9 @@ use std::{
 };
 
 use limiter_tests::{
-    ban_rig::{BanRig, addresses, ctl_with_input, deny_list, kernel_bans},
-    flood::{L4, Limits},
+    ban_rig::{BanRig, addresses, ctl_with_input, deny_list, kernel_bans, probes},
     observe::fresh_stats,
     require_root,
-    rig::flow_of,
 };
 
 /// A 4 h ban of origin crowdsec applied, then the daemon killed within a few milliseconds of
@@ -42,12 +40,7 @@ fn a_ban_applied_just_before_a_sigkill_survives_it() {
     let left = kept["expires_in_ms"].as_u64().expect("time left");
     assert!(left > 4 * 3_600_000 - 60_000, "{left} ms left of a 4 h ban");
     assert_eq!(kernel_bans(&rig, false), 3);
-    let stream = rig.stream(L4::Udp, 4200, "198.18.200.5");
-    let run = rig
-        .flood(std::slice::from_ref(&stream), Limits::counted(50, Duration::from_secs(3)), Some(500.0))
-        .expect("probes");
-    assert_eq!(run.sent(&flow_of(&stream)), 50);
-    assert_eq!(run.delivered(&flow_of(&stream)), 0, "the banned source after the restart");
+    assert_eq!(probes(&rig, "198.18.200.5", 4200, 50), 0, "the banned source after the restart");
 }
 
 /// 200,000 bans, then their removal killed midway: the restart keeps none of the removals the

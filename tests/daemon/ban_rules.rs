@@ -11,25 +11,14 @@
 use std::time::Duration;
 
 use limiter_tests::{
-    ban_rig::{BanRig, deny_list, kernel_bans, kernel_v4_nets, raw_request},
-    flood::{L4, Limits},
+    ban_rig::{BanRig, deny_list, kernel_bans, kernel_v4_nets, probes, raw_request},
     observe::fresh_stats,
     require_root,
-    rig::{Rig, flow_of},
+    rig::Rig,
 };
 use serde_json::Value;
 
 const PORT: u16 = 4100;
-
-/// `n` frames from `src`, paced at 500/s: how many arrived.
-fn probes(rig: &Rig, src: &str, n: u64) -> u64 {
-    let stream = rig.stream(L4::Udp, PORT, src);
-    let run = rig
-        .flood(std::slice::from_ref(&stream), Limits::counted(n, Duration::from_secs(5)), Some(500.0))
-        .expect("probes");
-    assert_eq!(run.sent(&flow_of(&stream)), n, "probes sent from {src}");
-    run.delivered(&flow_of(&stream))
-}
 
 fn listed(rig: &Rig) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = deny_list(rig)
@@ -86,9 +75,9 @@ fn no_ban_covers_the_allow_list_or_everyone() {
     assert!(refused[2].1.contains("198.18.200.2/32") && refused[2].1.contains("allow list"), "{refused:?}");
     assert_eq!(listed(&rig), [("198.18.200.7/32".to_string(), "crowdsec".to_string())]);
     assert_eq!(kernel_v4_nets(&rig), ["198.18.200.7/32"]);
-    assert_eq!(probes(&rig, "198.18.200.2", 20), 20, "the allow-listed IPv4 source");
-    assert_eq!(probes(&rig, "2001:db8::2", 20), 20, "the allow-listed IPv6 source");
-    assert_eq!(probes(&rig, "198.18.200.7", 20), 0, "the banned source");
+    assert_eq!(probes(&rig, "198.18.200.2", PORT, 20), 20, "the allow-listed IPv4 source");
+    assert_eq!(probes(&rig, "2001:db8::2", PORT, 20), 20, "the allow-listed IPv6 source");
+    assert_eq!(probes(&rig, "198.18.200.7", PORT, 20), 0, "the banned source");
     // The CLI, any origin: refused alone (exit 2, one line), the rest of a batch applied (exit 3).
     let out = rig.daemon.ctl(&["deny", "add", "198.18.200.2", "--for", "10m", "--origin", "crowdsec"]).expect("ctl");
     assert_eq!(out.code, Some(2), "{out:?}");
@@ -118,13 +107,13 @@ fn no_ban_covers_the_allow_list_or_everyone() {
     assert_eq!((warned("crowdsec"), warned("cli"), warned("fail2ban")), (1, 1, 1), "{}", rig.daemon.output());
     // The operator's config file denies what it allows, on purpose.
     rig.ctl_ok(&["deny", "add", "198.18.200.0/24"]);
-    assert_eq!(probes(&rig, "198.18.200.2", 20), 20, "allow-listed: the longer allow entry decides");
+    assert_eq!(probes(&rig, "198.18.200.2", PORT, 20), 20, "allow-listed: the longer allow entry decides");
     // An allow entry added later lifts the deny bans it covers.
     rig.ctl_ok(&["deny", "add", "198.18.201.9", "--for", "10m", "--origin", "fail2ban"]);
     rig.ctl_ok(&["allow", "add", "198.18.201.0/24"]);
     assert!(!listed(&rig).iter().any(|(c, _)| c == "198.18.201.9/32"), "{:?}", listed(&rig));
     assert_eq!(fresh_stats(&rig)["bans"]["refused"]["fail2ban"], 2);
-    assert_eq!(probes(&rig, "198.18.201.9", 20), 20);
+    assert_eq!(probes(&rig, "198.18.201.9", PORT, 20), 20);
     rig.daemon.stop_ok();
     // Restarted with a saved ban the allow list covers: refused at restore as well.
     rig.restart_kept();
@@ -146,11 +135,11 @@ fn mapped_addresses_ban_their_ipv4_source() {
     );
     assert_eq!(kernel_v4_nets(&rig), ["198.18.200.3/32", "198.18.202.0/24"]);
     assert_eq!(kernel_bans(&rig, true), 0, "no IPv6 entry");
-    assert_eq!(probes(&rig, "198.18.200.3", 20), 0);
-    assert_eq!(probes(&rig, "198.18.202.77", 20), 0);
-    assert_eq!(probes(&rig, "198.18.200.4", 20), 20, "a source beside it");
+    assert_eq!(probes(&rig, "198.18.200.3", PORT, 20), 0);
+    assert_eq!(probes(&rig, "198.18.202.77", PORT, 20), 0);
+    assert_eq!(probes(&rig, "198.18.200.4", PORT, 20), 20, "a source beside it");
     rig.ctl_ok(&["deny", "rm", "::ffff:198.18.200.3"]);
-    assert_eq!(probes(&rig, "198.18.200.3", 20), 20, "removed by its mapped form too");
+    assert_eq!(probes(&rig, "198.18.200.3", PORT, 20), 20, "removed by its mapped form too");
 }
 
 /// `--for` is read exactly: a long fraction of an hour is (almost) an hour, never wrapped into

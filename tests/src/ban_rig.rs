@@ -10,6 +10,7 @@ use std::{
     process::Stdio,
     sync::Mutex,
     thread,
+    time::Duration,
 };
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData};
@@ -18,7 +19,8 @@ use serde_json::Value;
 
 use crate::{
     daemon::{Ctl, Launch},
-    rig::Rig,
+    flood::{L4, Limits},
+    rig::{Rig, flow_of},
 };
 
 /// One test of a target at a time, whatever `--test-threads` says (`cargo xtask test` runs them
@@ -82,6 +84,16 @@ impl BanRig {
     pub fn bans_file(&self) -> std::path::PathBuf {
         self.state.path().join(format!("bans-{}.json", self.rig.net.receiver.iface))
     }
+}
+
+/// `n` UDP frames from `src` to `port`, paced at 500/s: how many arrived.
+pub fn probes(rig: &Rig, src: &str, port: u16, n: u64) -> u64 {
+    let stream = rig.stream(L4::Udp, port, src);
+    let run = rig
+        .flood(std::slice::from_ref(&stream), Limits::counted(n, Duration::from_secs(5)), Some(500.0))
+        .expect("probes");
+    assert_eq!(run.sent(&flow_of(&stream)), n, "probes sent from {src}");
+    run.delivered(&flow_of(&stream))
 }
 
 /// Entries in the pinned exact-address ban map of one family.
