@@ -64,6 +64,9 @@ impl AllowList {
     /// An entry that overlaps `net` (holds it, or lies within it), if any.
     pub fn overlapping(&self, net: IpNet) -> Option<IpNet> {
         let lens = self.lens[usize::from(net.addr().is_ipv6())];
+        if lens == 0 {
+            return None;
+        }
         for len in (0..=net.prefix_len()).filter(|l| lens & (1 << l) != 0) {
             let holder = IpNet::new(net.addr(), len).map(|n| n.trunc()).ok()?;
             if self.nets.contains(&holder) {
