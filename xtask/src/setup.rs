@@ -51,6 +51,8 @@ pub enum Need {
     /// Debian's fail2ban (`fail2ban-server`, `fail2ban-client`), run by the test without
     /// systemd, with a config directory of its own (tests/daemon/fail2ban.rs).
     Fail2ban,
+    /// Debian's libfaketime: a daemon whose wall clock alone is stepped (tests/daemon/ban_clock.rs).
+    Faketime,
     /// Debian's crowdsec binaries (`crowdsec`, `cscli`), extracted from the package into
     /// [`CROWDSEC_ROOT`] (not installed: see [`crowdsec`]), for tests/daemon/crowdsec.rs.
     CrowdSec,
@@ -62,7 +64,7 @@ pub enum Need {
 pub const CROWDSEC_ROOT: &str = "/var/cache/limiter-tests/crowdsec";
 
 impl Need {
-    pub const ALL: [Need; 14] = [
+    pub const ALL: [Need; 15] = [
         Need::Toolchain,
         Need::Kernel,
         Need::Package,
@@ -76,6 +78,7 @@ impl Need {
         Need::KubernetesValidate,
         Need::XdpTools,
         Need::Fail2ban,
+        Need::Faketime,
         Need::CrowdSec,
     ];
 
@@ -94,6 +97,7 @@ impl Need {
             Need::Python | Need::KubernetesValidate => &["python3"],
             Need::XdpTools => &["xdp-tools"],
             Need::Fail2ban => &["fail2ban"],
+            Need::Faketime => &["libfaketime"],
             // dpkg-deb, to extract the package (dpkg is on every Debian system).
             Need::CrowdSec => &["dpkg"],
         }

@@ -115,6 +115,10 @@ pub struct BanStats {
     /// Since the daemon started, by origin (a ban renewed before it expired counts again).
     pub added: BTreeMap<String, u64>,
     pub expired: BTreeMap<String, u64>,
+    /// Entries the daemon's rules refused (broader than the floor, a deny over the allow list),
+    /// since start, by origin.
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
     /// Packets a ban dropped (deny) or passed (allow), since the maps were created (also in
     /// `denied` and `allowed`).
     pub dropped_packets: u64,

@@ -520,22 +520,21 @@ fn parse_origin(s: &str) -> Result<Origin, String> {
     s.parse()
 }
 
-/// A ban's duration: humantime (`10m`, `1h30m`) or bare seconds (fail2ban's `<bantime>`),
-/// more than 0, at most 10 years.
+/// A ban's duration: humantime's units (`10m`, `1h30m`, `1.5h`) or bare seconds (fail2ban's
+/// `<bantime>`), more than 0, at most 10 years ([`config::duration_ns`]).
 fn parse_ban_for(s: &str) -> Result<Duration, String> {
     let err = || {
         format!(
             "invalid duration '{s}': expected a duration above 0 such as 10m, 600s or 1h30m (or seconds: 600), at most 10 years"
         )
     };
-    let d = match config::decimal(s) {
-        Some(n) => Duration::from_secs(n),
-        None => humantime::parse_duration(s).map_err(|_| err())?,
-    };
-    if d.is_zero() || d.as_millis() == 0 || d.as_millis() > u128::from(crate::api::ipc::MAX_FOR_MS) {
+    // Exact (a fraction of an hour is not rounded through a float), in whole ms rounded up: a
+    // ban never shorter than asked.
+    let ms = config::duration_ns(s).ok_or_else(err)?.div_ceil(1_000_000);
+    if ms == 0 || ms > u128::from(crate::api::ipc::MAX_FOR_MS) {
         return Err(err());
     }
-    Ok(d)
+    Ok(Duration::from_millis(ms as u64))
 }
 
 /// A program at tcx ingress: its name, or id:N.

@@ -298,26 +298,29 @@ fn after_chunks(e: BanCallError, done: usize, sent: usize, total: usize) -> BanC
 }
 
 /// Adds expiring entries (bans) through the daemon, [`MAX_BATCH`] per request: each request is
-/// applied whole or not at all, and other clients are answered between them. Returns how many
-/// were added. Shared by `deny|allow add --for`, fail2ban's action and the CrowdSec bouncer.
+/// applied whole or not at all (less the entries the daemon's rules refuse), and other clients
+/// are answered between them. Returns how many were added and the refused ones. Shared by
+/// `deny|allow add --for`, fail2ban's action and the CrowdSec bouncer.
 pub(crate) fn ban_add(
     socket: &Path,
     list: List,
     origin: Origin,
     entries: &[(IpNet, Duration)],
-) -> Result<usize, BanCallError> {
-    let mut added = 0;
-    for chunk in entries.chunks(MAX_BATCH) {
+) -> Result<BanAdded, BanCallError> {
+    let mut total = BanAdded::default();
+    for (i, chunk) in entries.chunks(MAX_BATCH).enumerate() {
         let batch = chunk
             .iter()
             .map(|(cidr, d)| BanEntry { cidr: *cidr, for_ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX) })
             .collect();
         let data = call_data(socket, &Request::BanAdd { list, origin, entries: batch })
-            .map_err(|e| after_chunks(e, added, chunk.len(), entries.len()))?;
+            // Positional: the chunks before this one were answered (their refused entries too).
+            .map_err(|e| after_chunks(e, i * MAX_BATCH, chunk.len(), entries.len()))?;
         let answer: BanAdded = serde_json::from_value(data).map_err(BanCallError::Unexpected)?;
-        added += answer.added;
+        total.added += answer.added;
+        total.refused.extend(answer.refused);
     }
-    Ok(added)
+    Ok(total)
 }
 
 /// Removes the expiring entries of `origin` for these networks, [`MAX_BATCH`] per request;

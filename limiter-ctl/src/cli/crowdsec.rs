@@ -83,20 +83,8 @@ pub(crate) fn go_duration(s: &str) -> Option<SignedDuration> {
             "h" => 3_600_000_000_000,
             _ => return None,
         };
-        // Digits beyond what u128 holds are refused by the overflow checks, not wrapped.
-        let mut whole: u128 = 0;
-        for d in int.bytes() {
-            whole = whole.checked_mul(10)?.checked_add(u128::from(d - b'0'))?;
-        }
-        nanos = nanos.checked_add(whole.checked_mul(scale)?)?;
-        // The fraction, to the nanosecond (Go rounds the same way: down).
-        let mut part: u128 = 0;
-        let mut denom: u128 = 1;
-        for d in frac.bytes().take(30) {
-            part = part * 10 + u128::from(d - b'0');
-            denom *= 10;
-        }
-        nanos = nanos.checked_add(part * scale / denom)?;
+        // Exact to the nanosecond, rounded down as Go does; beyond u128 refused, not wrapped.
+        nanos = nanos.checked_add(crate::config::scaled_ns(int, frac, scale)?)?;
         rest = after;
     }
     let nanos = u64::try_from(nanos).ok()?;
@@ -642,7 +630,8 @@ impl Sink for DaemonSink {
 
 /// Sends `items` through `send`; a request the daemon refuses as bad input (nothing of it
 /// applied) is split in halves and sent again, down to the one item at fault, so one ban the
-/// daemon will not take (a network on the allow list) does not hold back the others. Returns
+/// daemon will not take does not hold back the others. (A ban its rules refuse, broader than
+/// the floor or over the allow list, it leaves out itself, applying the rest.) Returns
 /// the refused items' first refusal and their count; an error when the daemon cannot be asked.
 fn bisect<T>(
     items: &[T],
@@ -701,6 +690,8 @@ mod tests {
         assert_eq!(d(".5s"), Some((false, S / 2)));
         assert_eq!(d("5.s"), Some((false, 5 * S)));
         assert_eq!(d("1h1h"), Some((false, 2 * 3600 * S)), "Go sums repeated units");
+        // A long fraction, exact (it once overflowed into 3 m 16 s).
+        assert_eq!(d("0.99999999999999999999999999h"), Some((false, 3600 * S - 1)));
         // Go's longest duration, and just past what 64 bits of nanoseconds hold.
         assert_eq!(d("2562047h47m16.854775807s"), Some((false, i64::MAX as u128)));
         assert_eq!(d("5124095h"), Some((false, 5124095 * 3600 * S)));

@@ -24,7 +24,7 @@ use client::ClientError;
 
 use crate::{
     api::{
-        ipc::{Attachment, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+        ipc::{Attachment, BanAdded, BanStatus, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
         start::Options,
         stats, top,
     },
@@ -35,6 +35,8 @@ use crate::{
 /// Exit codes: 0 done, 1 failed, 2 bad input (nothing changed).
 const BAD_INPUT: u8 = 2;
 const FAILED: u8 = 1;
+/// `add --for`: some entries are in force, the daemon's rules refused the others.
+const PARTLY: u8 = 3;
 
 /// What a command can fail with; [`exit_code`] tells bad input from failures.
 #[derive(Debug, thiserror::Error)]
@@ -344,14 +346,18 @@ fn policy_request(cmd: &PolicyCommand) -> Request {
 
 fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitCode {
     let result = match cmd {
-        ListCommand::Add { cidrs, for_: Some(d), origin, file } => read_nets(&cidrs, file.as_deref(), true)
-            .and_then(|nets| {
+        ListCommand::Add { cidrs, for_: Some(d), origin, file } => {
+            let added = read_nets(&cidrs, file.as_deref(), true).and_then(|nets| {
                 let entries: Vec<_> = nets.into_iter().map(|n| (n, d)).collect();
                 client::ban_add(socket, list, origin.unwrap_or_default(), &entries).map_err(|e| {
                     change_error(e, "run the same command again: adding an entry again only sets its expiry anew")
                 })
-            })
-            .map(|_| String::new()),
+            });
+            return match added {
+                Ok(answer) => bans_added(&answer),
+                Err(e) => fail(&e),
+            };
+        }
         ListCommand::Add { cidrs, for_: None, file, .. } => {
             read_nets(&cidrs, file.as_deref(), false).and_then(|nets| add_permanent(socket, list, &nets))
         }
@@ -366,6 +372,20 @@ fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitC
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e),
+    }
+}
+
+/// What `add --for` says of its bans: nothing when every entry is in force; else each entry the
+/// daemon's rules refused on a line of its own, and exit 2 when none is in force (nothing
+/// changed), [`PARTLY`] when the others are.
+fn bans_added(answer: &BanAdded) -> ExitCode {
+    for r in &answer.refused {
+        say(BAD_INPUT, &format!("refused: {}: {}", r.cidr, escape::controls(&r.reason, true)));
+    }
+    match (answer.refused.is_empty(), answer.added) {
+        (true, _) => ExitCode::SUCCESS,
+        (false, 0) => ExitCode::from(BAD_INPUT),
+        (false, _) => ExitCode::from(PARTLY),
     }
 }
 
@@ -413,6 +433,8 @@ fn parse_entry(word: &str, bare: bool) -> Result<ipnet::IpNet, Error> {
         Ok(addr) if bare => ipnet::IpNet::from(addr),
         _ => config::parse_net(word).map_err(|e| Error::Usage(e.to_string()))?,
     };
+    // As the daemon takes it: an IPv4-mapped network is its IPv4 network.
+    let net = config::unmapped(net);
     if net.trunc() != net {
         return Err(Error::Usage(config::Error::HostBits { net }.to_string()));
     }
@@ -453,15 +475,12 @@ fn remove(
     let listed: std::collections::HashSet<ipnet::IpNet> = permanent(socket)?.into_iter().collect();
     let by = origin.unwrap_or_default();
     if origin.is_none() {
-        // Only these networks' entries: the list may hold millions.
-        let bans: std::collections::HashSet<ipnet::IpNet> = client::ban_list_of(socket, list, nets)
-            .map_err(ban_error)?
-            .into_iter()
-            .filter(|b| b.origin == by)
-            .map(|b| b.cidr)
-            .collect();
-        if let Some(missing) = nets.iter().find(|n| !listed.contains(n) && !bans.contains(n)) {
-            return Err(Error::Refused(config::Error::NotOnList { net: *missing, list }.to_string()));
+        // Only these networks' entries, of every origin: the list may hold millions.
+        let bans = client::ban_list_of(socket, list, nets).map_err(ban_error)?;
+        let ours: std::collections::HashSet<ipnet::IpNet> =
+            bans.iter().filter(|b| b.origin == by).map(|b| b.cidr).collect();
+        if let Some(missing) = nets.iter().find(|n| !listed.contains(n) && !ours.contains(n)) {
+            return Err(Error::Refused(not_removed(list, *missing, &bans)));
         }
     }
     let again = match origin {
@@ -486,6 +505,21 @@ fn remove(
         }
     }
     Ok(String::new())
+}
+
+/// Why `rm` without --origin cannot remove `net`: not on the list at all, or held by other
+/// origins' bans only, which --origin removes.
+fn not_removed(list: List, net: ipnet::IpNet, bans: &[BanStatus]) -> String {
+    let holders: Vec<&str> = bans.iter().filter(|b| b.cidr == net).map(|b| b.origin.as_str()).collect();
+    match holders.first() {
+        None => config::Error::NotOnList { net, list }.to_string(),
+        Some(first) => format!(
+            "{net} is on the {list} list as a ban of origin {} only (not cli, nor the config file): remove it with \
+             `limiter-ctl {list} rm {net} --origin {first}`",
+            holders.join(" and "),
+            list = list.as_str()
+        ),
+    }
 }
 
 /// `list`: the permanent entries (origin `config`, no expiry) then the expiring ones, printed

@@ -362,7 +362,7 @@ async fn start(
     // The expiring entries (bans) in force before the program is attached: a restart keeps
     // each with the time it had left.
     let mut bans = bans::Bans::new(Some(bans::Bans::file_for(&args.state_dir, &args.iface)));
-    bans.restore(&mut limiter)?;
+    bans.restore(&mut limiter, state.list(config::List::Allow))?;
     limiter.set_sampling_within(args.sample_refusals, args.samples_per_s)?;
     // SAFETY: the stream owns its descriptor (the ring's) and keeps it open for as long as the
     // AsyncFd lives.

@@ -103,6 +103,9 @@ pub const TARGETS: &[Target] = &[
     root("config_edits", &[Kernel]),
     root("bans", &[Kernel]),
     root("ban_capacity", &[Kernel]),
+    root("ban_rules", &[Kernel]),
+    root("ban_crashes", &[Kernel]),
+    root("ban_clock", &[Kernel, Faketime]),
     Target {
         name: "control",
         needs: &[Kernel],
