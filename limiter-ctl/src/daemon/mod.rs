@@ -339,6 +339,10 @@ async fn start(
     let Probes { shared, health, metrics_addr, arrays } = probes;
     let listener = bind(socket)?;
     made.socket = true;
+    // A program the verifier refuses leaves its log beside the socket (the error names it).
+    if let Some(dir) = socket.parent() {
+        kernel::keep_verifier_logs_in(dir);
+    }
 
     // A place at tcx naming a program that is not there is refused before anything is loaded
     // (a pinned link keeps its place: nothing to check then).

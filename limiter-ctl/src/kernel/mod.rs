@@ -19,6 +19,7 @@ mod attach;
 mod bans;
 pub mod compile;
 mod error;
+pub mod features;
 mod geometry;
 mod handover;
 mod hook;
@@ -33,6 +34,7 @@ mod rotate;
 pub(crate) mod tcx;
 #[cfg(feature = "testing")]
 mod testing;
+mod verifier;
 mod view;
 
 pub(crate) use attach::chain as error_chain;
@@ -49,6 +51,7 @@ pub(crate) use others::{OtherLimiter, other_limiter, take_off_advice};
 pub use refusals::{DEFAULT_SAMPLE_REFUSALS, DEFAULT_SAMPLES_PER_S, Refusals, per_cpu_budget};
 pub use rotate::draw_salt;
 pub use tcx::{ProgRef, TcxPlace};
+pub use verifier::keep_logs_in as keep_verifier_logs_in;
 pub use view::MapView;
 
 pub(crate) use host::{
