@@ -1,5 +1,5 @@
-//! The client side of the control socket: one request out, one response back, all within
-//! [`DEADLINE`].
+//! The client side of the control socket, shared by the CLI and the bouncer: one request out,
+//! one response back, all within [`DEADLINE`].
 
 use std::{
     io::{self, Read as _, Write as _},
@@ -48,7 +48,7 @@ pub(crate) enum ClientError {
 
 /// Sends one request and waits for its response, connecting, sending and reading all within
 /// [`DEADLINE`].
-pub(super) fn call(socket: &Path, request: &Request) -> Result<Response, ClientError> {
+pub(crate) fn call(socket: &Path, request: &Request) -> Result<Response, ClientError> {
     let deadline = Instant::now() + DEADLINE;
     let path = || socket.to_path_buf();
     let io_err = |source| ClientError::Io { path: path(), source };
