@@ -8,54 +8,106 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::decisions::Batch;
+use super::{
+    decisions::{Batch, Decision},
+    stream::MAX_DECISIONS,
+};
 use crate::api::ipc;
 
 /// The longest ban taken from a decision: CrowdSec allows Go's longest duration (292 years);
 /// the daemon takes no more than this (ten years): a longer one is cut to it.
 pub(crate) const MAX_BAN: Duration = Duration::from_millis(ipc::MAX_FOR_MS);
 
-/// The bans the LAPI's decisions make, by network: each decision's id and when it ends. A
-/// network is banned until its last decision ends.
-#[derive(Debug, Default)]
+/// The most decisions held (bans of the LAPI's, each with its own id and end): as many as one
+/// answer may hold, what the daemon can hold. Changes that would hold more are dropped.
+pub(crate) const MAX_HELD: usize = MAX_DECISIONS;
+
+/// How far the daemon's time left on a ban may be from the bouncer's before a reconcile sends
+/// it again: the daemon's list and the bouncer's clock are read a request apart.
+const RECONCILE_SLACK: Duration = Duration::from_secs(2);
+
+/// The bans the LAPI's decisions make: each decision by network and id, with when it ends. A
+/// network is banned until its last decision ends. One flat map, ordered by network: a
+/// network's decisions are a range of it (a map per network would cost a node each).
+#[derive(Debug)]
 pub(crate) struct Bans {
-    by_net: BTreeMap<IpNet, BTreeMap<i64, Instant>>,
+    decisions: BTreeMap<(IpNet, i64), Instant>,
+    /// [`MAX_HELD`] (less in tests).
+    max_held: usize,
     /// Networks whose entry the daemon must (re)take, with the last end of their decisions.
     pending_add: BTreeSet<IpNet>,
     /// Networks whose entry the daemon must remove.
     pending_rm: BTreeSet<IpNet>,
 }
 
+impl Default for Bans {
+    fn default() -> Self {
+        Self {
+            decisions: BTreeMap::new(),
+            max_held: MAX_HELD,
+            pending_add: BTreeSet::new(),
+            pending_rm: BTreeSet::new(),
+        }
+    }
+}
+
+/// The ends of the decisions on `net`.
+fn ends<'a>(decisions: &'a BTreeMap<(IpNet, i64), Instant>, net: &IpNet) -> impl Iterator<Item = Instant> + 'a {
+    decisions.range((*net, i64::MIN)..=(*net, i64::MAX)).map(|(_, end)| *end)
+}
+
+/// When a decision read at `now` ends. Ten years on from a monotonic clock's now always fits an
+/// Instant; were it not to, the decision is skipped rather than the bouncer stopped.
+fn end_of(d: &Decision, now: Instant) -> Option<Instant> {
+    now.checked_add(d.left.min(MAX_BAN))
+}
+
 impl Bans {
     /// Takes in a poll's `batch`, read at `now`. `full` (an answer to `startup=true`): it is
     /// the whole set, so a ban missing from it is lifted, and every ban in it is sent again (the
-    /// daemon takes a ban it has as a renewal: idempotent).
-    pub fn apply(&mut self, batch: &Batch, now: Instant, full: bool) {
-        let before: BTreeMap<IpNet, Option<Instant>> = if full {
-            let old = std::mem::take(&mut self.by_net);
-            old.into_iter().map(|(net, ids)| (net, ids.values().max().copied())).collect()
-        } else {
-            let touched = batch.deleted.iter().chain(&batch.new).map(|d| d.net);
-            touched.map(|net| (net, self.end(&net))).collect()
-        };
-        for d in &batch.deleted {
-            if let Some(ids) = self.by_net.get_mut(&d.net) {
-                ids.remove(&d.id);
-                if ids.is_empty() {
-                    self.by_net.remove(&d.net);
+    /// daemon takes a ban it has as a renewal: idempotent). Returns how many new decisions were
+    /// dropped, the bans holding [`MAX_HELD`] already.
+    pub fn apply(&mut self, mut batch: Batch, now: Instant, full: bool) -> usize {
+        if full {
+            // A full set holds at most MAX_DECISIONS (`stream`): it replaces the bans whole,
+            // the old ones gone before the new are built (the peak is one set and the batch).
+            batch.new.sort_unstable_by_key(|d| d.net);
+            for net in nets(std::mem::take(&mut self.decisions).keys()) {
+                if batch.new.binary_search_by_key(&net, |d| d.net).is_err() {
+                    self.pending_rm.insert(net);
                 }
             }
+            // Collected in the batch's own buffer (a decision and an entry are the same size).
+            self.decisions = batch.new.into_iter().filter_map(|d| Some(((d.net, d.id), end_of(&d, now)?))).collect();
+            self.pending_add = nets(self.decisions.keys()).collect();
+            self.pending_rm.retain(|net| !self.pending_add.contains(net));
+            return 0;
         }
-        for d in &batch.new {
-            // Ten years on from a monotonic clock's now always fits an Instant; were it not to,
-            // the decision is skipped rather than the bouncer stopped.
-            let Some(end) = now.checked_add(d.left.magnitude.min(MAX_BAN)) else { continue };
-            self.by_net.entry(d.net).or_default().insert(d.id, end);
-        }
-        let mut touched: BTreeSet<IpNet> = before.keys().copied().collect();
-        touched.extend(batch.new.iter().map(|d| d.net));
-        for net in touched {
-            let was = before.get(&net).copied().flatten();
+        // A change, network by network (both lists in its order): what each network's ban
+        // was before and is after says what the daemon must be told.
+        batch.deleted.sort_unstable_by_key(|d| d.net);
+        batch.new.sort_unstable_by_key(|d| d.net);
+        let (mut deleted, mut new) = (batch.deleted.iter().peekable(), batch.new.iter().peekable());
+        let mut dropped = 0;
+        loop {
+            let net = match (deleted.peek(), new.peek()) {
+                (Some(d), Some(n)) => d.net.min(n.net),
+                (Some(d), None) => d.net,
+                (None, Some(n)) => n.net,
+                (None, None) => break,
+            };
+            let was = self.end(&net);
+            while let Some(d) = deleted.next_if(|d| d.net == net) {
+                self.decisions.remove(&(d.net, d.id));
+            }
+            while let Some(d) = new.next_if(|d| d.net == net) {
+                let key = (d.net, d.id);
+                if self.decisions.len() >= self.max_held && !self.decisions.contains_key(&key) {
+                    dropped += 1;
+                } else if let Some(end) = end_of(d, now) {
+                    self.decisions.insert(key, end);
+                }
+            }
             match self.end(&net) {
                 None => {
                     self.pending_add.remove(&net);
@@ -63,28 +115,30 @@ impl Bans {
                         self.pending_rm.insert(net);
                     }
                 }
-                Some(end) if full || was != Some(end) => {
+                Some(end) if was != Some(end) => {
                     self.pending_rm.remove(&net);
                     self.pending_add.insert(net);
                 }
                 Some(_) => {}
             }
         }
+        dropped
+    }
+
+    fn holds(&self, net: &IpNet) -> bool {
+        ends(&self.decisions, net).next().is_some()
     }
 
     /// When the ban on `net` ends (its last decision's end), if it is banned.
     fn end(&self, net: &IpNet) -> Option<Instant> {
-        self.by_net.get(net).and_then(|ids| ids.values().max().copied())
+        ends(&self.decisions, net).max()
     }
 
     /// Forgets decisions ended by `now` (the daemon expires their entries itself).
     pub fn expire(&mut self, now: Instant) {
-        self.by_net.retain(|_, ids| {
-            ids.retain(|_, end| *end > now);
-            !ids.is_empty()
-        });
-        let by_net = &self.by_net;
-        self.pending_add.retain(|net| by_net.contains_key(net));
+        self.decisions.retain(|_, end| *end > now);
+        let decisions = &self.decisions;
+        self.pending_add.retain(|net| ends(decisions, net).next().is_some());
     }
 
     /// What the daemon must still be told, as of `now`: the entries to add with their time
@@ -101,14 +155,28 @@ impl Bans {
         (adds, self.pending_rm.iter().copied().collect())
     }
 
-    /// Lifts what the daemon holds of ours (`listed`, origin crowdsec) that the bans do not
-    /// have: a decision deleted while no bouncer ran. Called after the first full set.
-    pub fn reconcile(&mut self, listed: &[IpNet]) {
-        for net in listed {
-            if !self.by_net.contains_key(net) {
-                self.pending_rm.insert(*net);
+    /// Compares what the daemon holds of ours (`listed`: origin crowdsec, with the time each
+    /// has left, read at `now`) with the bans: what it lacks, or holds for another time, is
+    /// sent again; what the bans do not have (a decision deleted while no bouncer ran) is
+    /// lifted. Returns how many of each.
+    pub fn reconcile(&mut self, listed: &mut [(IpNet, Duration)], now: Instant) -> (usize, usize) {
+        listed.sort_unstable_by_key(|(net, _)| *net);
+        let mut lifted = 0;
+        for (net, _) in listed.iter() {
+            if !self.holds(net) && self.pending_rm.insert(*net) {
+                lifted += 1;
             }
         }
+        let mut resent = 0;
+        for net in nets(self.decisions.keys()) {
+            let ours = self.end(&net).map(|end| end.saturating_duration_since(now)).unwrap_or_default();
+            let theirs = listed.binary_search_by_key(&net, |(n, _)| *n).ok().map(|i| listed[i].1);
+            let off = |t: Duration| t.abs_diff(ours) > RECONCILE_SLACK;
+            if theirs.is_none_or(off) && self.pending_add.insert(net) {
+                resent += 1;
+            }
+        }
+        (resent, lifted)
     }
 
     /// The daemon took the removals.
@@ -123,8 +191,14 @@ impl Bans {
 
     /// How many networks are banned.
     pub fn len(&self) -> usize {
-        self.by_net.len()
+        nets(self.decisions.keys()).count()
     }
+}
+
+/// The networks of decisions ordered by network, each once.
+fn nets<'a>(keys: impl Iterator<Item = &'a (IpNet, i64)>) -> impl Iterator<Item = IpNet> {
+    let mut last = None;
+    keys.filter_map(move |(net, _)| (last.replace(*net) != Some(*net)).then_some(*net))
 }
 
 fn round_up_ms(d: Duration) -> Duration {
@@ -135,21 +209,18 @@ fn round_up_ms(d: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bouncer::{
-        decisions::{Decision, Skipped},
-        duration::{SignedDuration, go_duration},
-    };
+    use crate::bouncer::duration::go_duration;
 
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()
     }
 
     fn ban(id: i64, n: &str, secs: u64) -> Decision {
-        Decision { id, net: net(n), left: SignedDuration { negative: false, magnitude: Duration::from_secs(secs) } }
+        Decision { id, net: net(n), left: Duration::from_secs(secs) }
     }
 
     fn batch(new: Vec<Decision>, deleted: Vec<Decision>) -> Batch {
-        Batch { new, deleted, skipped: Skipped::default() }
+        Batch { new, deleted, ..Batch::default() }
     }
 
     fn pending(bans: &Bans, now: Instant) -> (Vec<(String, u64)>, Vec<String>) {
@@ -164,20 +235,20 @@ mod tests {
     fn bans_follow_their_last_decision_and_are_sent_once() {
         let t0 = Instant::now();
         let mut bans = Bans::default();
-        bans.apply(&batch(vec![ban(1, "198.18.0.7/32", 60), ban(2, "198.18.0.7/32", 600)], vec![]), t0, true);
+        bans.apply(batch(vec![ban(1, "198.18.0.7/32", 60), ban(2, "198.18.0.7/32", 600)], vec![]), t0, true);
         assert_eq!(pending(&bans, t0), (vec![("198.18.0.7/32".into(), 600)], vec![]));
         bans.added();
         assert_eq!(pending(&bans, t0), (vec![], vec![]));
         // The longer decision deleted: the ban now ends with the shorter one, and is sent again.
-        bans.apply(&batch(vec![], vec![ban(2, "198.18.0.7/32", 0)]), t0, false);
+        bans.apply(batch(vec![], vec![ban(2, "198.18.0.7/32", 0)]), t0, false);
         assert_eq!(pending(&bans, t0), (vec![("198.18.0.7/32".into(), 60)], vec![]));
         bans.added();
         // The last one deleted: removed.
-        bans.apply(&batch(vec![], vec![ban(1, "198.18.0.7/32", 0)]), t0, false);
+        bans.apply(batch(vec![], vec![ban(1, "198.18.0.7/32", 0)]), t0, false);
         assert_eq!(pending(&bans, t0), (vec![], vec!["198.18.0.7/32".into()]));
         bans.removed();
         // Deleting what is not banned sends nothing.
-        bans.apply(&batch(vec![], vec![ban(9, "198.18.0.9/32", 0)]), t0, false);
+        bans.apply(batch(vec![], vec![ban(9, "198.18.0.9/32", 0)]), t0, false);
         assert_eq!(pending(&bans, t0), (vec![], vec![]));
         assert_eq!(bans.len(), 0);
     }
@@ -186,11 +257,11 @@ mod tests {
     fn a_full_set_lifts_what_it_lacks_and_renews_the_rest() {
         let t0 = Instant::now();
         let mut bans = Bans::default();
-        bans.apply(&batch(vec![ban(1, "198.18.0.1/32", 60), ban(2, "198.18.0.2/32", 60)], vec![]), t0, true);
+        bans.apply(batch(vec![ban(1, "198.18.0.1/32", 60), ban(2, "198.18.0.2/32", 60)], vec![]), t0, true);
         bans.added();
         // After an outage: the full set no longer has .1 (deleted meanwhile) and still has .2.
         let t1 = t0 + Duration::from_secs(10);
-        bans.apply(&batch(vec![ban(2, "198.18.0.2/32", 50)], vec![]), t1, true);
+        bans.apply(batch(vec![ban(2, "198.18.0.2/32", 50)], vec![]), t1, true);
         assert_eq!(pending(&bans, t1), (vec![("198.18.0.2/32".into(), 50)], vec!["198.18.0.1/32".into()]));
     }
 
@@ -198,16 +269,67 @@ mod tests {
     fn a_first_full_set_lifts_what_the_daemon_holds_of_a_previous_run() {
         let t0 = Instant::now();
         let mut bans = Bans::default();
-        bans.apply(&batch(vec![ban(1, "198.18.0.1/32", 60)], vec![]), t0, true);
-        bans.reconcile(&[net("198.18.0.1/32"), net("198.18.0.2/32")]);
-        assert_eq!(pending(&bans, t0), (vec![("198.18.0.1/32".into(), 60)], vec!["198.18.0.2/32".into()]));
+        bans.apply(batch(vec![ban(1, "198.18.0.1/32", 60)], vec![]), t0, true);
+        bans.added();
+        let mut listed =
+            vec![(net("198.18.0.2/32"), Duration::from_secs(60)), (net("198.18.0.1/32"), Duration::from_secs(60))];
+        assert_eq!(bans.reconcile(&mut listed, t0), (0, 1));
+        assert_eq!(pending(&bans, t0), (vec![], vec!["198.18.0.2/32".into()]));
+    }
+
+    #[test]
+    fn a_reconcile_sends_again_what_the_daemon_lost_or_holds_for_another_time() {
+        let t0 = Instant::now();
+        let mut bans = Bans::default();
+        let full = vec![ban(1, "198.18.0.1/32", 600), ban(2, "198.18.0.2/32", 600), ban(3, "2001:db8::3/128", 600)];
+        bans.apply(batch(full, vec![]), t0, true);
+        bans.added();
+        // The daemon restarted: it lost .1, restored .2 with 1 s less (within the slack), and
+        // ::3 with a minute less (a renewal it had not saved), and holds .9 of a previous run.
+        let t1 = t0 + Duration::from_secs(100);
+        let mut listed = vec![
+            (net("198.18.0.2/32"), Duration::from_secs(499)),
+            (net("2001:db8::3/128"), Duration::from_secs(440)),
+            (net("198.18.0.9/32"), Duration::from_secs(30)),
+        ];
+        assert_eq!(bans.reconcile(&mut listed, t1), (2, 1));
+        assert_eq!(
+            pending(&bans, t1),
+            (vec![("198.18.0.1/32".into(), 500), ("2001:db8::3/128".into(), 500)], vec!["198.18.0.9/32".into()])
+        );
+        bans.added();
+        bans.removed();
+        // Nothing lost: nothing to send.
+        let mut listed = vec![
+            (net("198.18.0.1/32"), Duration::from_secs(500)),
+            (net("198.18.0.2/32"), Duration::from_secs(500)),
+            (net("2001:db8::3/128"), Duration::from_secs(500)),
+        ];
+        assert_eq!(bans.reconcile(&mut listed, t1), (0, 0));
+        assert_eq!(pending(&bans, t1), (vec![], vec![]));
+    }
+
+    #[test]
+    fn new_decisions_past_the_most_held_are_dropped() {
+        let t0 = Instant::now();
+        let mut bans = Bans { max_held: 2, ..Bans::default() };
+        bans.apply(batch(vec![ban(1, "198.18.0.1/32", 60)], vec![]), t0, true);
+        let more = vec![ban(1, "198.18.0.1/32", 90), ban(2, "198.18.0.2/32", 60), ban(3, "198.18.0.3/32", 60)];
+        assert_eq!(bans.apply(batch(more, vec![]), t0, false), 1, "the third decision held is one too many");
+        assert_eq!(bans.len(), 2);
+        // A deletion makes room.
+        let next = batch(vec![ban(3, "198.18.0.3/32", 60)], vec![ban(2, "198.18.0.2/32", 0)]);
+        assert_eq!(bans.apply(next, t0, false), 0);
+        let (adds, rms) = pending(&bans, t0);
+        assert_eq!(adds.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["198.18.0.1/32", "198.18.0.3/32"]);
+        assert_eq!(rms, ["198.18.0.2/32"]);
     }
 
     #[test]
     fn pending_adds_wait_for_the_daemon_and_lapse_with_their_time() {
         let t0 = Instant::now();
         let mut bans = Bans::default();
-        bans.apply(&batch(vec![ban(1, "198.18.0.1/32", 5), ban(2, "198.18.0.2/32", 60)], vec![]), t0, true);
+        bans.apply(batch(vec![ban(1, "198.18.0.1/32", 5), ban(2, "198.18.0.2/32", 60)], vec![]), t0, true);
         // The daemon was down for 10 s: what is sent then has 50 s left, and the 5 s ban none.
         let t1 = t0 + Duration::from_secs(10);
         bans.expire(t1);
@@ -220,7 +342,7 @@ mod tests {
         let t0 = Instant::now();
         let mut bans = Bans::default();
         let huge = go_duration("2562047h47m16.854775807s").unwrap();
-        bans.apply(&batch(vec![Decision { id: 1, net: net("198.18.0.1/32"), left: huge }], vec![]), t0, true);
+        bans.apply(batch(vec![Decision { id: 1, net: net("198.18.0.1/32"), left: huge.magnitude }], vec![]), t0, true);
         let (adds, _) = bans.pending(t0);
         assert_eq!(adds, [(net("198.18.0.1/32"), MAX_BAN)]);
     }

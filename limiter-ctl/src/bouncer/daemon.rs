@@ -15,8 +15,11 @@ use crate::{
 pub(crate) trait Sink {
     fn add(&mut self, entries: &[(IpNet, Duration)]) -> Result<(), String>;
     fn rm(&mut self, nets: &[IpNet]) -> Result<(), String>;
-    /// The networks the daemon holds an entry of ours for.
-    fn listed(&mut self) -> Result<Vec<IpNet>, String>;
+    /// The networks the daemon holds an entry of ours for, each with its time left.
+    fn listed(&mut self) -> Result<Vec<(IpNet, Duration)>, String>;
+    /// Which daemon answers: the instance its `stats` names, drawn at its start, so another
+    /// one is a restarted daemon (None: a daemon that names none).
+    fn instance(&mut self) -> Result<Option<u64>, String>;
 }
 
 /// The bouncer's bans, into the daemon's deny list as expiring entries of origin crowdsec.
@@ -42,13 +45,27 @@ impl Sink for DaemonSink {
         Ok(())
     }
 
-    fn listed(&mut self) -> Result<Vec<IpNet>, String> {
-        let bans: Vec<BanStatus> = match client::call(&self.socket, &Request::BanList { list: List::Deny }) {
-            Ok(Response::Ok { data }) => serde_json::from_value(data).map_err(|e| e.to_string())?,
-            Ok(Response::Usage { error } | Response::Failed { error }) => return Err(error),
-            Err(e) => return Err(e.to_string()),
-        };
-        Ok(bans.into_iter().filter(|b| b.origin == Origin::Crowdsec).map(|b| b.cidr).collect())
+    fn listed(&mut self) -> Result<Vec<(IpNet, Duration)>, String> {
+        let bans: Vec<BanStatus> = serde_json::from_value(data(&self.socket, &Request::BanList { list: List::Deny })?)
+            .map_err(|e| format!("the daemon's ban list is unreadable: {e}"))?;
+        Ok(bans
+            .into_iter()
+            .filter(|b| b.origin == Origin::Crowdsec)
+            .map(|b| (b.cidr, Duration::from_millis(b.expires_in_ms)))
+            .collect())
+    }
+
+    fn instance(&mut self) -> Result<Option<u64>, String> {
+        Ok(data(&self.socket, &Request::Stats)?.get("instance").and_then(serde_json::Value::as_u64))
+    }
+}
+
+/// One request's answer, or why there is none.
+fn data(socket: &std::path::Path, request: &Request) -> Result<serde_json::Value, String> {
+    match client::call(socket, request) {
+        Ok(Response::Ok { data }) => Ok(data),
+        Ok(Response::Usage { error } | Response::Failed { error }) => Err(error),
+        Err(e) => Err(e.to_string()),
     }
 }
 

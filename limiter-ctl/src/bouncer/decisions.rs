@@ -1,58 +1,20 @@
-//! The decision stream: an answer of `/v1/decisions/stream` read into the bans it makes, new
-//! and deleted, and what it holds that is not a usable ban, counted by reason.
+//! One element of the decision stream judged: a ban on an address or a range, or the reason it
+//! is skipped (counted); and what one answer holds ([`Batch`]). `stream` reads the answer.
 
-use std::{fmt, net::IpAddr};
+use std::{borrow::Cow, fmt, net::IpAddr, time::Duration};
 
 use ipnet::IpNet;
-use serde::{Deserialize, Deserializer, de::IgnoredAny};
 
-use super::duration::{SignedDuration, go_duration};
+use super::duration::go_duration;
 
-/// `{"new": [...], "deleted": [...]}`, either null; an answer with neither key is not a stream.
-#[derive(Deserialize)]
-struct RawStream {
-    #[serde(default, deserialize_with = "present")]
-    new: Option<Option<Vec<RawItem>>>,
-    #[serde(default, deserialize_with = "present")]
-    deleted: Option<Option<Vec<RawItem>>>,
-}
-
-/// A key that is present (null or not), told from one that is absent (`None`).
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
-    Option::<T>::deserialize(d).map(Some)
-}
-
-/// One element of `new` or `deleted`: a decision, or something else (counted, skipped), so that
-/// one odd element does not cost the others.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawItem {
-    Decision(RawDecision),
-    Other(IgnoredAny),
-}
-
-/// The fields used; each any JSON (checked in [`decision`]), the others ignored.
-#[derive(Deserialize)]
-struct RawDecision {
-    #[serde(default)]
-    id: Option<serde_json::Value>,
-    #[serde(default, rename = "type")]
-    kind: Option<serde_json::Value>,
-    #[serde(default)]
-    scope: Option<serde_json::Value>,
-    #[serde(default)]
-    value: Option<serde_json::Value>,
-    #[serde(default)]
-    duration: Option<serde_json::Value>,
-}
-
-/// A ban on `net`, for `left` from when it was read (zero or negative: already over).
+/// A ban on `net`: new, for `left` from when it was read; deleted, its time not used (it is
+/// over, whatever it says).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Decision {
     /// The LAPI's id of the decision (several may ban the same address, each with its time).
     pub id: i64,
     pub net: IpNet,
-    pub left: SignedDuration,
+    pub left: Duration,
 }
 
 /// What a poll's answer holds: its bans, new and deleted, and what was skipped, by reason.
@@ -61,6 +23,8 @@ pub(crate) struct Batch {
     pub new: Vec<Decision>,
     pub deleted: Vec<Decision>,
     pub skipped: Skipped,
+    /// The first malformed element, where it was and why (for the log line).
+    pub first_malformed: Option<String>,
 }
 
 /// Decisions not turned into bans, counted by reason.
@@ -72,7 +36,8 @@ pub(crate) struct Skipped {
     pub scope: u64,
     /// New, but already expired (a zero or negative duration).
     pub expired: u64,
-    /// Malformed: not an object, a missing or unreadable value, duration or type.
+    /// Malformed: not an object, a field twice, a missing or unreadable value, duration, type
+    /// or id. Unlike the others, these could be bans: what they are is not known.
     pub malformed: u64,
 }
 
@@ -92,92 +57,134 @@ impl fmt::Display for Skipped {
     }
 }
 
-/// Why an answer is not a decision stream at all (then nothing of it is applied).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum StreamError {
-    #[error("not a decision stream: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("not a decision stream: it has neither \"new\" nor \"deleted\"")]
-    Empty,
+/// Which list of the answer an element is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Which {
+    New,
+    Deleted,
 }
 
-/// Reads an answer of `/v1/decisions/stream`. Garbage as a whole is an error (nothing of it may
-/// be applied); an element that is not a usable ban is skipped and counted.
-pub(crate) fn parse_stream(body: &[u8]) -> Result<Batch, StreamError> {
-    let raw: RawStream = serde_json::from_slice(body)?;
-    if raw.new.is_none() && raw.deleted.is_none() {
-        return Err(StreamError::Empty);
+impl fmt::Display for Which {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Which::New => "new",
+            Which::Deleted => "deleted",
+        })
     }
-    let mut batch = Batch::default();
-    for item in raw.deleted.flatten().into_iter().flatten() {
-        // A deleted decision's duration is not used (it is over, whatever it says).
-        match decision(item) {
-            Ok(d) => batch.deleted.push(d),
-            Err(why) => why.count(&mut batch.skipped),
+}
+
+/// A field of an element, as read: only text and integers are kept (nothing else is a field
+/// of a decision).
+#[derive(Debug, Default)]
+pub(crate) enum Field {
+    #[default]
+    Absent,
+    Null,
+    Text(String),
+    Int(i64),
+    /// Another JSON value (a float, a boolean, an array, an object), not kept.
+    Other,
+}
+
+/// The fields used of an element that is an object.
+#[derive(Debug, Default)]
+pub(crate) struct RawDecision {
+    pub id: Field,
+    pub kind: Field,
+    pub scope: Field,
+    pub value: Field,
+    pub duration: Field,
+}
+
+impl Batch {
+    /// Takes in the `index`th element of `which`: its fields, or why it is not an object of
+    /// them.
+    pub(crate) fn take(&mut self, which: Which, index: usize, element: Result<RawDecision, &'static str>) {
+        match element.map_err(|why| Skip::Malformed(why.into())).and_then(|raw| decision(raw, which)) {
+            Ok(d) if which == Which::New => self.new.push(d),
+            Ok(d) => self.deleted.push(d),
+            Err(Skip::NotBan) => self.skipped.not_ban += 1,
+            Err(Skip::Scope) => self.skipped.scope += 1,
+            Err(Skip::Expired) => self.skipped.expired += 1,
+            Err(Skip::Malformed(why)) => {
+                self.skipped.malformed += 1;
+                self.first_malformed.get_or_insert_with(|| format!("{which}[{index}]: {why}"));
+            }
         }
     }
-    for item in raw.new.flatten().into_iter().flatten() {
-        match decision(item) {
-            Ok(d) if d.left.negative || d.left.magnitude.is_zero() => batch.skipped.expired += 1,
-            Ok(d) => batch.new.push(d),
-            Err(why) => why.count(&mut batch.skipped),
-        }
+
+    /// The decisions kept, new and deleted.
+    pub(crate) fn kept(&self) -> usize {
+        self.new.len() + self.deleted.len()
     }
-    Ok(batch)
 }
 
 enum Skip {
     NotBan,
     Scope,
-    Malformed,
+    Expired,
+    Malformed(Cow<'static, str>),
 }
 
-impl Skip {
-    fn count(self, skipped: &mut Skipped) {
-        match self {
-            Skip::NotBan => skipped.not_ban += 1,
-            Skip::Scope => skipped.scope += 1,
-            Skip::Malformed => skipped.malformed += 1,
-        }
+/// A field's text, or why it is not usable.
+fn text(field: Field, name: &str) -> Result<String, Skip> {
+    match field {
+        Field::Text(t) => Ok(t),
+        Field::Absent => Err(Skip::Malformed(format!("no {name}").into())),
+        _ => Err(Skip::Malformed(format!("its {name} is not text").into())),
     }
 }
 
-fn decision(item: RawItem) -> Result<Decision, Skip> {
-    let RawItem::Decision(d) = item else { return Err(Skip::Malformed) };
-    let text = |v: &Option<serde_json::Value>| v.as_ref().and_then(|v| v.as_str().map(str::to_owned));
-    let kind = text(&d.kind).ok_or(Skip::Malformed)?;
-    let scope = text(&d.scope).ok_or(Skip::Malformed)?;
-    let value = text(&d.value).ok_or(Skip::Malformed)?;
-    let duration = text(&d.duration).ok_or(Skip::Malformed)?;
+/// The LAPI's text in a log line: quoted and escaped (no control character gets through), and
+/// cut short.
+fn shown(value: &str) -> String {
+    let cut: String = value.chars().take(64).collect();
+    format!("{cut:?}{}", if cut.len() < value.len() { "..." } else { "" })
+}
+
+fn decision(d: RawDecision, which: Which) -> Result<Decision, Skip> {
+    let kind = text(d.kind, "type")?;
+    let scope = text(d.scope, "scope")?;
+    let value = text(d.value, "value")?;
+    let duration = text(d.duration, "duration")?;
     // An absent id (no LAPI sends none) makes the decisions on one address one.
-    let id = match &d.id {
-        None | Some(serde_json::Value::Null) => 0,
-        Some(v) => v.as_i64().ok_or(Skip::Malformed)?,
+    let id = match d.id {
+        Field::Absent | Field::Null => 0,
+        Field::Int(id) => id,
+        _ => return Err(Skip::Malformed("its id is not an integer".into())),
     };
     if !kind.eq_ignore_ascii_case("ban") {
         return Err(Skip::NotBan);
     }
     let net = if scope.eq_ignore_ascii_case("ip") {
         // The standard parser: no leading zeros (inet_aton would read 010.0.0.1 as 8.0.0.1).
-        let addr: IpAddr = value.trim().parse().map_err(|_| Skip::Malformed)?;
+        let addr: IpAddr = value
+            .trim()
+            .parse()
+            .map_err(|_| Skip::Malformed(format!("value {} is not an address", shown(&value)).into()))?;
         // An IPv4 address written mapped (::ffff:198.18.0.1) arrives in IPv4 packets.
         IpNet::from(addr.to_canonical())
     } else if scope.eq_ignore_ascii_case("range") {
         // The config's parser (the same strictness); a range written with host bits set
         // (198.18.4.1/24) means its network.
-        crate::config::parse_net(value.trim()).map_err(|_| Skip::Malformed)?.trunc()
+        crate::config::parse_net(value.trim())
+            .map_err(|_| Skip::Malformed(format!("value {} is not a range", shown(&value)).into()))?
+            .trunc()
     } else {
         return Err(Skip::Scope);
     };
-    let left = go_duration(duration.trim()).ok_or(Skip::Malformed)?;
-    Ok(Decision { id, net, left })
+    let left = go_duration(duration.trim())
+        .ok_or_else(|| Skip::Malformed(format!("duration {} is not a Go duration", shown(&duration)).into()))?;
+    if which == Which::New && (left.negative || left.magnitude.is_zero()) {
+        return Err(Skip::Expired);
+    }
+    Ok(Decision { id, net, left: left.magnitude })
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
+    use crate::bouncer::stream::parse_stream;
 
     const ANSWER: &str = r#"{"deleted":null,"new":[
         {"duration":"3.956111315s","id":1,"origin":"cscli","scenario":"manual","scope":"Ip","type":"ban","value":"198.18.0.7"},
@@ -194,7 +201,7 @@ mod tests {
         assert_eq!(batch.deleted, []);
         let nets: Vec<(i64, IpNet)> = batch.new.iter().map(|d| (d.id, d.net)).collect();
         assert_eq!(nets, [(1, net("198.18.0.7/32")), (2, net("198.18.4.0/24"))]);
-        assert_eq!(batch.new[0].left.magnitude, Duration::from_nanos(3_956_111_315));
+        assert_eq!(batch.new[0].left, Duration::from_nanos(3_956_111_315));
         assert_eq!(batch.skipped, Skipped { not_ban: 1, ..Skipped::default() });
 
         let deleted = r#"{"deleted":[{"duration":"-2.06220007s","id":1,"origin":"cscli","scope":"Ip","type":"ban",
@@ -238,30 +245,5 @@ mod tests {
             ]
         );
         assert_eq!(batch.skipped, Skipped { not_ban: 0, scope: 1, expired: 2, malformed: 12 });
-    }
-
-    #[test]
-    fn garbage_answers_are_refused_whole() {
-        for bad in [
-            "",
-            "null",
-            "[]",
-            "{}",
-            "\"new\"",
-            "<html>502 Bad Gateway</html>",
-            r#"{"message":"access forbidden"}"#,
-            r#"{"new":[{"duration":"1h","id":1,"scope":"Ip","type":"ban","value":"198.18.0.1"}]"#,
-            r#"{"new":{"duration":"1h"}}"#,
-            r#"{"new":"198.18.0.1"}"#,
-            r#"{"deleted":5}"#,
-        ] {
-            assert!(parse_stream(bad.as_bytes()).is_err(), "{bad:?}");
-        }
-        let mut garbage = vec![0xff, 0xfe, b'{'];
-        garbage.extend(std::iter::repeat_n(b'[', 10_000));
-        assert!(parse_stream(&garbage).is_err());
-        // Deep nesting inside an element: serde_json's recursion limit, an error, not a crash.
-        let deep = format!(r#"{{"new":[{}{}]}}"#, "[".repeat(100_000), "]".repeat(100_000));
-        assert!(parse_stream(deep.as_bytes()).is_err());
     }
 }

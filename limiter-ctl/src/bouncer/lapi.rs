@@ -5,11 +5,11 @@ use std::{
     time::Duration,
 };
 
-use super::decisions::{Batch, StreamError, parse_stream};
+use super::{
+    decisions::Batch,
+    stream::{MAX_DECISIONS, StreamError, read_stream},
+};
 
-/// The largest answer read from the LAPI: the full set of a large blocklist (about 200 bytes a
-/// decision: a million decisions) and no more.
-const MAX_BODY: u64 = 256 * 1024 * 1024;
 /// One poll's HTTP exchange, connecting and reading the whole answer.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -57,10 +57,14 @@ pub(crate) enum PollError {
     Key { url: String, status: u16 },
     #[error("the LAPI at {url} answered HTTP {status}")]
     Status { url: String, status: u16 },
-    #[error("the LAPI at {url} sent an unreadable answer: {source}")]
-    Body { url: String, source: Box<ureq::Error> },
     #[error("the LAPI at {url} sent {source}")]
     Garbage { url: String, source: StreamError },
+    /// A full set with decisions that cannot be read: what they are (bans, maybe) is not
+    /// known, so what the set lacks is not known either. Nothing of it is applied.
+    #[error(
+        "the LAPI at {url} sent a full set with {count} unreadable decisions (first: {first}); none of it is applied"
+    )]
+    Unreadable { url: String, count: u64, first: String },
 }
 
 pub(crate) struct Lapi {
@@ -82,7 +86,8 @@ impl Lapi {
         Self { agent, url, key }
     }
 
-    /// One poll: the full set (`startup`) or the changes since the last poll.
+    /// One poll: the full set (`startup`) or the changes since the last poll. The answer is
+    /// read as it arrives (`stream`); a full set with an unreadable decision is refused whole.
     pub fn poll(&self, startup: bool) -> Result<Batch, PollError> {
         let url = &self.url;
         let mut answer = self
@@ -99,13 +104,13 @@ impl Lapi {
         if status != 200 {
             return Err(PollError::Status { url: url.clone(), status });
         }
-        let body = answer
-            .body_mut()
-            .with_config()
-            .limit(MAX_BODY)
-            .read_to_vec()
-            .map_err(|e| PollError::Body { url: url.clone(), source: Box::new(e) })?;
-        parse_stream(&body).map_err(|source| PollError::Garbage { url: url.clone(), source })
+        let batch = read_stream(answer.body_mut().as_reader(), MAX_DECISIONS)
+            .map_err(|source| PollError::Garbage { url: url.clone(), source })?;
+        if startup && batch.skipped.malformed > 0 {
+            let first = batch.first_malformed.unwrap_or_default();
+            return Err(PollError::Unreadable { url: url.clone(), count: batch.skipped.malformed, first });
+        }
+        Ok(batch)
     }
 }
 

@@ -11,9 +11,12 @@
 //! retried on every poll.
 //!
 //! - `lapi`: the LAPI's address and key, one poll over HTTP.
-//! - `decisions`: an answer read into bans (`duration`: Go's durations, as CrowdSec writes them).
+//! - `stream`: its answer read as it arrives, within `bounded`'s bounds.
+//! - `decisions`: each element judged, a ban or skipped (`duration`: Go's durations, as
+//!   CrowdSec writes them).
 //! - `bans`: the set it keeps, and what the daemon must still be told.
-//! - `daemon`: the daemon side, through the control socket's client.
+//! - `daemon`: the daemon side, through the control socket's client; `sync` keeps it in step
+//!   (a restarted daemon gets back what it lost).
 //! - `run`: the loop.
 //!
 //! It may use the control socket's client, the api room's wire types and the config room's
@@ -21,11 +24,14 @@
 //! calls [`run`]).
 
 mod bans;
+mod bounded;
 mod daemon;
 mod decisions;
 mod duration;
 mod lapi;
 mod run;
+mod stream;
+mod sync;
 
 pub(crate) use daemon::DaemonSink;
 pub(crate) use lapi::{Lapi, read_key, stream_url};
