@@ -24,7 +24,9 @@ pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 pub(crate) enum ClientError {
     #[error("no daemon is listening on {0} (start one with `limiter-ctl daemon --iface IFACE`, or pass --socket)")]
     NoDaemon(PathBuf),
-    #[error("permission denied on {0}: the control socket is root-only (mode 0600); run as root")]
+    #[error(
+        "permission denied on {0}: the control socket serves root and the daemon's user (and the daemon's --socket-group, if any) only; run as root"
+    )]
     Permission(PathBuf),
     #[error("talking to the daemon on {path}: {source}")]
     Io { path: PathBuf, source: io::Error },

@@ -16,7 +16,6 @@ use std::{
 use limiter_common::maps::Counters;
 use tokio::{
     io::unix::AsyncFd,
-    net::UnixListener,
     signal::unix::{SignalKind, signal},
 };
 use tracing::{info, warn};
@@ -172,7 +171,7 @@ impl Daemon {
     /// Runs the loop until a signal stops it.
     pub(super) async fn serve(
         &mut self,
-        listener: UnixListener,
+        listener: socket::Control,
         mut refusals: AsyncFd<kernel::Refusals>,
         args: &Options,
         signals: Signals,
