@@ -406,9 +406,10 @@ fn hostile_answers_of_any_size_keep_the_bouncer_small_and_its_bans() {
 
 /// A restarted daemon gets back what it lost. A ban made with Debian's LAPI (`cscli decisions
 /// add`) is in force; the daemon is killed (SIGKILL), its state file removed and its program
-/// detached (all it held lost), and started again: the bouncer sees the daemon answer again,
-/// compares the daemon's bans with its own and sends the ban again: the source is dropped again
-/// within 3 s of the restart, on real traffic, and stays dropped.
+/// detached (all it held lost), and started again (`stats` names another instance): the bouncer
+/// sees another daemon answer, compares the daemon's bans with its own and sends the ban again:
+/// the source is dropped again within 3 s of the daemon running, on real traffic, and stays
+/// dropped.
 #[test]
 fn a_restarted_daemon_that_lost_its_bans_gets_them_back() {
     require_root!();
@@ -431,6 +432,11 @@ fn a_restarted_daemon_that_lost_its_bans_gets_them_back() {
     let watch = Watch::start(&rig, &[a, bystander], Duration::from_secs(40)).expect("watching");
     thread::sleep(Duration::from_millis(500));
 
+    let instance = |rig: &Rig| {
+        let stats: serde_json::Value = serde_json::from_str(&rig.ctl_ok(&["stats", "--json"])).expect("stats --json");
+        stats["instance"].as_u64().unwrap_or(0)
+    };
+    let before = instance(&rig);
     rig.daemon.kill().expect("SIGKILL");
     let file = state.join(format!("bans-{}.json", rig.net.receiver.iface));
     std::fs::remove_file(&file).unwrap_or_else(|e| panic!("removing {}: {e}", file.display()));
@@ -439,6 +445,8 @@ fn a_restarted_daemon_that_lost_its_bans_gets_them_back() {
     let lost = Instant::now();
     rig.restart(&args).expect("restarting the daemon");
     let running = Instant::now();
+    let after = instance(&rig);
+    assert!(before != 0 && after != 0 && before != after, "stats names no new instance: {before}, then {after}");
     assert!(
         wait_listed(&rig, "198.18.7.1/32", true, Duration::from_secs(5)),
         "A not sent again after the daemon lost it:\n{}",

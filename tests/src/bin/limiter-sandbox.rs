@@ -4,8 +4,12 @@
 //! not PID 1 (`systemd-run` needs it). Applied, in the order systemd applies them:
 //!
 //! - `LimitMEMLOCK=`, `LimitNOFILE=`, `UMask=`;
-//! - `CapabilityBoundingSet=`, `AmbientCapabilities=` (the inheritable set too, as systemd does),
-//!   `NoNewPrivileges=`;
+//! - `LoadCredential=`: each file copied into `$LIMITER_SANDBOX_CREDENTIALS/credentials`, which
+//!   only the service's user may read, named `$CREDENTIALS_DIRECTORY` and `%d` in PROGRAM's
+//!   arguments;
+//! - `CapabilityBoundingSet=`; then `User=`, `Group=`, `DynamicUser=` (a uid of systemd's dynamic
+//!   range, [`DYNAMIC_UID`]; no supplementary groups); then `AmbientCapabilities=` (the
+//!   inheritable set too, as systemd does), `NoNewPrivileges=`;
 //! - seccomp filters, each returning what systemd's returns: `RestrictAddressFamilies=`
 //!   (EAFNOSUPPORT), `RestrictNamespaces=` (EPERM; clone3 ENOSYS, its flags are out of a
 //!   filter's reach), `MemoryDenyWriteExecute=`, `RestrictRealtime=`, `LockPersonality=`,
@@ -21,13 +25,14 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     ffi::OsString,
-    os::unix::process::CommandExt as _,
+    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
     process::Command,
     str::FromStr as _,
 };
 
 use anyhow::{Context as _, bail, ensure};
 use caps::{CapSet, Capability, CapsHashSet};
+use nix::unistd::{Gid, Group, Uid, User};
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompFilter,
     SeccompRule, TargetArch,
@@ -39,8 +44,8 @@ use syscalls::Sysno;
 const NOT_APPLIED: &[(&str, &str)] = &[
     ("Type", "lifecycle: the test checks readiness and exit codes itself"),
     ("NotifyAccess", "lifecycle"),
-    ("EnvironmentFile", "the test passes the daemon's flags"),
-    ("ExecStart", "the test runs the daemon with its own socket, config and pins"),
+    ("EnvironmentFile", "the test passes the program's flags"),
+    ("ExecStart", "the test runs the program with its own socket, config, pins, LAPI"),
     ("ExecReload", "the test runs `limiter-ctl reload` under this wrapper as ExecReload would be"),
     ("TimeoutStartSec", "lifecycle"),
     ("Restart", "lifecycle"),
@@ -63,7 +68,19 @@ const NOT_APPLIED: &[(&str, &str)] = &[
     ("ProtectHostname", "UTS namespace; sethostname(2) is outside the allow list anyway"),
     ("ProtectProc", "mount namespace: not applied"),
     ("PrivateMounts", "mount namespace: not applied"),
+    ("PrivateUsers", "user namespace (the service's own ids mapped as they are): not applied"),
+    ("PrivateIPC", "IPC namespace: not applied (the services use no System V IPC)"),
+    ("RemoveIPC", "cleanup at stop: not applied"),
+    ("ProcSubset", "mount namespace: not applied"),
+    ("IPAddressDeny", "cgroup BPF: not applied (the test's peers are on loopback, which it allows)"),
+    ("IPAddressAllow", "cgroup BPF: not applied"),
+    ("MemoryMax", "cgroup: not applied (the tests measure the peak themselves)"),
+    ("TasksMax", "cgroup: not applied"),
 ];
+
+/// The uid a `DynamicUser=` service runs as here: the first of systemd's dynamic range
+/// (61184-65519), which no static user should hold.
+const DYNAMIC_UID: u32 = 61_184;
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -95,6 +112,12 @@ struct Sandbox {
     bounding: Option<CapsHashSet>,
     ambient: CapsHashSet,
     no_new_privs: bool,
+    /// `User=`, `Group=` (names or numbers), `DynamicUser=`.
+    user: Option<String>,
+    group: Option<String>,
+    dynamic_user: bool,
+    /// `LoadCredential=`: each id and the file it is read from.
+    credentials: Vec<(String, std::path::PathBuf)>,
     /// Filters installed before the system call filter (which may not allow seccomp(2) itself).
     filters: Vec<SeccompFilter>,
     syscall_filter: Option<SeccompFilter>,
@@ -133,6 +156,14 @@ impl Sandbox {
                     sandbox.ambient.extend(caps);
                 }
                 "NoNewPrivileges" => sandbox.no_new_privs = yes()?,
+                "User" => sandbox.user = Some(value.clone()),
+                "Group" => sandbox.group = Some(value.clone()),
+                "DynamicUser" => sandbox.dynamic_user = yes()?,
+                "LoadCredential" => {
+                    let (id, file) =
+                        value.split_once(':').with_context(|| format!("LoadCredential={value}: ID:PATH"))?;
+                    sandbox.credentials.push((id.to_string(), file.into()));
+                }
                 "RestrictAddressFamilies" => sandbox.filters.push(address_families(value, arch)?),
                 "RestrictNamespaces" if yes()? => sandbox.filters.extend(restrict_namespaces(arch)?),
                 "MemoryDenyWriteExecute" if yes()? => sandbox.filters.push(deny_write_execute(arch)?),
@@ -164,15 +195,82 @@ impl Sandbox {
     /// Applies everything, then execs `program`; returns only if something failed.
     fn exec(self, program: &[OsString]) -> anyhow::Error {
         match self.apply() {
-            Ok(()) => {
-                let error = Command::new(&program[0]).args(&program[1..]).exec();
+            Ok(credentials) => {
+                let mut cmd = Command::new(&program[0]);
+                match &credentials {
+                    Some(dir) => {
+                        let d = dir.as_os_str().to_string_lossy();
+                        cmd.args(program[1..].iter().map(|a| a.to_string_lossy().replace("%d", &d)));
+                        cmd.env("CREDENTIALS_DIRECTORY", dir);
+                    }
+                    None => {
+                        cmd.args(&program[1..]);
+                    }
+                }
+                let error = cmd.exec();
                 anyhow::Error::new(error).context(format!("exec {}", program[0].to_string_lossy()))
             }
             Err(e) => e,
         }
     }
 
-    fn apply(self) -> anyhow::Result<()> {
+    /// The user and group the service runs as, if the unit names any.
+    fn identity(&self) -> anyhow::Result<Option<(Uid, Gid)>> {
+        let uid = if self.dynamic_user {
+            Some(Uid::from_raw(DYNAMIC_UID))
+        } else {
+            match &self.user {
+                None => None,
+                Some(name) => Some(match name.parse() {
+                    Ok(n) => Uid::from_raw(n),
+                    Err(_) => User::from_name(name)?.with_context(|| format!("User={name}: no such user"))?.uid,
+                }),
+            }
+        };
+        let gid = match &self.group {
+            Some(name) => Some(match name.parse() {
+                Ok(n) => Gid::from_raw(n),
+                Err(_) => Group::from_name(name)?.with_context(|| format!("Group={name}: no such group"))?.gid,
+            }),
+            // A dynamic user's group is its own; a static one's, its primary group.
+            None if self.dynamic_user => Some(Gid::from_raw(DYNAMIC_UID)),
+            None => match uid.map(User::from_uid).transpose()?.flatten() {
+                Some(user) => Some(user.gid),
+                None => None,
+            },
+        };
+        Ok(match (uid, gid) {
+            (None, None) => None,
+            (uid, gid) => Some((uid.unwrap_or(Uid::from_raw(0)), gid.unwrap_or(Gid::from_raw(0)))),
+        })
+    }
+
+    /// The credentials, copied where only the service's user reads them; their directory.
+    fn load_credentials(&self, owner: Option<(Uid, Gid)>) -> anyhow::Result<Option<std::path::PathBuf>> {
+        if self.credentials.is_empty() {
+            return Ok(None);
+        }
+        let base = std::env::var_os("LIMITER_SANDBOX_CREDENTIALS")
+            .context("LoadCredential=: set LIMITER_SANDBOX_CREDENTIALS to a directory for them")?;
+        let dir = std::path::Path::new(&base).join("credentials");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (id, file) in &self.credentials {
+            let to = dir.join(id);
+            std::fs::copy(file, &to).with_context(|| format!("LoadCredential: {}", file.display()))?;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o400))?;
+            if let Some((uid, gid)) = owner {
+                nix::unistd::chown(&to, Some(uid), Some(gid))?;
+            }
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o500))?;
+        if let Some((uid, gid)) = owner {
+            nix::unistd::chown(&dir, Some(uid), Some(gid))?;
+        }
+        Ok(Some(dir))
+    }
+
+    /// Applies everything but the exec; the credentials' directory, if any.
+    fn apply(self) -> anyhow::Result<Option<std::path::PathBuf>> {
         if let Some(limit) = self.memlock {
             let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
             // SAFETY: a plain system call on a struct we own.
@@ -208,11 +306,19 @@ impl Sandbox {
             // SAFETY: umask cannot fail.
             unsafe { libc::umask(mask) };
         }
+        let identity = self.identity()?;
+        let credentials = self.load_credentials(identity)?;
         if let Some(bounding) = &self.bounding {
             for cap in caps::all().difference(bounding) {
                 caps::drop(None, CapSet::Bounding, *cap)
                     .with_context(|| format!("dropping {cap} from the bounding set"))?;
             }
+        }
+        // Root's capabilities go with its uid (no SECBIT_KEEP_CAPS), so the bounding set first.
+        if let Some((uid, gid)) = identity {
+            nix::unistd::setgroups(&[]).context("setgroups")?;
+            nix::unistd::setresgid(gid, gid, gid).with_context(|| format!("setresgid({gid})"))?;
+            nix::unistd::setresuid(uid, uid, uid).with_context(|| format!("setresuid({uid})"))?;
         }
         // Ambient capabilities must be inheritable first; systemd makes the inheritable set the
         // ambient one.
@@ -230,7 +336,7 @@ impl Sandbox {
             let program: BpfProgram = filter.try_into().context("compiling a seccomp filter")?;
             seccompiler::apply_filter(&program).context("installing a seccomp filter")?;
         }
-        Ok(())
+        Ok(credentials)
     }
 }
 
