@@ -10,7 +10,7 @@ use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::IpAddr,
     os::unix::net::UnixListener,
-    path::Path,
+    path::{Path, PathBuf},
     process::Command,
     sync::{
         Arc,
@@ -34,6 +34,27 @@ fn start_bouncer(rig: &Rig, lapi_url: &str, key_file: &Path) -> Service {
     let mut cmd = Command::new(limiter_ctl_binary().expect("the release limiter-ctl"));
     cmd.arg("--socket").arg(rig.scratch.socket()).args(["crowdsec", "--lapi", lapi_url, "--key-file"]).arg(key_file);
     Service::spawn("limiter-ctl crowdsec", &mut cmd).expect("starting the bouncer")
+}
+
+/// A bouncer registered with Debian's LAPI (`cscli bouncers add`), its key file, and the bouncer
+/// started against it, its first poll done.
+fn bouncer_of(rig: &Rig, lapi: &Lapi) -> (PathBuf, Service) {
+    let key = lapi.add_bouncer("limiter-test").expect("adding the bouncer");
+    let key_file = lapi.dir().join("bouncer.key");
+    std::fs::write(&key_file, format!("{key}\n")).expect("writing the key");
+    let mut bouncer = start_bouncer(rig, &lapi.url(), &key_file);
+    bouncer
+        .wait_line(Instant::now() - Duration::from_secs(60), |l| l.contains("decisions read"), Duration::from_secs(10))
+        .expect("the bouncer's first poll");
+    (key_file, bouncer)
+}
+
+/// A key file for a stand-in LAPI (which takes any), in a directory of its own.
+fn stand_in_key() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "0123456789abcdef\n").expect("writing the key");
+    (dir, key_file)
 }
 
 /// `cscli ARGS...`: when it was started (the decision is made at some point of its run, so
@@ -79,13 +100,7 @@ fn decisions_are_in_force_within_2s_until_they_end_and_survive_a_lapi_outage() {
     require_root!();
     let rig = Rig::start(&[]).expect("starting the rig");
     let mut lapi = Lapi::start().expect("starting the crowdsec LAPI");
-    let key = lapi.add_bouncer("limiter-test").expect("adding the bouncer");
-    let key_file = lapi.dir().join("bouncer.key");
-    std::fs::write(&key_file, format!("{key}\n")).expect("writing the key");
-    let mut bouncer = start_bouncer(&rig, &lapi.url(), &key_file);
-    bouncer
-        .wait_line(Instant::now() - Duration::from_secs(60), |l| l.contains("decisions read"), Duration::from_secs(10))
-        .expect("the bouncer's first poll");
+    let (key_file, mut bouncer) = bouncer_of(&rig, &lapi);
     let [a, b, c, d, bystander]: [IpAddr; 5] =
         ["198.18.1.1", "198.18.1.2", "2001:db8::c", "198.18.1.4", "198.18.1.5"].map(|s| s.parse().unwrap());
     let watch = Watch::start(&rig, &[a, b, c, d, bystander], Duration::from_secs(60)).expect("watching");
@@ -210,9 +225,7 @@ fn a_garbage_stream_logs_one_line_and_changes_nothing() {
         vec![garbage(b"not json!!\n")],
     )
     .expect("the stand-in LAPI");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let key_file = dir.path().join("key");
-    std::fs::write(&key_file, "0123456789abcdef\n").expect("writing the key");
+    let (_dir, key_file) = stand_in_key();
     let mut bouncer = start_bouncer(&rig, &lapi.url(), &key_file);
     assert!(wait_listed(&rig, "198.18.2.7/32", true, Duration::from_secs(5)), "the first answer's ban never listed");
     let started = Instant::now();
@@ -251,9 +264,7 @@ fn unreadable_decisions_lift_no_ban() {
     let ab = |duration: &str| [decision(1, "Ip", "198.18.3.1", duration), decision(2, "Ip", "2001:db8::3:2", duration)];
     let nothing = Answer::stream(&[], &[]);
     let lapi = StandIn::start(vec![Answer::stream(&ab(r#""1h""#), &[])], vec![nothing.clone()]).expect("stand-in");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let key_file = dir.path().join("key");
-    std::fs::write(&key_file, "0123456789abcdef\n").expect("writing the key");
+    let (_dir, key_file) = stand_in_key();
     let mut bouncer = start_bouncer(&rig, &lapi.url(), &key_file);
     for net in ["198.18.3.1/32", "2001:db8::3:2/128"] {
         assert!(wait_listed(&rig, net, true, Duration::from_secs(5)), "{net} never listed:\n{}", bouncer.output());
@@ -356,9 +367,7 @@ fn hostile_answers_of_any_size_keep_the_bouncer_small_and_its_bans() {
     let nothing = Answer::stream(&[], &[]);
     // Each hostile answer is a change; after each, the full set (the good one) is asked for.
     let lapi = StandIn::start(vec![good.clone()], vec![nothing.clone()]).expect("stand-in");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let key_file = dir.path().join("key");
-    std::fs::write(&key_file, "0123456789abcdef\n").expect("writing the key");
+    let (_dir, key_file) = stand_in_key();
     let mut bouncer = start_bouncer(&rig, &lapi.url(), &key_file);
     let pid = bouncer.pid().expect("the bouncer's pid");
     assert!(wait_listed(&rig, "198.18.6.1/32", true, Duration::from_secs(5)), "A never listed:\n{}", bouncer.output());
@@ -419,13 +428,7 @@ fn a_restarted_daemon_that_lost_its_bans_gets_them_back() {
     rig.daemon.stop_ok();
     rig.restart(&args).expect("the daemon with its state in the scratch directory");
     let lapi = Lapi::start().expect("starting the crowdsec LAPI");
-    let key = lapi.add_bouncer("limiter-test").expect("adding the bouncer");
-    let key_file = lapi.dir().join("bouncer.key");
-    std::fs::write(&key_file, format!("{key}\n")).expect("writing the key");
-    let mut bouncer = start_bouncer(&rig, &lapi.url(), &key_file);
-    bouncer
-        .wait_line(Instant::now() - Duration::from_secs(60), |l| l.contains("decisions read"), Duration::from_secs(10))
-        .expect("the bouncer's first poll");
+    let (_key_file, bouncer) = bouncer_of(&rig, &lapi);
     let [a, bystander]: [IpAddr; 2] = ["198.18.7.1", "198.18.7.9"].map(|s| s.parse().unwrap());
     decide(&lapi, &["decisions", "add", "--ip", "198.18.7.1", "--duration", "1h"]);
     assert!(wait_listed(&rig, "198.18.7.1/32", true, Duration::from_secs(5)), "A never listed");
@@ -519,8 +522,7 @@ fn a_failed_reconcile_is_said_and_tried_again() {
         vec![Answer::stream(&[], &[])],
     )
     .expect("stand-in");
-    let key_file = dir.path().join("key");
-    std::fs::write(&key_file, "0123456789abcdef\n").expect("writing the key");
+    let (_keys, key_file) = stand_in_key();
     let mut cmd = Command::new(limiter_ctl_binary().expect("the release limiter-ctl"));
     cmd.arg("--socket").arg(&socket).args(["crowdsec", "--lapi", &lapi.url(), "--key-file"]).arg(&key_file);
     let mut bouncer = Service::spawn("limiter-ctl crowdsec", &mut cmd).expect("starting the bouncer");

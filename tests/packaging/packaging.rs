@@ -159,6 +159,13 @@ impl Installed {
         self.root().join(rel)
     }
 
+    /// The installed unit `name`, which must be packaging/`name` as is.
+    fn unit(&self, name: &str) -> String {
+        let installed = read(&self.path(&format!("usr/lib/systemd/system/{name}")));
+        assert_eq!(installed, read(&packaging(name)), "the package must ship packaging/{name} as is");
+        installed
+    }
+
     fn log(&self) -> PathBuf {
         self.dir.path().join("calls.log")
     }
@@ -263,8 +270,7 @@ fn verify(unit: &Path, manpath: &Path) -> Result<(), String> {
 #[test]
 fn unit_passes_systemd_analyze_verify() {
     let pkg = Installed::new();
-    let installed = read(&pkg.path("usr/lib/systemd/system/limiter.service"));
-    assert_eq!(installed, read(&packaging("limiter.service")), "the package must ship packaging/limiter.service as is");
+    let installed = pkg.unit("limiter.service");
     let (_dir, copy) = verifiable_copy("limiter.service", &installed, &pkg.path("usr/sbin/limiter-ctl"));
     // MANPATH: Documentation=man:limiter-ctl(1) must resolve to the page the package installs.
     let manpath = pkg.path("usr/share/man");
@@ -281,8 +287,7 @@ fn unit_passes_systemd_analyze_verify() {
 #[test]
 fn template_unit_derives_everything_from_the_instance() {
     let pkg = Installed::new();
-    let installed = read(&pkg.path("usr/lib/systemd/system/limiter@.service"));
-    assert_eq!(installed, read(&packaging("limiter@.service")), "the package must ship packaging/limiter@.service");
+    let installed = pkg.unit("limiter@.service");
     let single = read(&packaging("limiter.service"));
     let (t, s) = (unit_section(&installed, "Service"), unit_section(&single, "Service"));
     for (key, values) in &s {
@@ -379,8 +384,7 @@ const MAX_BOUNCER_EXPOSURE: f64 = 1.2;
 #[test]
 fn the_bouncers_unit_is_shipped_with_no_privilege() {
     let pkg = Installed::new();
-    let installed = read(&pkg.path("usr/lib/systemd/system/limiter-crowdsec.service"));
-    assert_eq!(installed, read(&packaging("limiter-crowdsec.service")), "the package must ship it as is");
+    let installed = pkg.unit("limiter-crowdsec.service");
     let (_dir, copy) = verifiable_copy("limiter-crowdsec.service", &installed, &pkg.path("usr/sbin/limiter-ctl"));
     verify(&copy, &pkg.path("usr/share/man")).unwrap_or_else(|e| panic!("systemd-analyze verify: {e}"));
 
