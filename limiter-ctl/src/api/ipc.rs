@@ -1,8 +1,8 @@
 //! The daemon's control socket: a Unix socket (mode 0600, root and the daemon's user only,
-//! checked per connection), one JSON request line in, one JSON
-//! response line out, per connection. These are its wire types: the daemon's server side
-//! (`daemon::socket`) and the CLI's client side (`cli::client`) speak them. A client has 2 s to
-//! send its line and 2 s to take the answer; at most 256 connections are served at once.
+//! checked per connection), one JSON request line in, one JSON response line out, per
+//! connection. These are its wire types: the daemon's server side (`daemon::socket`) and the
+//! client side (`client`: the CLI's and the bouncer's) speak them. A client has 2 s to send its
+//! line and 2 s to take the answer; at most 256 connections are served at once.
 
 use ipnet::IpNet;
 use limiter_common::maps::Counters;

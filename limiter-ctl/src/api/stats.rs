@@ -104,6 +104,11 @@ pub struct Snapshot {
     /// The expiring entries (bans): in force, added and expired, and what they decided.
     #[serde(default)]
     pub bans: Option<BanStats>,
+    /// A number the daemon draws at random when it starts: a client that sees it change knows
+    /// the daemon restarted (and may have lost what it had not saved: the CrowdSec bouncer then
+    /// sends its bans again). 0: not known yet.
+    #[serde(default)]
+    pub instance: u64,
 }
 
 /// Bans (expiring allow and deny entries), by family and origin: never by address.

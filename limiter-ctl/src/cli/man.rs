@@ -247,7 +247,12 @@ fn environment(page: Page) -> Vec<(&'static str, String)> {
 fn files(page: Page) -> Vec<(&'static str, String)> {
     let mut files = Vec::new();
     let config = (config::DEFAULT_PATH, "The policies and allow/deny lists (limiter.toml(5)), the default --config.");
-    let socket = (ipc::DEFAULT_SOCKET, "The daemon's control socket (root only), the default --socket.".to_string());
+    let socket = (
+        ipc::DEFAULT_SOCKET,
+        "The daemon's control socket (root and the daemon's user; ban feeders of its --socket-group), the default \
+         --socket."
+            .to_string(),
+    );
     let pins = (
         pins::DEFAULT_ROOT,
         "Where each interface's program, XDP link and maps are pinned (bpffs), in a directory per interface: the default --pin-dir.",
@@ -282,7 +287,24 @@ fn files(page: Page) -> Vec<(&'static str, String)> {
             files.push((config.0, "The file the daemon re-reads (its --config).".into()));
         }
         Page::Detach => files.push((pins.0, pins.1.into())),
-        Page::Crowdsec => files.push(socket),
+        Page::Crowdsec => {
+            files.push(socket);
+            files.push((
+                "/usr/lib/systemd/system/limiter-crowdsec.service",
+                "The bouncer's unit: no privilege, in the group limiter-bans, which the daemons' units let feed \
+                 bans (--socket-group)."
+                    .into(),
+            ));
+            files.push((
+                "/etc/default/limiter-crowdsec",
+                "LAPI_URL (the --lapi) and CROWDSEC_OPTS (more flags) for the unit.".into(),
+            ));
+            files.push((
+                "/etc/crowdsec/bouncers/limiter.key",
+                "The API key the unit hands the bouncer (LoadCredential=), from cscli bouncers add limiter -o raw."
+                    .into(),
+            ));
+        }
         Page::ConfigCheck | Page::Completions => {}
     }
     files

@@ -1,16 +1,14 @@
-//! The CLI room: the argument definitions (`args`), the human and JSON output of the read
-//! commands (`show`), and the client side of the control socket (`client`). `main` runs one
+//! The CLI room: the argument definitions (`args`) and the human and JSON output of the read
+//! commands (`show`), over the control socket's client (`crate::client`). `main` runs one
 //! command and maps its error to the exit code by the error's type; `limiter-ctl daemon` it
 //! parses and hands back, for `crate::main` to run in the daemon room.
 //!
 //! It may use the api room (the daemon's wire types and start options), the kernel room
-//! (`detach`, `config check --iface`) and the config room; nothing of the daemon, and nothing
-//! uses it. Its one error type is [`Error`].
+//! (`detach`, `config check --iface`), the config room, the socket's client and the bouncer
+//! (`crowdsec`); nothing of the daemon, and nothing uses it. Its one error type is [`Error`].
 
 mod args;
-mod client;
 mod completions;
-mod crowdsec;
 mod escape;
 mod logs;
 mod man;
@@ -20,7 +18,6 @@ use std::{io::Write as _, path::PathBuf, process::ExitCode};
 
 use args::{Cli, Command, ConfigCommand, CrowdsecArgs, ListCommand, PolicyCommand, SaltCommand};
 use clap::Parser as _;
-use client::ClientError;
 
 use crate::{
     api::{
@@ -28,6 +25,8 @@ use crate::{
         start::Options,
         stats, top,
     },
+    bouncer,
+    client::{self, ClientError},
     config::{self, List},
     kernel::{self, pins},
 };
@@ -269,14 +268,14 @@ fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<(String, 
 /// `crowdsec`: the bouncer, polling until the process is stopped; exit 2 at once if the URL or
 /// the key file cannot be used.
 fn crowdsec_command(socket: PathBuf, args: CrowdsecArgs) -> ExitCode {
-    let setup = crowdsec::stream_url(&args.lapi).and_then(|url| Ok((url, crowdsec::read_key(&args.key_file)?)));
+    let setup = bouncer::stream_url(&args.lapi).and_then(|url| Ok((url, bouncer::read_key(&args.key_file)?)));
     let (url, key) = match setup {
         Ok(both) => both,
         Err(e) => return fail(&Error::Usage(e.to_string())),
     };
     logs::init(args.log_format);
-    let lapi = crowdsec::Lapi::new(url, key);
-    crowdsec::run(&lapi, &mut crowdsec::DaemonSink { socket }, args.interval)
+    let lapi = bouncer::Lapi::new(url, key);
+    bouncer::run(&lapi, &mut bouncer::DaemonSink { socket }, args.interval)
 }
 
 /// `attach HOOK`: the daemon moves the program there without a gap, or says it is there.

@@ -335,9 +335,9 @@ async fn start(
     desired: impl Fn(&BTreeMap<Name, u16>) -> Result<State, Error>,
     probes: Probes,
     made: &mut Made,
-) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<kernel::Refusals>), Error> {
+) -> Result<(Daemon, socket::Control, AsyncFd<kernel::Refusals>), Error> {
     let Probes { shared, health, metrics_addr, arrays } = probes;
-    let listener = bind(socket)?;
+    let listener = bind(socket, args.socket_group)?;
     made.socket = true;
     // A program the verifier refuses leaves its log beside the socket (the error names it).
     if let Some(dir) = socket.parent() {

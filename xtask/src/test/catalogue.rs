@@ -122,7 +122,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "crowdsec",
         needs: &[Kernel, CrowdSec],
-        offline: Offline::Some { tests: &["bad_arguments_exit_2_with_one_line"], needs: &[] },
+        offline: Offline::Some {
+            tests: &["bad_arguments_exit_2_with_one_line", "a_failed_reconcile_is_said_and_tried_again"],
+            needs: &[],
+        },
     },
     Target { name: "logs", needs: &[], offline: Offline::All },
     Target {

@@ -1,6 +1,6 @@
-//! The client side of the control socket: one request out, its answer back, all within
-//! [`DEADLINE`]; a `ban-list` answer a page (a line) at a time, each within [`DEADLINE`] of the
-//! last.
+//! The client side of the control socket, shared by the CLI and the bouncer: one request out,
+//! its answer back, all within [`DEADLINE`]; a `ban-list` answer a page (a line) at a time, each
+//! within [`DEADLINE`] of the last.
 
 use std::{
     io::{self, BufRead as _, BufReader, Read, Write as _},
@@ -26,7 +26,9 @@ pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 pub(crate) enum ClientError {
     #[error("no daemon is listening on {0} (start one with `limiter-ctl daemon --iface IFACE`, or pass --socket)")]
     NoDaemon(PathBuf),
-    #[error("permission denied on {0}: the control socket is root-only (mode 0600); run as root")]
+    #[error(
+        "permission denied on {0}: the control socket serves root and the daemon's user (and the daemon's --socket-group, if any) only; run as root"
+    )]
     Permission(PathBuf),
     #[error("talking to the daemon on {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
@@ -65,7 +67,7 @@ impl ClientError {
 
 /// Sends one request and waits for its response, connecting, sending and reading all within
 /// [`DEADLINE`].
-pub(super) fn call(socket: &Path, request: &Request) -> Result<Response, ClientError> {
+pub(crate) fn call(socket: &Path, request: &Request) -> Result<Response, ClientError> {
     let mut exchange = Exchange::open(socket, request)?;
     let mut line = Vec::new();
     if !exchange.line(&mut line)? {
