@@ -188,8 +188,10 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
         ),
         _ => String::new(),
     };
-    let mut codes: Vec<(&'static str, String)> =
-        [("0", ok), ("1", failed), ("2", bad), ("3", partly)].into_iter().filter(|(_, text)| !text.is_empty()).collect();
+    let mut codes: Vec<(&'static str, String)> = [("0", ok), ("1", failed), ("2", bad), ("3", partly)]
+        .into_iter()
+        .filter(|(_, text)| !text.is_empty())
+        .collect();
     if page == Page::Daemon {
         codes.push((
             "4",
