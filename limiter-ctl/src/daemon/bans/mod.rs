@@ -467,10 +467,12 @@ impl Bans {
         }
     }
 
-    /// Writes a snapshot now (at stop, the loop ended), after any in flight.
+    /// Writes a snapshot now (at stop, the loop ended), after any in flight, if the bans
+    /// changed since the last one began (or it failed): else the files already hold them.
     pub(super) fn save_now(&mut self) {
         let Some(mut store) = self.store.take() else { return };
-        store.save_now(|after| Some(self.saved_page(after)));
+        let changed = self.dirty;
+        store.save_now(changed, |after| Some(self.saved_page(after)));
         self.store = Some(store);
     }
 }

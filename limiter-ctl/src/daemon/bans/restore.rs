@@ -40,7 +40,7 @@ impl Bans {
                 adopted.push(((*net, list, origin), ban.until_ns));
             }
         }
-        let (from_files, from_kernel) = (loaded.entries.len(), adopted.len());
+        let (from_files, from_kernel, legacy) = (loaded.entries.len(), adopted.len(), loaded.legacy);
         let (mut expired, mut refused) = (0usize, BTreeMap::<String, usize>::new());
         let now = here.mono_ns;
         for ((net, list, origin), at) in loaded.entries.into_iter().chain(adopted) {
@@ -104,7 +104,7 @@ impl Bans {
                 "bans restored with the time they had left"
             );
         }
-        self.dirty = from_kernel + expired + refused > 0;
+        self.dirty = legacy || from_kernel + expired + refused > 0;
         Ok(())
     }
 }

@@ -66,6 +66,8 @@ pub(super) struct Loaded {
     /// Every network the files name, removed ones included: a kernel entry of another network
     /// is one the files never heard of.
     pub named: HashSet<IpNet>,
+    /// The snapshot is of version 1 (wall-clock expiries): rewritten soon, in version 2.
+    pub legacy: bool,
 }
 
 pub(super) struct Store {
@@ -131,6 +133,7 @@ impl Store {
         let first = match read_snapshot(&self.path) {
             Ok(None) => 0,
             Ok(Some(snapshot)) => {
+                loaded.legacy = snapshot.clock.is_none();
                 for (list, origin, Net(net), at) in snapshot.bans {
                     let deadline = match &snapshot.clock {
                         Some(stamp) => stamp.carry(at, here),
@@ -262,11 +265,17 @@ impl Store {
     }
 
     /// Writes a snapshot now (at stop, the loop ended), after any in flight; it names no
-    /// journal of this run.
-    pub fn save_now(&mut self, pages: impl FnMut(Option<Key>) -> Option<Page>) {
+    /// journal of this run. Not when nothing `changed` since the last snapshot began and that
+    /// one worked: the snapshot and the journals it names hold the bans already (one cut short
+    /// by the stop left the old snapshot and every journal after it), and a stop that changes
+    /// nothing leaves the files as they were.
+    pub fn save_now(&mut self, changed: bool, pages: impl FnMut(Option<Key>) -> Option<Page>) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.busy() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
+        }
+        if !changed && !self.busy() && !self.failing() {
+            return;
         }
         self.journal = None;
         let first = self.generation;
@@ -359,7 +368,7 @@ mod tests {
         let mut bans = Bans::new(None);
         bans.put((a, List::Deny, Origin::Fail2ban), Some(10));
         bans.put((b, List::Deny, Origin::Fail2ban), Some(20));
-        store.save_now(|after| Some(bans.saved_page(after)));
+        store.save_now(true, |after| Some(bans.saved_page(after)));
         assert!(store.journals().is_empty(), "the journal the snapshot holds is deleted");
         let mut store = Store::new(path.clone());
         std::fs::write(dir.path().join(".bans-eth0.json.AbC123"), "half").unwrap();
@@ -413,6 +422,7 @@ mod tests {
         std::fs::write(&path, format!(r#"{{"version":1,"bans":[["deny","fail2ban","198.18.0.5/32",{expires}]]}}"#))
             .unwrap();
         let loaded = Store::new(path).load(&now);
+        assert!(loaded.legacy, "to be rewritten in version 2");
         let deadline = loaded.entries[&(net("198.18.0.5/32"), List::Deny, Origin::Fail2ban)];
         assert_eq!(deadline, now.mono_ns + 60_000_000_000);
     }
