@@ -234,7 +234,8 @@ mod tests {
             {"duration":"9999999999h","id":13,"scope":"Ip","type":"ban","value":"198.18.0.13"},
             "garbage", 42, null, [],
             {"duration":"2562047h","id":14,"scope":"Ip","type":"ban","value":"198.18.0.14","extra":{"a":[1]}},
-            {"duration":"1h","id":15,"scope":"Ip","type":"ban","value":"::ffff:198.18.0.15"}
+            {"duration":"1h","id":15,"scope":"Ip","type":"ban","value":"::ffff:198.18.0.15"},
+            {"duration":"1h","id":16,"scope":"Range","type":"ban","value":"::ffff:198.18.16.0/120"}
         ]}"#;
         let batch = parse_stream(body.as_bytes()).unwrap();
         let nets: Vec<(i64, IpNet)> = batch.new.iter().map(|d| (d.id, d.net)).collect();
@@ -244,7 +245,9 @@ mod tests {
                 (1, net("2001:db8::1/128")),
                 (2, net("198.18.4.0/24")),
                 (14, net("198.18.0.14/32")),
-                (15, net("198.18.0.15/32"))
+                (15, net("198.18.0.15/32")),
+                // As the daemon holds it, so the reconcile finds it in the daemon's list.
+                (16, net("198.18.16.0/24"))
             ]
         );
         assert_eq!(batch.skipped, Skipped { not_ban: 0, scope: 1, expired: 2, malformed: 12 });
