@@ -108,7 +108,11 @@ pub struct Ban {
     pub until_ns: u64,
     /// [`ACL_ALLOW`] or [`ACL_DENY`].
     pub action: u32,
-    pub _pad: u32,
+    /// Userspace only: which origins' entries this one stands for (bit `1 << i` for the daemon's
+    /// i-th origin), so a restarted daemon can adopt an entry its file lacks. The program never
+    /// reads it: it was padding, which daemons before it wrote as 0 ("not known"), so the
+    /// layout keeps its version.
+    pub origins: u32,
 }
 
 /// The window of `Config::sample_budget`.

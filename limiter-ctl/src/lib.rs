@@ -1,14 +1,17 @@
 //! limiter-ctl: loads and drives the limiter's XDP program; the daemon and its CLI.
 //!
-//! Five rooms, their dependencies running one way (cli -> api, daemon -> api, kernel, config;
-//! kernel -> config; api -> config):
+//! Seven rooms, their dependencies running one way (cli -> bouncer, client, api; bouncer ->
+//! client, api, config; client -> api; daemon -> api, kernel, config; kernel -> config; api ->
+//! config):
 //!
 //! - [`kernel`]: the handle on the XDP program and its maps ([`Limiter`]): load, adopt, pin,
 //!   attach, rotate the salt, read and write the maps, the refusal stream, the bucket scan.
 //! - `daemon`: the serve loop, the control socket's server side, stats, metrics, top.
 //! - `api`: what the CLI and the daemon share: the control socket's requests and replies, and
 //!   the daemon's start options.
-//! - `cli`: the arguments, the human and JSON output, the control socket's client side.
+//! - `cli`: the arguments, the human and JSON output.
+//! - `client`: the control socket's client side (the CLI's and the bouncer's).
+//! - `bouncer`: `limiter-ctl crowdsec`, the CrowdSec bouncer, a long-running client of the daemon.
 //! - [`config`]: the policy model, rates, the validated state, the TOML file.
 //!
 //! [`main`] parses the command line in the CLI room and runs `limiter-ctl daemon` in the daemon
@@ -19,7 +22,9 @@
 //! access) are behind the `testing` feature.
 
 mod api;
+mod bouncer;
 mod cli;
+mod client;
 pub mod config;
 mod daemon;
 pub mod kernel;

@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
         let def = PolicyDef { name: "p0".parse()?, ..PolicyDef::any("1000000000/s".parse()?, 1_000_000_000) };
         let state = State::default().with_policy(def).map_err(|e| anyhow::anyhow!("{e}"))?;
         limiter.sync(&State::default(), &state)?;
-        let deny = Ban { until_ns: u64::MAX, action: u32::from(ACL_DENY), _pad: 0 };
+        let deny = Ban { until_ns: u64::MAX, action: u32::from(ACL_DENY), origins: 0 };
         let addrs: Vec<Ipv4Addr> = banned(count).collect();
         let loading = Instant::now();
         for chunk in addrs.chunks(CHUNK) {

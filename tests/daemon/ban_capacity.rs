@@ -16,9 +16,7 @@ use std::{
 
 use limiter_common::maps::MAX_BANS;
 use limiter_tests::{
-    ban_rig::{
-        BanRig, addresses, ban_file, ctl_with_input, kernel_bans, raw_request, rig, spawn_with_input, timing_stats,
-    },
+    ban_rig::{BanRig, addresses, ctl_with_input, kernel_bans, raw_request, spawn_with_input, timing_stats},
     daemon::Ctl,
     flood::{L4, Limits},
     observe::stats,
@@ -48,7 +46,7 @@ const LIST_GROWTH_MB: f64 = 32.0;
 #[test]
 fn at_capacity_lists_answer_rm_works_memory_stays_and_stats_is_answered() {
     require_root!();
-    let mut rig = rig();
+    let mut rig = BanRig::start();
     let total = 2 * PER_FAMILY as usize;
     let v4 = addresses(PER_FAMILY - 1, false);
     let out = ctl_with_input(&rig, &["deny", "add", "--file", "-", "--for", "30m"], &v4);
@@ -66,7 +64,7 @@ fn at_capacity_lists_answer_rm_works_memory_stays_and_stats_is_answered() {
     answered_meanwhile("a load", &waits);
     // A save of them all: once the saves the load made are over, one change (a ban renewed)
     // makes one more, watched from before the change to its file's rename.
-    let file = ban_file(&rig);
+    let file = rig.bans_file();
     settled(&file);
     let (saved, waits) = timing_stats(&rig, || {
         let before = modified(&file);

@@ -14,7 +14,7 @@ use std::{
 };
 
 use limiter_tests::{
-    ban_rig::{addresses, args, ctl_with_input, deny_list, kernel_bans, raw_request, rig, while_asking_stats},
+    ban_rig::{BanRig, addresses, args, ctl_with_input, deny_list, kernel_bans, raw_request, while_asking_stats},
     daemon::SIGNAL_TIMEOUT,
     flood::{L4, Limits},
     observe::fresh_stats,
@@ -36,7 +36,7 @@ const PER_SEC: f64 = 1000.0;
 #[test]
 fn a_ban_drops_its_source_and_lifts_within_a_second_of_expiry() {
     require_root!();
-    let rig = rig();
+    let rig = BanRig::start();
     let banned = rig.stream(L4::Udp, PORT, BANNED);
     let bystander = rig.stream(L4::Udp, PORT, BYSTANDER);
     let flooding = rig
@@ -97,7 +97,7 @@ fn a_ban_drops_its_source_and_lifts_within_a_second_of_expiry() {
 #[test]
 fn a_ban_survives_a_restart_with_its_time_left() {
     require_root!();
-    let mut rig = rig();
+    let mut rig = BanRig::start();
     let state = rig.state.path().to_path_buf();
     rig.ctl_ok(&["deny", "add", BANNED, "--for", "60s", "--origin", "fail2ban"]);
     rig.ctl_ok(&["deny", "add", "2001:db8:77::5", "198.18.201.0/24", "--for", "1s", "--origin", "crowdsec"]);
@@ -151,7 +151,7 @@ fn a_ban_survives_a_restart_with_its_time_left() {
 #[test]
 fn bad_input_changes_nothing() {
     require_root!();
-    let rig = rig();
+    let rig = BanRig::start();
     for args in [
         &["deny", "add", "198.18.0.5/33", "--for", "10s"][..],
         &["deny", "add", "198.18.0.5/24", "--for", "10s"],
@@ -204,7 +204,7 @@ fn bad_input_changes_nothing() {
 #[test]
 fn a_hundred_thousand_bans_go_in_and_out_in_under_two_seconds() {
     require_root!();
-    let rig = rig();
+    let rig = BanRig::start();
     let list = addresses(100_000, false);
     let ((added, took), answers, longest) = while_asking_stats(&rig, || {
         let start = Instant::now();
@@ -236,7 +236,7 @@ fn a_hundred_thousand_bans_go_in_and_out_in_under_two_seconds() {
 #[test]
 fn bans_decide_before_the_lists_for_prefixes_and_both_families() {
     require_root!();
-    let rig = rig();
+    let rig = BanRig::start();
     rig.ctl_ok(&["deny", "add", "198.18.202.0/24"]);
     rig.ctl_ok(&["allow", "add", "198.18.202.7", "--for", "1m"]);
     rig.ctl_ok(&["deny", "add", "198.18.203.0/24", "2001:db8:77::9", "--for", "1m", "--origin", "crowdsec"]);

@@ -370,6 +370,79 @@ fn a_peer_that_is_neither_root_nor_the_daemon_is_refused() {
     assert_eq!(warnings, 1, "one warning for 20 refusals within 10 s:\n{}", rig.daemon.output());
 }
 
+/// The feeders' group (`--socket-group`, a number here: no group is added to the host) may
+/// feed bans and read, and nothing else. The socket is 0660 and of that group; as a process of
+/// uid 65534 and that group, the real `limiter-ctl` adds and removes a deny ban of origin
+/// crowdsec and fail2ban, lists and reads stats; a policy change, an allow ban, a ban of origin
+/// cli, a permanent entry and a reload are each refused in one line (exit 1), nothing changed.
+/// nobody's own group gets nothing.
+#[test]
+fn the_socket_group_may_feed_bans_and_nothing_else() {
+    require_root!();
+    const FEEDERS: &str = "64999";
+    let rig = Rig::start(&["--rotate-every", "off", "--metrics", "off", "--socket-group", FEEDERS]).expect("rig");
+    let socket = rig.scratch.socket();
+    let meta = std::fs::metadata(&socket).expect("the socket");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660, "the socket's mode");
+    assert_eq!(std::os::unix::fs::MetadataExt::gid(&meta).to_string(), FEEDERS, "the socket's group");
+    // A copy nobody can run (the build tree may be closed to it), in the scratch directory (0755).
+    let bin = rig.scratch.path().join("limiter-ctl");
+    std::fs::copy(limiter_ctl_binary().expect("limiter-ctl"), &bin).expect("copying limiter-ctl");
+    let before = rig.scratch.config_file().expect("config");
+    let as_group = |group: &str, args: &[&str]| {
+        let out = Command::new("setpriv")
+            .args([&format!("--reuid={NOBODY}"), &format!("--regid={group}"), "--clear-groups"])
+            .arg(&bin)
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .expect("running limiter-ctl under setpriv");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [
+        &["deny", "add", "198.18.9.1", "--for", "10m", "--origin", "crowdsec"][..],
+        &["deny", "add", "198.18.9.2", "--for", "10m", "--origin", "fail2ban"],
+        &["deny", "rm", "198.18.9.2", "--origin", "fail2ban"],
+        &["deny", "list"],
+        &["stats"],
+        &["policy", "list"],
+    ] {
+        let (code, _, stderr) = as_group(FEEDERS, args);
+        assert_eq!(code, Some(0), "{args:?}: {stderr}");
+    }
+    let listed = rig.ctl_ok(&["deny", "list"]);
+    assert!(listed.contains("198.18.9.1/32") && !listed.contains("198.18.9.2/32"), "{listed}");
+    for args in [
+        &["policy", "set", "web", "--match", "tcp:80", "--rate", "10/s"][..],
+        &["allow", "add", "198.18.9.3", "--for", "10m", "--origin", "crowdsec"],
+        &["deny", "add", "198.18.9.4", "--for", "10m"],
+        &["deny", "rm", "198.18.9.1", "--origin", "cli"],
+        &["deny", "add", "198.18.9.5/32"],
+        &["reload"],
+        &["salt", "rotate"],
+    ] {
+        let (code, _, stderr) = as_group(FEEDERS, args);
+        assert_eq!(code, Some(1), "{args:?} let through: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("the socket's group may only add and remove deny bans"), "{args:?}: {stderr}");
+    }
+    let (code, _, stderr) = as_group(NOBODY, &["stats"]);
+    assert_eq!(code, Some(1), "nobody's own group let in: {stderr}");
+    assert!(stderr.contains("permission denied"), "{stderr}");
+    let listed = rig.ctl_ok(&["deny", "list"]);
+    assert!(listed.contains("198.18.9.1/32"), "{listed}");
+    for net in ["198.18.9.3", "198.18.9.4", "198.18.9.5"] {
+        assert!(!listed.contains(net) && !rig.ctl_ok(&["allow", "list"]).contains(net), "{net} added:\n{listed}");
+    }
+    assert_eq!(rig.scratch.config_file().expect("config"), before, "the config changed");
+    assert!(rig.ctl_ok(&["policy", "list"]).lines().all(|l| !l.contains("web")), "a policy was added");
+}
+
 /// Whether `text` holds a raw control character other than a newline or a tab.
 fn raw_control(text: &str) -> bool {
     text.chars().any(|c| c.is_control() && c != '\n' && c != '\t')

@@ -692,8 +692,8 @@ fn metrics_carry_no_label_per_source() {
     }
     // The series: 6 packet (overruled among them) and 3 byte decisions and an info per policy, 4 unjudged reasons, 2 drop reasons,
     // errors, mode, policy count, salt age, occupancy, 2 reload results, the last reload's outcome and time,
-    // the build, 7 of the process (no rotation interval: rotation is off), 13 of the bans (active by
-    // 2 families and 3 origins, added and expired by origin, dropped). The sources do not add any.
+    // the build, 7 of the process (no rotation interval: rotation is off), 16 of the bans (active by
+    // 2 families and 3 origins, added, expired and refused by origin, dropped). The sources do not add any.
     let names: BTreeSet<&str> = samples.iter().map(|s| s.name.as_str()).collect();
     let expected: BTreeSet<&str> = [
         "limiter_packets_total",
@@ -713,6 +713,7 @@ fn metrics_carry_no_label_per_source() {
         "limiter_bans_active",
         "limiter_bans_added_total",
         "limiter_bans_expired_total",
+        "limiter_bans_refused_total",
         "limiter_ban_dropped_packets_total",
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
@@ -724,7 +725,7 @@ fn metrics_carry_no_label_per_source() {
     ]
     .into();
     assert_eq!(names, expected, "metric families");
-    assert_eq!(samples.len(), 3 * (6 + 3 + 1) + 4 + 2 + 4 + 1 + 2 + 2 + 1 + 7 + 13, "series count:\n{body}");
+    assert_eq!(samples.len(), 3 * (6 + 3 + 1) + 4 + 2 + 4 + 1 + 2 + 2 + 1 + 7 + 16, "series count:\n{body}");
     // The flood did reach every policy, so the labels were tested with traffic behind them.
     assert!(packets(&samples, "per-source", "refused") > 0 && packets(&samples, "per-net", "refused") > 0);
     assert!(packets(&samples, "watch", "dry_run") > 0 && packets(&samples, "per-source", "allowed") > 0);

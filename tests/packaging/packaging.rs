@@ -118,7 +118,7 @@ fn xtask_package(args: &[&str]) -> Result<PathBuf, String> {
 /// Stand-ins for the systemd tools the maintainer scripts call (and for limiter-ctl, where a test
 /// points the prerm's detach at it): each logs its arguments and succeeds, except that no unit
 /// counts as having been enabled (as on a fresh machine).
-const STUBBED: [&str; 4] = ["systemctl", "deb-systemd-helper", "deb-systemd-invoke", "limiter-ctl"];
+const STUBBED: [&str; 5] = ["systemctl", "deb-systemd-helper", "deb-systemd-invoke", "limiter-ctl", "systemd-sysusers"];
 const STUB: &str =
     "#!/bin/sh\necho \"$(basename \"$0\") $*\" >> \"$STUB_LOG\"\ncase \"$*\" in *was-enabled*) exit 1;; esac\nexit 0\n";
 
@@ -157,6 +157,13 @@ impl Installed {
 
     fn path(&self, rel: &str) -> PathBuf {
         self.root().join(rel)
+    }
+
+    /// The installed unit `name`, which must be packaging/`name` as is.
+    fn unit(&self, name: &str) -> String {
+        let installed = read(&self.path(&format!("usr/lib/systemd/system/{name}")));
+        assert_eq!(installed, read(&packaging(name)), "the package must ship packaging/{name} as is");
+        installed
     }
 
     fn log(&self) -> PathBuf {
@@ -234,11 +241,11 @@ fn one<'a>(keys: &'a BTreeMap<String, Vec<String>>, key: &str) -> &'a str {
 }
 
 /// A copy of `unit` whose ExecStart points at `binary` (verify checks the executable exists),
-/// as `limiter.service` in a directory of its own.
-fn verifiable_copy(unit: &str, binary: &Path) -> (tempfile::TempDir, PathBuf) {
+/// as `name` in a directory of its own.
+fn verifiable_copy(name: &str, unit: &str, binary: &Path) -> (tempfile::TempDir, PathBuf) {
     assert!(unit.contains("/usr/sbin/limiter-ctl "), "ExecStart must run /usr/sbin/limiter-ctl");
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("limiter.service");
+    let path = dir.path().join(name);
     fs::write(&path, unit.replace("/usr/sbin/limiter-ctl ", &format!("{} ", binary.display())))
         .expect("writing the unit copy");
     (dir, path)
@@ -263,9 +270,8 @@ fn verify(unit: &Path, manpath: &Path) -> Result<(), String> {
 #[test]
 fn unit_passes_systemd_analyze_verify() {
     let pkg = Installed::new();
-    let installed = read(&pkg.path("usr/lib/systemd/system/limiter.service"));
-    assert_eq!(installed, read(&packaging("limiter.service")), "the package must ship packaging/limiter.service as is");
-    let (_dir, copy) = verifiable_copy(&installed, &pkg.path("usr/sbin/limiter-ctl"));
+    let installed = pkg.unit("limiter.service");
+    let (_dir, copy) = verifiable_copy("limiter.service", &installed, &pkg.path("usr/sbin/limiter-ctl"));
     // MANPATH: Documentation=man:limiter-ctl(1) must resolve to the page the package installs.
     let manpath = pkg.path("usr/share/man");
     verify(&copy, &manpath).unwrap_or_else(|e| panic!("systemd-analyze verify rejected the unit: {e}"));
@@ -281,8 +287,7 @@ fn unit_passes_systemd_analyze_verify() {
 #[test]
 fn template_unit_derives_everything_from_the_instance() {
     let pkg = Installed::new();
-    let installed = read(&pkg.path("usr/lib/systemd/system/limiter@.service"));
-    assert_eq!(installed, read(&packaging("limiter@.service")), "the package must ship packaging/limiter@.service");
+    let installed = pkg.unit("limiter@.service");
     let single = read(&packaging("limiter.service"));
     let (t, s) = (unit_section(&installed, "Service"), unit_section(&single, "Service"));
     for (key, values) in &s {
@@ -302,8 +307,9 @@ fn template_unit_derives_everything_from_the_instance() {
         assert!(exec.contains(part), "ExecStart lacks {part}: {exec}");
     }
     assert!(!exec.contains("--pin-dir"), "pins go to <default pin dir>/%i: {exec}");
+    assert!(exec.contains(" --socket-group=limiter-bans "), "the bouncer's group feeds bans: {exec}");
     assert_eq!(one(&t, "EnvironmentFile"), "-/etc/default/limiter@%i");
-    let (_dir, copy) = verifiable_copy(&installed, &pkg.path("usr/sbin/limiter-ctl"));
+    let (_dir, copy) = verifiable_copy("limiter.service", &installed, &pkg.path("usr/sbin/limiter-ctl"));
     let instance = copy.with_file_name("limiter@eth1.service");
     fs::rename(&copy, &instance).expect("naming the instance");
     verify(&instance, &pkg.path("usr/share/man")).unwrap_or_else(|e| panic!("systemd-analyze verify: {e}"));
@@ -326,6 +332,10 @@ fn unit_is_hardened_with_the_measured_capabilities() {
     assert_eq!(one(&service, "ExecReload"), "/usr/sbin/limiter-ctl reload", "a refused file fails the reload");
     assert_eq!(one(&service, "EnvironmentFile"), "-/etc/default/limiter");
     assert!(one(&service, "ExecStart").starts_with("/usr/sbin/limiter-ctl daemon --iface=${IFACE}"));
+    assert!(
+        one(&service, "ExecStart").contains(" --socket-group=limiter-bans "),
+        "the CrowdSec bouncer's unit runs in limiter-bans, which the socket must serve"
+    );
     assert_eq!(one(&service, "NoNewPrivileges"), "yes");
     // The metrics listener and the control socket cap their connections far below it.
     assert_eq!(one(&service, "LimitNOFILE"), "65536", "descriptors to spare beyond the connection caps");
@@ -340,8 +350,15 @@ fn unit_is_hardened_with_the_measured_capabilities() {
     assert_eq!(one(&service, "StateDirectory"), "limiter", "/var/lib/limiter, for the bans (--state-dir)");
     assert!(unit_section(&unit, "Unit").get("RequiresMountsFor").is_some_and(|v| v.iter().any(|p| p == "/sys/fs/bpf")));
 
+    let (exposure, report) = exposure("limiter.service", &unit);
+    assert!(exposure <= MAX_EXPOSURE, "exposure {exposure} > {MAX_EXPOSURE}:\n{report}");
+}
+
+/// `systemd-analyze security --offline`'s overall exposure of `unit` (0 best, 10 worst), named
+/// `name`, and its report.
+fn exposure(name: &str, unit: &str) -> (f64, String) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (_copy_dir, copy) = verifiable_copy(&unit, Path::new("/bin/true"));
+    let (_copy_dir, copy) = verifiable_copy(name, unit, Path::new("/bin/true"));
     let out = run(Command::new("systemd-analyze")
         .args(["security", "--offline=yes", "--no-pager"])
         .arg(&copy)
@@ -349,10 +366,52 @@ fn unit_is_hardened_with_the_measured_capabilities() {
     let report = text(&out.stdout);
     let exposure = report
         .lines()
-        .find_map(|l| l.split_once("Overall exposure level for limiter.service:").map(|(_, rest)| rest.to_string()))
+        .find_map(|l| l.split_once(&format!("Overall exposure level for {name}:")).map(|(_, rest)| rest.to_string()))
         .and_then(|rest| rest.split_whitespace().next().and_then(|n| n.parse::<f64>().ok()))
         .unwrap_or_else(|| panic!("no exposure level in `systemd-analyze security`:\n{report}{}", text(&out.stderr)));
-    assert!(exposure <= MAX_EXPOSURE, "exposure {exposure} > {MAX_EXPOSURE}:\n{report}");
+    (exposure, report)
+}
+
+/// `systemd-analyze security --offline` scores the bouncer's unit 0.9: a service with no
+/// privilege at all; this catches a hardening line lost in an edit.
+const MAX_BOUNCER_EXPOSURE: f64 = 1.2;
+
+/// The CrowdSec bouncer's unit: shipped as packaging/limiter-crowdsec.service, it passes
+/// `systemd-analyze verify`, and runs with no privilege: a dynamic user in the group the
+/// daemons' sockets serve ban feeders in, no capability, its key as a credential, sockets to
+/// the LAPI and the daemon only, a system call filter; `systemd-analyze security` rates it at
+/// most [`MAX_BOUNCER_EXPOSURE`]. tests/packaging/unit_sandbox.rs runs the bouncer under it.
+#[test]
+fn the_bouncers_unit_is_shipped_with_no_privilege() {
+    let pkg = Installed::new();
+    let installed = pkg.unit("limiter-crowdsec.service");
+    let (_dir, copy) = verifiable_copy("limiter-crowdsec.service", &installed, &pkg.path("usr/sbin/limiter-ctl"));
+    verify(&copy, &pkg.path("usr/share/man")).unwrap_or_else(|e| panic!("systemd-analyze verify: {e}"));
+
+    let service = unit_section(&installed, "Service");
+    let set = |key: &str| -> BTreeSet<String> { one(&service, key).split_whitespace().map(str::to_string).collect() };
+    assert_eq!(one(&service, "DynamicUser"), "yes");
+    assert_eq!(one(&service, "Group"), "limiter-bans", "the group the daemons' --socket-group serves");
+    assert_eq!(set("CapabilityBoundingSet"), BTreeSet::new(), "no capability");
+    assert_eq!(set("AmbientCapabilities"), BTreeSet::new());
+    assert_eq!(one(&service, "NoNewPrivileges"), "yes");
+    assert_eq!(one(&service, "ProtectSystem"), "strict");
+    assert_eq!(one(&service, "PrivateUsers"), "yes");
+    assert!(!service.contains_key("ReadWritePaths"), "it writes nothing");
+    assert_eq!(set("RestrictAddressFamilies"), BTreeSet::from(["AF_UNIX", "AF_INET", "AF_INET6"].map(String::from)));
+    assert_eq!(
+        service.get("SystemCallFilter").map(Vec::as_slice),
+        Some(&["@system-service".to_string(), "~@privileged @resources".to_string()][..])
+    );
+    assert_eq!(one(&service, "LoadCredential"), "lapi-key:/etc/crowdsec/bouncers/limiter.key");
+    let exec = one(&service, "ExecStart");
+    assert!(exec.starts_with("/usr/sbin/limiter-ctl crowdsec --lapi=${LAPI_URL} --key-file=%d/lapi-key"), "{exec}");
+    assert_eq!(one(&service, "EnvironmentFile"), "/etc/default/limiter-crowdsec");
+    assert_eq!(one(&service, "Restart"), "always", "it waits for the LAPI and the daemon itself");
+    assert_eq!(one(&service, "RestartPreventExitStatus"), "2", "bad input is not retried");
+    let (exposure, report) = exposure("limiter-crowdsec.service", &installed);
+    eprintln!("systemd-analyze security: limiter-crowdsec.service {exposure}");
+    assert!(exposure <= MAX_BOUNCER_EXPOSURE, "exposure {exposure} > {MAX_BOUNCER_EXPOSURE}:\n{report}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -517,9 +576,28 @@ fn deb_installs_with_dpkg_and_runs() {
     let pkg = Installed::new();
     assert_eq!(pkg.query("${Status}"), "install ok installed");
     let conffiles = pkg.query("${Conffiles}");
-    for conf in ["/etc/limiter/limiter.toml", "/etc/default/limiter", "/etc/fail2ban/action.d/limiter.conf"] {
+    for conf in [
+        "/etc/limiter/limiter.toml",
+        "/etc/default/limiter",
+        "/etc/default/limiter-crowdsec",
+        "/etc/fail2ban/action.d/limiter.conf",
+    ] {
         assert!(conffiles.contains(conf), "{conf} is not a conffile: {conffiles}");
     }
+    assert_eq!(read(&pkg.path("etc/default/limiter-crowdsec")), read(&packaging("limiter-crowdsec.default")));
+    // The feeders' group: the postinst asks systemd-sysusers (a stub here) for it, in the root
+    // dpkg installs to; the real one makes it from the shipped file.
+    assert!(
+        fs::read_to_string(pkg.log())
+            .unwrap_or_default()
+            .contains(&format!("systemd-sysusers --root={} limiter.conf", pkg.root().display())),
+        "the postinst made no group: {}",
+        fs::read_to_string(pkg.log()).unwrap_or_default()
+    );
+    let out = run(Command::new("systemd-sysusers").arg(format!("--root={}", pkg.root().display())).arg("limiter.conf"));
+    assert!(out.status.success(), "systemd-sysusers: {}", text(&out.stderr));
+    let groups = read(&pkg.path("etc/group"));
+    assert!(groups.lines().any(|l| l.starts_with("limiter-bans:x:")), "no group limiter-bans: {groups}");
     // fail2ban's action, where fail2ban looks for `action = limiter` (tests/daemon/fail2ban.rs runs it).
     assert_eq!(
         read(&pkg.path("etc/fail2ban/action.d/limiter.conf")),
@@ -661,8 +739,10 @@ fn upgrade_try_restarts_and_removal_detaches() {
     );
     assert!(upgrade.contains("systemctl --system daemon-reload"), "the next start must use the new unit: {upgrade}");
     assert!(
-        upgrade.lines().any(|l| l == "systemctl try-restart limiter.service limiter@*.service"),
-        "an upgrade must restart the running daemons onto the new binary: {upgrade}"
+        upgrade
+            .lines()
+            .any(|l| l == "systemctl try-restart limiter.service limiter@*.service limiter-crowdsec.service"),
+        "an upgrade must restart the running daemons and bouncer onto the new binary: {upgrade}"
     );
     let install = scripts.run(&pkg, "postinst", &["configure", ""], &[], None);
     assert!(
@@ -674,7 +754,7 @@ fn upgrade_try_restarts_and_removal_detaches() {
     assert_eq!(
         lines,
         [
-            "deb-systemd-invoke stop limiter.service",
+            "deb-systemd-invoke stop limiter-crowdsec.service limiter.service",
             "systemctl stop limiter@*.service",
             "limiter-ctl detach --all --force"
         ],

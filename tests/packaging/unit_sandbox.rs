@@ -7,22 +7,28 @@
 //! daemon adopts it. And a clean start logs no warning: the program's BTF loads, so the kernel
 //! keeps it (`bpftool prog show` names a btf_id).
 //!
+//! And the CrowdSec bouncer under packaging/limiter-crowdsec.service's restrictions, its user
+//! and group included, against a stand-in LAPI and the real daemon's socket.
+//!
 //! Each daemon runs in the receiver's network namespace only (pins on the machine's bpffs under
 //! the test's own `--pin-dir`, removed when the scratch directory drops).
 
 use std::{
     net::SocketAddr,
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
 
 use limiter_tests::{
+    crowdsec::{Answer, StandIn, decision},
     daemon::{Ctl, Daemon, LEFT, Launch, SIGNAL_TIMEOUT, Scratch, limiter_ctl_binary, xdp_program_id},
     netns::TestNet,
     require_root,
     rig::Rig,
     scrape,
+    service::Service,
 };
 use nix::sys::signal::Signal;
 
@@ -211,4 +217,80 @@ fn a_clean_start_logs_no_warning_and_the_kernel_keeps_the_programs_btf() {
     let out = rig.daemon.output();
     assert!(out.contains(LEFT), "no '{LEFT}' line:\n{out}");
     assert_eq!(warnings(&out), Vec::<&str>::new(), "a clean start and stop warned:\n{out}");
+}
+
+/// The CrowdSec bouncer as its unit (packaging/limiter-crowdsec.service) runs it: under its
+/// restrictions (a dynamic user in the feeders' group, here a number: no group is added to the
+/// host; no capability, its address families and system call filter, its key as a credential
+/// only it reads), against a stand-in LAPI and the real daemon's socket (`--socket-group`), it
+/// bans what the LAPI decides, and logs nothing at WARN or ERROR. `/proc` shows the
+/// restrictions are real: its uid and gid, no capability in any set, no new privileges, seccomp.
+#[test]
+fn the_bouncer_feeds_bans_under_its_units_restrictions() {
+    require_root!();
+    const FEEDERS: &str = "64998";
+    let rig = Rig::start(&["--rotate-every", "off", "--metrics", "off", "--socket-group", FEEDERS]).expect("rig");
+    // Reachable by the bouncer's user (0755): the unit's copy, its key, the binary, the credentials.
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let key = dir.path().join("key");
+    std::fs::write(&key, "0123456789abcdef\n").expect("writing the key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod the key");
+    let shipped =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/limiter-crowdsec.service"))
+            .expect("the bouncer's unit");
+    let unit = dir.path().join("limiter-crowdsec.service");
+    let text = shipped
+        .replace("Group=limiter-bans", &format!("Group={FEEDERS}"))
+        .replace("/etc/crowdsec/bouncers/limiter.key", &key.display().to_string());
+    assert_ne!(text, shipped.replace("Group=limiter-bans", &format!("Group={FEEDERS}")), "no LoadCredential= to point");
+    std::fs::write(&unit, text).expect("writing the unit's copy");
+    let bin = dir.path().join("limiter-ctl");
+    std::fs::copy(limiter_ctl_binary().expect("limiter-ctl"), &bin).expect("copying limiter-ctl");
+    let lapi = StandIn::start(
+        vec![Answer::stream(
+            &[decision(1, "Ip", "198.18.8.1", r#""1h""#), decision(2, "Range", "2001:db8:8::/64", r#""1h""#)],
+            &[],
+        )],
+        vec![Answer::stream(&[], &[])],
+    )
+    .expect("the stand-in LAPI");
+    let mut cmd = Command::new(sandbox());
+    cmd.arg(&unit).arg("--").arg(&bin).arg("--socket").arg(rig.scratch.socket());
+    cmd.args(["crowdsec", "--lapi", &lapi.url(), "--key-file", "%d/lapi-key"]);
+    cmd.env("LIMITER_SANDBOX_CREDENTIALS", dir.path());
+    let mut bouncer = Service::spawn("limiter-ctl crowdsec (sandboxed)", &mut cmd).expect("starting the bouncer");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listed = loop {
+        let listed = rig.ctl_ok(&["deny", "list"]);
+        if (listed.contains("198.18.8.1/32") && listed.contains("2001:db8:8::/64")) || Instant::now() >= deadline {
+            break listed;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        listed.contains("198.18.8.1/32") && listed.contains("2001:db8:8::/64"),
+        "not banned:\n{listed}\n{}",
+        bouncer.output()
+    );
+    let pid = bouncer.pid().expect("the bouncer's pid");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its /proc status");
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)).map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+    };
+    assert_eq!(field("Uid:").as_deref(), Some("61184"), "{status}");
+    assert_eq!(field("Gid:").as_deref(), Some(FEEDERS), "{status}");
+    for set in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+        assert_eq!(field(set).as_deref(), Some("0000000000000000"), "{set} {status}");
+    }
+    assert_eq!(field("NoNewPrivs:").as_deref(), Some("1"));
+    assert_eq!(field("Seccomp:").as_deref(), Some("2"), "no seccomp filter");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(bouncer.exited().is_none(), "the bouncer stopped:\n{}", bouncer.output());
+    let out = bouncer.output();
+    assert_eq!(warnings(&out), Vec::<&str>::new(), "the bouncer warned under its sandbox:\n{out}");
+    assert!(
+        out.contains("compared with the daemon's bans"),
+        "no reconcile (the ban list read) under the sandbox:\n{out}"
+    );
 }

@@ -1,8 +1,9 @@
-//! What the ban tests share (tests/daemon/bans.rs, ban_capacity.rs): a [`rig`] whose daemon
-//! keeps its bans in a state directory of the test's own, one such test at a time per test
-//! binary; the kernel's ban maps counted from their pins; the CLI fed a list on its standard
-//! input; one raw request on the socket; test addresses by the million; and another client
-//! asking `stats` all along while a test does something long.
+//! What the ban tests share (tests/daemon/bans.rs, ban_capacity.rs, ban_rules.rs,
+//! ban_crashes.rs, ban_clock.rs): a [`BanRig`] whose daemon keeps its bans in a state directory
+//! of the test's own, one such test at a time per test binary; probes from a source; the
+//! kernel's ban maps read from their pins; `deny list --json`; the CLI fed a list on its
+//! standard input; one raw request on the socket; test addresses by the million; and another
+//! client asking `stats` all along while a test does something long.
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -18,20 +19,24 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, Map, MapData};
-use limiter_common::maps::{Ban, MAP_BANS_V4, MAP_BANS_V6};
+use aya::maps::{HashMap, LpmTrie, Map, MapData};
+use limiter_common::maps::{Ban, MAP_BAN_NETS_V4, MAP_BANS_V4, MAP_BANS_V6};
 use serde_json::Value;
 
-use crate::{daemon::Ctl, rig::Rig};
+use crate::{
+    daemon::{Ctl, Launch},
+    flood::{L4, Limits},
+    rig::{Rig, flow_of},
+};
 
-/// One ban test at a time, whatever `--test-threads` says (`cargo xtask test` runs them one by
-/// one anyway): the timings asserted must not share the CPUs with a million bans being loaded
-/// beside them.
+/// One test of a target at a time, whatever `--test-threads` says (`cargo xtask test` runs them
+/// one by one anyway): the timings asserted must not share the CPUs with a million bans being
+/// loaded beside them.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// A rig whose daemon keeps its runtime state in a directory of the test's own, holding the
-/// lock ([`SERIAL`]). Fields drop in order: the daemon stops (saving its bans), then the state
-/// directory goes, then the next test may start.
+/// target's lock ([`SERIAL`]). Fields drop in order: the daemon stops (saving its bans), then
+/// the state directory goes, then the next test may start.
 pub struct BanRig {
     pub rig: Rig,
     pub state: tempfile::TempDir,
@@ -52,21 +57,49 @@ impl std::ops::DerefMut for BanRig {
     }
 }
 
-pub fn rig() -> BanRig {
-    let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let state = tempfile::Builder::new().prefix("limiter-state").tempdir().expect("a state directory");
-    let rig = Rig::start(&args(state.path())).expect("starting the rig");
-    BanRig { rig, state, _serial: serial }
-}
-
-/// The daemon's arguments: its bans saved in `state`.
+/// The daemon's arguments: its state in `state`, no rotation, no metrics endpoint.
 pub fn args(state: &Path) -> Vec<&str> {
     vec!["--rotate-every", "off", "--metrics", "off", "--state-dir", state.to_str().expect("a UTF-8 path")]
 }
 
-/// The file the daemon saves its bans in.
-pub fn ban_file(rig: &BanRig) -> std::path::PathBuf {
-    rig.state.path().join(format!("bans-{}.json", rig.net.receiver.iface))
+impl BanRig {
+    pub fn start() -> Self {
+        Self::start_with(Launch::default())
+    }
+
+    /// [`BanRig::start`], the daemon launched the way `launch` says (more environment, a wrapper).
+    pub fn start_with(launch: Launch) -> Self {
+        let serial = SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = tempfile::Builder::new().prefix("limiter-state").tempdir().expect("a state directory");
+        let rig = Rig::start_launched(launch, &args(state.path())).expect("starting the rig");
+        Self { rig, state, _serial: serial }
+    }
+
+    /// A new daemon on the same state directory (the old one must have exited).
+    pub fn restart_kept(&mut self) {
+        self.restart_kept_with(Launch::default());
+    }
+
+    /// [`BanRig::restart_kept`], the daemon launched the way `launch` says.
+    pub fn restart_kept_with(&mut self, launch: Launch) {
+        let state = self.state.path().to_path_buf();
+        self.rig.restart_launched(launch, &args(&state)).expect("restarting");
+    }
+
+    /// The snapshot file of the rig's interface in the state directory.
+    pub fn bans_file(&self) -> std::path::PathBuf {
+        self.state.path().join(format!("bans-{}.json", self.rig.net.receiver.iface))
+    }
+}
+
+/// `n` UDP frames from `src` to `port`, paced at 500/s: how many arrived.
+pub fn probes(rig: &Rig, src: &str, port: u16, n: u64) -> u64 {
+    let stream = rig.stream(L4::Udp, port, src);
+    let run = rig
+        .flood(std::slice::from_ref(&stream), Limits::counted(n, Duration::from_secs(5)), Some(500.0))
+        .expect("probes");
+    assert_eq!(run.sent(&flow_of(&stream)), n, "probes sent from {src}");
+    run.delivered(&flow_of(&stream))
 }
 
 /// Entries in the pinned exact-address ban map of one family.
@@ -80,6 +113,24 @@ pub fn kernel_bans(rig: &Rig, v6: bool) -> usize {
         let map: HashMap<_, [u8; 4], Ban> = HashMap::try_from(Map::HashMap(data)).expect("a hash map");
         map.keys().count()
     }
+}
+
+/// The pinned IPv4 ban maps' entries (exact and prefixes), as text (`198.18.0.5/32`).
+pub fn kernel_v4_nets(rig: &Rig) -> Vec<String> {
+    let pins = rig.scratch.pin_dir(&rig.net.receiver.iface);
+    let open = |name: &str| {
+        let pin = pins.join(name);
+        MapData::from_pin(&pin).unwrap_or_else(|e| panic!("opening {}: {e}", pin.display()))
+    };
+    let exact: HashMap<_, [u8; 4], Ban> = HashMap::try_from(Map::HashMap(open(MAP_BANS_V4))).expect("a hash map");
+    let mut nets: Vec<String> = exact.keys().map(|k| format!("{}/32", Ipv4Addr::from(k.expect("a key")))).collect();
+    let trie: LpmTrie<_, [u8; 4], Ban> = LpmTrie::try_from(Map::LpmTrie(open(MAP_BAN_NETS_V4))).expect("a trie");
+    nets.extend(trie.keys().map(|k| {
+        let k = k.expect("a key");
+        format!("{}/{}", Ipv4Addr::from(k.data()), k.prefix_len())
+    }));
+    nets.sort();
+    nets
 }
 
 /// `deny list --json`, parsed.

@@ -24,7 +24,7 @@ use crate::{
     bounds::{self, Judged, check_upper},
     capture::{Capture, Captured},
     cpu::flood_cpu,
-    daemon::{Daemon, LEFT, Runner, SIGNAL_TIMEOUT, Scratch, Snapshot},
+    daemon::{Daemon, LEFT, Launch, Runner, SIGNAL_TIMEOUT, Scratch, Snapshot},
     flood::{Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Steer, Stream},
     netns::{End, TestNet},
     scrape,
@@ -46,9 +46,14 @@ impl Rig {
 
     /// [`Rig::start`], the daemon entering its namespace the way `runner` says.
     pub fn start_with(runner: Runner, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_launched(Launch { runner, ..Launch::default() }, extra)
+    }
+
+    /// [`Rig::start`], the daemon launched the way `launch` says.
+    pub fn start_launched(launch: Launch, extra: &[&str]) -> anyhow::Result<Self> {
         let net = TestNet::new().context("test network")?;
         let scratch = Scratch::new().context("scratch directory")?;
-        let mut daemon = Daemon::spawn_with(runner, &net.receiver, &scratch, extra).context("starting the daemon")?;
+        let mut daemon = Daemon::launch(&net.receiver, &scratch, extra, launch).context("starting the daemon")?;
         daemon.wait_attached(&net.receiver)?;
         Ok(Self { daemon, scratch, net })
     }
@@ -56,7 +61,13 @@ impl Rig {
     /// A new daemon on the same config, socket and pins, with `extra` arguments (the old one
     /// must have exited); it adopts the pinned limiter the old one left, if any.
     pub fn restart(&mut self, extra: &[&str]) -> anyhow::Result<()> {
-        let mut daemon = Daemon::spawn(&self.net.receiver, &self.scratch, extra).context("restarting the daemon")?;
+        self.restart_launched(Launch::default(), extra)
+    }
+
+    /// [`Rig::restart`], the daemon launched the way `launch` says.
+    pub fn restart_launched(&mut self, launch: Launch, extra: &[&str]) -> anyhow::Result<()> {
+        let mut daemon =
+            Daemon::launch(&self.net.receiver, &self.scratch, extra, launch).context("restarting the daemon")?;
         daemon.wait_running(&self.net.receiver)?;
         self.daemon = daemon;
         Ok(())

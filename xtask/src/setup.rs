@@ -51,6 +51,8 @@ pub enum Need {
     /// Debian's fail2ban (`fail2ban-server`, `fail2ban-client`), run by the test without
     /// systemd, with a config directory of its own (tests/daemon/fail2ban.rs).
     Fail2ban,
+    /// Debian's libfaketime: a daemon whose wall clock alone is stepped (tests/daemon/ban_clock.rs).
+    Faketime,
     /// Debian's crowdsec binaries (`crowdsec`, `cscli`), extracted from the package into
     /// [`CROWDSEC_ROOT`] (not installed: see [`crowdsec`]), for tests/daemon/crowdsec.rs.
     CrowdSec,
@@ -80,6 +82,7 @@ impl Need {
         Need::KubernetesValidate,
         Need::XdpTools,
         Need::Fail2ban,
+        Need::Faketime,
         Need::CrowdSec,
         Need::VmLab,
     ];
@@ -99,6 +102,7 @@ impl Need {
             Need::Python | Need::KubernetesValidate => &["python3"],
             Need::XdpTools => &["xdp-tools"],
             Need::Fail2ban => &["fail2ban"],
+            Need::Faketime => &["libfaketime"],
             // dpkg-deb, to extract the package (dpkg is on every Debian system).
             Need::CrowdSec => &["dpkg"],
             // mkfs.ext4 -d makes the images; the archive's keys check the lab's apt sources.

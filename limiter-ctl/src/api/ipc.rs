@@ -1,8 +1,8 @@
 //! The daemon's control socket: a Unix socket (mode 0600, root and the daemon's user only,
-//! checked per connection), one JSON request line in, one JSON
-//! response line out, per connection. These are its wire types: the daemon's server side
-//! (`daemon::socket`) and the CLI's client side (`cli::client`) speak them. A client has 2 s to
-//! send its line and 2 s to take the answer; at most 256 connections are served at once.
+//! checked per connection), one JSON request line in, one JSON response line out, per
+//! connection. These are its wire types: the daemon's server side (`daemon::socket`) and the
+//! client side (`client`: the CLI's and the bouncer's) speak them. A client has 2 s to send its
+//! line and 2 s to take the answer; at most 256 connections are served at once.
 
 use ipnet::IpNet;
 use limiter_common::maps::Counters;
@@ -22,6 +22,12 @@ pub(crate) const MAX_REQUEST: usize = 256 * 1024;
 pub(crate) const MAX_BATCH: usize = 1_000;
 /// The longest ban: ten years (longer is a permanent entry: `list-add`).
 pub(crate) const MAX_FOR_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+/// The shortest prefix a ban may have, from any origin: an IPv4 /8 is the largest block ever
+/// allocated to one holder (16.7M addresses), an IPv6 /32 the usual allocation to a whole
+/// provider. Broader is a ban on a region or on everyone, not on an attacker; only the config
+/// file's deny list takes it.
+pub(crate) const FLOOR_V4: u8 = 8;
+pub(crate) const FLOOR_V6: u8 = 32;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
@@ -52,8 +58,10 @@ pub(crate) enum Request {
     ListShow {
         list: List,
     },
-    /// Expiring entries (bans), applied whole or not at all. `for_ms` is required and above 0:
-    /// a permanent entry is a `list-add`.
+    /// Expiring entries (bans). Bad input refuses the whole batch; an entry the daemon's rules
+    /// refuse (broader than the floor, a deny over the allow list) is left out and named in the
+    /// answer ([`BanAdded`]), the rest applied whole or not at all. `for_ms` is required and
+    /// above 0: a permanent entry is a `list-add`. IPv4-mapped networks are taken as IPv4.
     BanAdd {
         list: List,
         origin: Origin,
@@ -111,10 +119,20 @@ fn some_nets<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<IpNet>
     nets(d).map(Some)
 }
 
-/// What `ban-add` answers: how many entries are now in force from the batch (all of them).
+/// What `ban-add` answers: how many entries of the batch are now in force, and the ones the
+/// daemon's rules refused (too broad, or over the allow list), each with why.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct BanAdded {
     pub added: usize,
+    #[serde(default)]
+    pub refused: Vec<BanRefused>,
+}
+
+/// An entry of a `ban-add` the rules refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BanRefused {
+    pub cidr: IpNet,
+    pub reason: String,
 }
 
 /// What `ban-rm` answers: the networks whose entry of that origin was removed.

@@ -27,6 +27,8 @@ pub(crate) struct Options {
     pub geometry: GeometryRequest, pub pin_dir: PathBuf,
     /// Where runtime state is kept: the expiring entries (bans), one file per interface.
     pub state_dir: PathBuf,
+    /// The group whose processes may feed bans through the control socket (`--socket-group`).
+    pub socket_group: Option<u32>,
     /// Log rates at this interval; draw a new salt this often (None: only on `salt rotate`).
     pub stats_every: Option<Duration>, pub rotate_every: Option<Duration>,
     /// The Prometheus endpoint; 1 in N refusals sampled for `top`, at most so many samples a

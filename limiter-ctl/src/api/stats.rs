@@ -104,6 +104,11 @@ pub struct Snapshot {
     /// The expiring entries (bans): in force, added and expired, and what they decided.
     #[serde(default)]
     pub bans: Option<BanStats>,
+    /// A number the daemon draws at random when it starts: a client that sees it change knows
+    /// the daemon restarted (and may have lost what it had not saved: the CrowdSec bouncer then
+    /// sends its bans again). 0: not known yet.
+    #[serde(default)]
+    pub instance: u64,
 }
 
 /// Bans (expiring allow and deny entries), by family and origin: never by address.
@@ -115,6 +120,10 @@ pub struct BanStats {
     /// Since the daemon started, by origin (a ban renewed before it expired counts again).
     pub added: BTreeMap<String, u64>,
     pub expired: BTreeMap<String, u64>,
+    /// Entries the daemon's rules refused (broader than the floor, a deny over the allow list),
+    /// since start, by origin.
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
     /// Packets a ban dropped (deny) or passed (allow), since the maps were created (also in
     /// `denied` and `allowed`).
     pub dropped_packets: u64,

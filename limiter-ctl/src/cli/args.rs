@@ -101,7 +101,12 @@ pub(crate) enum Command {
     /// a deleted decision removes it; other decisions (captcha, a country) are skipped and
     /// counted in the log. A LAPI that is down or answers garbage changes nothing: the bans
     /// applied stay (each until its time) and it is retried with backoff, 1 s doubling to 30 s,
-    /// then read in full again. A daemon that is down gets the pending bans when it is back.
+    /// then read in full again. A full set with a decision it cannot read is refused whole; an
+    /// unreadable decision in the changes lifts nothing. An answer is read as it arrives, within
+    /// bounds (256 MiB, as many bans as the daemon holds), so its memory stays under 400 MiB
+    /// whatever the LAPI sends. A daemon that is down gets the pending bans when it is back; one
+    /// that restarted gets back what it lost (its bans of origin crowdsec are compared with the
+    /// bouncer's). The package's unit, limiter-crowdsec.service, runs it with no privilege.
     Crowdsec(CrowdsecArgs),
     /// Take the limiter off an interface: unpin its program and maps, with all its state.
     ///
@@ -212,6 +217,13 @@ pub(crate) struct DaemonArgs {
     /// bans-IFACE.json, so a restart keeps each with the time it had left.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// Let processes of this group (a name or a number; their effective group, as a unit's
+    /// Group= sets it) use the control socket for what a ban feeder needs, and no more: add and
+    /// remove deny bans of origin fail2ban or crowdsec, and read (stats, lists, bans, policies).
+    /// The socket is then mode 0660 and of that group. The shipped units give limiter-bans, the
+    /// CrowdSec bouncer's unit's group.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    pub socket_group: Option<u32>,
     /// Prometheus endpoint address, `off`, or `auto`: 127.0.0.1 on a port derived from the
     /// interface's name (9465-9999, logged; for one daemon per interface).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = parse_metrics)]
@@ -449,6 +461,7 @@ impl DaemonArgs {
             rotate_every: self.rotate_every.0,
             pin_dir: self.pin_dir,
             state_dir: self.state_dir,
+            socket_group: self.socket_group,
             metrics: self.metrics.0,
             sample_refusals: self.sample_refusals,
             samples_per_s: self.samples_per_s,
@@ -520,22 +533,21 @@ fn parse_origin(s: &str) -> Result<Origin, String> {
     s.parse()
 }
 
-/// A ban's duration: humantime (`10m`, `1h30m`) or bare seconds (fail2ban's `<bantime>`),
-/// more than 0, at most 10 years.
+/// A ban's duration: humantime's units (`10m`, `1h30m`, `1.5h`) or bare seconds (fail2ban's
+/// `<bantime>`), more than 0, at most 10 years ([`config::duration_ns`]).
 fn parse_ban_for(s: &str) -> Result<Duration, String> {
     let err = || {
         format!(
             "invalid duration '{s}': expected a duration above 0 such as 10m, 600s or 1h30m (or seconds: 600), at most 10 years"
         )
     };
-    let d = match config::decimal(s) {
-        Some(n) => Duration::from_secs(n),
-        None => humantime::parse_duration(s).map_err(|_| err())?,
-    };
-    if d.is_zero() || d.as_millis() == 0 || d.as_millis() > u128::from(crate::api::ipc::MAX_FOR_MS) {
+    // Exact (a fraction of an hour is not rounded through a float), in whole ms rounded up: a
+    // ban never shorter than asked.
+    let ms = config::duration_ns(s).ok_or_else(err)?.div_ceil(1_000_000);
+    if ms == 0 || ms > u128::from(crate::api::ipc::MAX_FOR_MS) {
         return Err(err());
     }
-    Ok(d)
+    Ok(Duration::from_millis(ms as u64))
 }
 
 /// A program at tcx ingress: its name, or id:N.
@@ -582,6 +594,18 @@ fn parse_rotation(s: &str) -> Result<Rotation, String> {
         _ => Err(format!(
             "invalid rotation interval '{s}': expected a duration of at least 10ms such as 1h, 30min or 90s, or off"
         )),
+    }
+}
+
+/// A group's id, from its name (the group database) or as a number.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Some(gid) = config::decimal(s) {
+        return u32::try_from(gid).map_err(|_| format!("invalid group '{s}': a group id is below 2^32"));
+    }
+    match nix::unistd::Group::from_name(s) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => Err(format!("no group '{s}' (see `getent group`; the package creates limiter-bans)")),
+        Err(e) => Err(format!("looking up group '{s}': {e}")),
     }
 }
 

@@ -60,6 +60,8 @@ enum Page {
     Completions,
     /// The CrowdSec bouncer: runs until stopped.
     Crowdsec,
+    /// `allow|deny add` (and the list's page): a batch of bans may be partly refused.
+    ListAdd,
 }
 
 impl Page {
@@ -72,9 +74,8 @@ impl Page {
             ["detach", ..] => Page::Detach,
             ["completions", ..] => Page::Completions,
             ["crowdsec", ..] => Page::Crowdsec,
-            ["policy" | "allow" | "deny"] | ["policy", "set" | "rm"] | ["allow" | "deny", "add" | "rm"] => {
-                Page::Client { edits: true }
-            }
+            ["allow" | "deny"] | ["allow" | "deny", "add"] => Page::ListAdd,
+            ["policy"] | ["policy", "set" | "rm"] | ["allow" | "deny", "rm"] => Page::Client { edits: true },
             _ => Page::Client { edits: false },
         }
     }
@@ -143,7 +144,7 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
              --tcx-before or --tcx-after program that is not at tc ingress (when attaching there)"
                 .into(),
         ),
-        Page::Client { .. } => (
+        Page::Client { .. } | Page::ListAdd => (
             "done".into(),
             format!(
                 "{unreachable}. A command of many entries (--file) whose connection was lost partway says how many \
@@ -177,8 +178,20 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
             format!("{bad_args}: --lapi is not a plain-HTTP URL, or --key-file cannot be read or is not one line"),
         ),
     };
-    let mut codes: Vec<(&'static str, String)> =
-        [("0", ok), ("1", failed), ("2", bad)].into_iter().filter(|(_, text)| !text.is_empty()).collect();
+    let partly = match page {
+        Page::ListAdd => format!(
+            "with --for: some bans are in force, the daemon's rules refused the others (broader than IPv4 /{} or \
+             IPv6 /{}, or a deny covering the config file's allow list), each named on a line of its own (`refused: \
+             CIDR: why`). When the rules refuse every entry, the exit is 2, with the same lines.",
+            crate::api::ipc::FLOOR_V4,
+            crate::api::ipc::FLOOR_V6
+        ),
+        _ => String::new(),
+    };
+    let mut codes: Vec<(&'static str, String)> = [("0", ok), ("1", failed), ("2", bad), ("3", partly)]
+        .into_iter()
+        .filter(|(_, text)| !text.is_empty())
+        .collect();
     if page == Page::Daemon {
         codes.push((
             "4",
@@ -192,7 +205,7 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
 
 fn environment(page: Page) -> Vec<(&'static str, String)> {
     let mut env = Vec::new();
-    if matches!(page, Page::Top | Page::Daemon | Page::Client { .. } | Page::Reload | Page::Crowdsec) {
+    if matches!(page, Page::Top | Page::Daemon | Page::Client { .. } | Page::ListAdd | Page::Reload | Page::Crowdsec) {
         env.push((
             "LIMITER_SOCKET",
             format!(
@@ -236,7 +249,12 @@ fn environment(page: Page) -> Vec<(&'static str, String)> {
 fn files(page: Page) -> Vec<(&'static str, String)> {
     let mut files = Vec::new();
     let config = (config::DEFAULT_PATH, "The policies and allow/deny lists (limiter.toml(5)), the default --config.");
-    let socket = (ipc::DEFAULT_SOCKET, "The daemon's control socket (root only), the default --socket.".to_string());
+    let socket = (
+        ipc::DEFAULT_SOCKET,
+        "The daemon's control socket (root and the daemon's user; ban feeders of its --socket-group), the default \
+         --socket."
+            .to_string(),
+    );
     let pins = (
         pins::DEFAULT_ROOT,
         "Where each interface's program, XDP link and maps are pinned (bpffs), in a directory per interface: the default --pin-dir.",
@@ -257,9 +275,9 @@ fn files(page: Page) -> Vec<(&'static str, String)> {
             files.push(socket);
             files.push((pins.0, pins.1.into()));
         }
-        Page::Client { edits } => {
+        Page::Client { .. } | Page::ListAdd => {
             files.push(socket);
-            if edits {
+            if matches!(page, Page::Client { edits: true } | Page::ListAdd) {
                 files.push((
                     config.0,
                     "The daemon's config file: the daemon writes every change to it, in place.".into(),
@@ -271,7 +289,24 @@ fn files(page: Page) -> Vec<(&'static str, String)> {
             files.push((config.0, "The file the daemon re-reads (its --config).".into()));
         }
         Page::Detach => files.push((pins.0, pins.1.into())),
-        Page::Crowdsec => files.push(socket),
+        Page::Crowdsec => {
+            files.push(socket);
+            files.push((
+                "/usr/lib/systemd/system/limiter-crowdsec.service",
+                "The bouncer's unit: no privilege, in the group limiter-bans, which the daemons' units let feed \
+                 bans (--socket-group)."
+                    .into(),
+            ));
+            files.push((
+                "/etc/default/limiter-crowdsec",
+                "LAPI_URL (the --lapi) and CROWDSEC_OPTS (more flags) for the unit.".into(),
+            ));
+            files.push((
+                "/etc/crowdsec/bouncers/limiter.key",
+                "The API key the unit hands the bouncer (LoadCredential=), from cscli bouncers add limiter -o raw."
+                    .into(),
+            ));
+        }
         Page::ConfigCheck | Page::Completions => {}
     }
     files
@@ -437,6 +472,8 @@ mod tests {
             }
         }
         assert_eq!(Page::of(&["policy", "set"]), Page::Client { edits: true });
+        assert_eq!(Page::of(&["deny", "add"]), Page::ListAdd);
+        assert!(sections(Page::ListAdd).to_roff().contains("refused: CIDR: why"));
         assert_eq!(Page::of(&["stats"]), Page::Client { edits: false });
         assert!(has(Page::Client { edits: false }, "ENVIRONMENT") && !has(Page::Client { edits: false }, "SIGNALS"));
         assert!(has(Page::Detach, "FILES") && !has(Page::Detach, "ENVIRONMENT"));

@@ -1,16 +1,14 @@
-//! The CLI room: the argument definitions (`args`), the human and JSON output of the read
-//! commands (`show`), and the client side of the control socket (`client`). `main` runs one
+//! The CLI room: the argument definitions (`args`) and the human and JSON output of the read
+//! commands (`show`), over the control socket's client (`crate::client`). `main` runs one
 //! command and maps its error to the exit code by the error's type; `limiter-ctl daemon` it
 //! parses and hands back, for `crate::main` to run in the daemon room.
 //!
 //! It may use the api room (the daemon's wire types and start options), the kernel room
-//! (`detach`, `config check --iface`) and the config room; nothing of the daemon, and nothing
-//! uses it. Its one error type is [`Error`].
+//! (`detach`, `config check --iface`), the config room, the socket's client and the bouncer
+//! (`crowdsec`); nothing of the daemon, and nothing uses it. Its one error type is [`Error`].
 
 mod args;
-mod client;
 mod completions;
-mod crowdsec;
 mod escape;
 mod logs;
 mod man;
@@ -20,14 +18,15 @@ use std::{io::Write as _, path::PathBuf, process::ExitCode};
 
 use args::{Cli, Command, ConfigCommand, CrowdsecArgs, ListCommand, PolicyCommand, SaltCommand};
 use clap::Parser as _;
-use client::ClientError;
 
 use crate::{
     api::{
-        ipc::{Attachment, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+        ipc::{Attachment, BanAdded, BanStatus, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
         start::Options,
         stats, top,
     },
+    bouncer,
+    client::{self, ClientError},
     config::{self, List},
     kernel::{self, pins},
 };
@@ -35,6 +34,8 @@ use crate::{
 /// Exit codes: 0 done, 1 failed, 2 bad input (nothing changed).
 const BAD_INPUT: u8 = 2;
 const FAILED: u8 = 1;
+/// `add --for`: some entries are in force, the daemon's rules refused the others.
+const PARTLY: u8 = 3;
 
 /// What a command can fail with; [`exit_code`] tells bad input from failures.
 #[derive(Debug, thiserror::Error)]
@@ -267,14 +268,14 @@ fn config_check(path: &std::path::Path, iface: Option<&str>) -> Result<(String, 
 /// `crowdsec`: the bouncer, polling until the process is stopped; exit 2 at once if the URL or
 /// the key file cannot be used.
 fn crowdsec_command(socket: PathBuf, args: CrowdsecArgs) -> ExitCode {
-    let setup = crowdsec::stream_url(&args.lapi).and_then(|url| Ok((url, crowdsec::read_key(&args.key_file)?)));
+    let setup = bouncer::stream_url(&args.lapi).and_then(|url| Ok((url, bouncer::read_key(&args.key_file)?)));
     let (url, key) = match setup {
         Ok(both) => both,
         Err(e) => return fail(&Error::Usage(e.to_string())),
     };
     logs::init(args.log_format);
-    let lapi = crowdsec::Lapi::new(url, key);
-    crowdsec::run(&lapi, &mut crowdsec::DaemonSink { socket }, args.interval)
+    let lapi = bouncer::Lapi::new(url, key);
+    bouncer::run(&lapi, &mut bouncer::DaemonSink { socket }, args.interval)
 }
 
 /// `attach HOOK`: the daemon moves the program there without a gap, or says it is there.
@@ -345,14 +346,18 @@ fn policy_request(cmd: &PolicyCommand) -> Request {
 
 fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitCode {
     let result = match cmd {
-        ListCommand::Add { cidrs, for_: Some(d), origin, file } => read_nets(&cidrs, file.as_deref(), true)
-            .and_then(|nets| {
+        ListCommand::Add { cidrs, for_: Some(d), origin, file } => {
+            let added = read_nets(&cidrs, file.as_deref(), true).and_then(|nets| {
                 let entries: Vec<_> = nets.into_iter().map(|n| (n, d)).collect();
                 client::ban_add(socket, list, origin.unwrap_or_default(), &entries).map_err(|e| {
                     change_error(e, "run the same command again: adding an entry again only sets its expiry anew")
                 })
-            })
-            .map(|_| String::new()),
+            });
+            return match added {
+                Ok(answer) => bans_added(&answer),
+                Err(e) => fail(&e),
+            };
+        }
         ListCommand::Add { cidrs, for_: None, file, .. } => {
             read_nets(&cidrs, file.as_deref(), false).and_then(|nets| add_permanent(socket, list, &nets))
         }
@@ -367,6 +372,20 @@ fn list_command(socket: &std::path::Path, list: List, cmd: ListCommand) -> ExitC
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e),
+    }
+}
+
+/// What `add --for` says of its bans: nothing when every entry is in force; else each entry the
+/// daemon's rules refused on a line of its own, and exit 2 when none is in force (nothing
+/// changed), [`PARTLY`] when the others are.
+fn bans_added(answer: &BanAdded) -> ExitCode {
+    for r in &answer.refused {
+        say(BAD_INPUT, &format!("refused: {}: {}", r.cidr, escape::controls(&r.reason, true)));
+    }
+    match (answer.refused.is_empty(), answer.added) {
+        (true, _) => ExitCode::SUCCESS,
+        (false, 0) => ExitCode::from(BAD_INPUT),
+        (false, _) => ExitCode::from(PARTLY),
     }
 }
 
@@ -414,6 +433,8 @@ fn parse_entry(word: &str, bare: bool) -> Result<ipnet::IpNet, Error> {
         Ok(addr) if bare => ipnet::IpNet::from(addr),
         _ => config::parse_net(word).map_err(|e| Error::Usage(e.to_string()))?,
     };
+    // As the daemon takes it: an IPv4-mapped network is its IPv4 network.
+    let net = config::unmapped(net);
     if net.trunc() != net {
         return Err(Error::Usage(config::Error::HostBits { net }.to_string()));
     }
@@ -454,15 +475,12 @@ fn remove(
     let listed: std::collections::HashSet<ipnet::IpNet> = permanent(socket)?.into_iter().collect();
     let by = origin.unwrap_or_default();
     if origin.is_none() {
-        // Only these networks' entries: the list may hold millions.
-        let bans: std::collections::HashSet<ipnet::IpNet> = client::ban_list_of(socket, list, nets)
-            .map_err(ban_error)?
-            .into_iter()
-            .filter(|b| b.origin == by)
-            .map(|b| b.cidr)
-            .collect();
-        if let Some(missing) = nets.iter().find(|n| !listed.contains(n) && !bans.contains(n)) {
-            return Err(Error::Refused(config::Error::NotOnList { net: *missing, list }.to_string()));
+        // Only these networks' entries, of every origin: the list may hold millions.
+        let bans = client::ban_list_of(socket, list, nets).map_err(ban_error)?;
+        let ours: std::collections::HashSet<ipnet::IpNet> =
+            bans.iter().filter(|b| b.origin == by).map(|b| b.cidr).collect();
+        if let Some(missing) = nets.iter().find(|n| !listed.contains(n) && !ours.contains(n)) {
+            return Err(Error::Refused(not_removed(list, *missing, &bans)));
         }
     }
     let again = match origin {
@@ -487,6 +505,21 @@ fn remove(
         }
     }
     Ok(String::new())
+}
+
+/// Why `rm` without --origin cannot remove `net`: not on the list at all, or held by other
+/// origins' bans only, which --origin removes.
+fn not_removed(list: List, net: ipnet::IpNet, bans: &[BanStatus]) -> String {
+    let holders: Vec<&str> = bans.iter().filter(|b| b.cidr == net).map(|b| b.origin.as_str()).collect();
+    match holders.first() {
+        None => config::Error::NotOnList { net, list }.to_string(),
+        Some(first) => format!(
+            "{net} is on the {list} list as a ban of origin {} only (not cli, nor the config file): remove it with \
+             `limiter-ctl {list} rm {net} --origin {first}`",
+            holders.join(" and "),
+            list = list.as_str()
+        ),
+    }
 }
 
 /// `list`: the permanent entries (origin `config`, no expiry) then the expiring ones, printed

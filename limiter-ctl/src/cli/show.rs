@@ -82,11 +82,13 @@ fn bans_line(b: &stats::BanStats) -> String {
     };
     let sum = |m: &std::collections::BTreeMap<String, u64>| m.values().sum::<u64>();
     format!(
-        "bans in force: IPv4 {}, IPv6 {}; added {}, expired {} since start; {} packets dropped, {} allowed by bans\n",
+        "bans in force: IPv4 {}, IPv6 {}; added {}, expired {}, refused {} since start; {} packets dropped, {} allowed \
+         by bans\n",
         family(&b.active_v4),
         family(&b.active_v6),
         sum(&b.added),
         sum(&b.expired),
+        family(&b.refused),
         b.dropped_packets,
         b.allowed_packets
     )

@@ -40,6 +40,20 @@ pub fn parse_net(s: &str) -> Result<ipnet::IpNet, FieldError> {
     ipnet::IpNet::new(addr, len).map_err(|_| err())
 }
 
+/// A network as the packets it matches carry it: an IPv4-mapped IPv6 network
+/// (`::ffff:198.18.0.3/128`, `::ffff:198.18.0.0/120`) is the IPv4 network it maps (its prefix
+/// length less 96), since those sources arrive in IPv4 packets and an IPv6 entry would never
+/// match them. Every other network is itself. The one place every list and ban entry passes.
+pub fn unmapped(net: ipnet::IpNet) -> ipnet::IpNet {
+    match net {
+        ipnet::IpNet::V6(n) if n.prefix_len() >= 96 => match n.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, n.prefix_len() - 96).map_or(net, ipnet::IpNet::V4),
+            None => net,
+        },
+        _ => net,
+    }
+}
+
 /// serde for allow/deny entries, through [`parse_net`] (ipnet's own parser is laxer).
 pub mod net_serde {
     use std::fmt;
@@ -92,6 +106,23 @@ mod tests {
         assert_eq!(decimal("18446744073709551615"), Some(u64::MAX));
         for bad in ["", "+53", "-53", "053", "00", " 53", "53 ", "5_3", "0x35", "18446744073709551616", "٥"] {
             assert_eq!(decimal(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn mapped_networks_are_their_ipv4_network() {
+        let n = |s: &str| s.parse::<ipnet::IpNet>().unwrap();
+        for (mapped, v4) in [
+            ("::ffff:198.18.0.3/128", "198.18.0.3/32"),
+            ("::ffff:198.18.0.0/120", "198.18.0.0/24"),
+            ("::ffff:0.0.0.0/96", "0.0.0.0/0"),
+            // Not mapped: left as they are.
+            ("::ffff:0:0/95", "::fffe:0:0/95"),
+            ("2001:db8::/32", "2001:db8::/32"),
+            ("::198.18.0.3/128", "::c612:3/128"),
+            ("198.18.0.0/15", "198.18.0.0/15"),
+        ] {
+            assert_eq!(unmapped(n(mapped).trunc()), n(v4), "{mapped}");
         }
     }
 

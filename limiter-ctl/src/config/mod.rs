@@ -11,6 +11,7 @@
 //! Its one error type, [`Error`], is bad input (or the file unreadable or unwritable).
 
 mod def;
+mod duration;
 mod error;
 mod field;
 mod file;
@@ -21,8 +22,9 @@ mod state;
 mod write;
 
 pub use def::{Dash, FIELDS, Field, FieldValue, Flag, PolicyDef, PolicyEdit, Visit};
+pub use duration::{duration_ns, scaled_ns};
 pub use error::Error;
-pub use field::{FieldError, decimal, net_serde, parse_net};
+pub use field::{FieldError, decimal, net_serde, parse_net, unmapped};
 pub use file::{
     ConfigFile, DEFAULT_PATH, FORMAT_KEY, FORMAT_VERSION, MAX_FILE_BYTES, load, load_with_text, parse, position, read,
     says_no_rules, unversioned, unversioned_note,

@@ -149,6 +149,7 @@ impl State {
     }
 
     pub fn without_net(&self, list: List, net: IpNet) -> Result<State, Error> {
+        let net = super::field::unmapped(net);
         let mut next = self.clone();
         let set = match list {
             List::Allow => &mut next.allow,
@@ -181,6 +182,7 @@ impl State {
     }
 
     fn add_net(&mut self, list: List, net: IpNet) -> Result<(), Error> {
+        let net = super::field::unmapped(net);
         if net.trunc() != net {
             return Err(Error::HostBits { net });
         }

@@ -32,6 +32,8 @@ impl Daemon {
             tracing::warn!("{warning}");
         }
         self.state = next;
+        // No deny ban may cover what the allow list now holds.
+        self.bans.set_allow_list(&mut self.limiter, self.state.list(config::List::Allow));
         self.longest_window = self.longest_window.max(self.state.max_window());
         Ok(())
     }

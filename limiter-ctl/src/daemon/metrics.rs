@@ -278,6 +278,13 @@ impl Collector for Exposition {
             )?;
             counter(
                 &mut encoder,
+                "limiter_bans_refused",
+                "Bans refused since the daemon started, by origin: broader than the floor (IPv4 /8, IPv6 /32), or a \
+                 deny over the config's allow list.",
+                by_origin(&b.refused),
+            )?;
+            counter(
+                &mut encoder,
                 "limiter_ban_dropped_packets",
                 "Packets a deny ban dropped (also counted in limiter_dropped_packets_total{reason=\"deny\"}).",
                 vec![(vec![], b.dropped_packets)],
@@ -446,6 +453,7 @@ mod tests {
                 active_v6: [("fail2ban".to_string(), 1)].into(),
                 added: [("cli".to_string(), 3)].into(),
                 expired: [("cli".to_string(), 1)].into(),
+                refused: [("crowdsec".to_string(), 2)].into(),
                 dropped_packets: 4,
                 allowed_packets: 0,
             }),
@@ -464,6 +472,7 @@ mod tests {
         assert!(text.contains(r#"limiter_bans_active{family="ipv6",origin="fail2ban"} 1"#), "{text}");
         assert!(text.contains(r#"limiter_bans_added_total{origin="cli"} 3"#), "{text}");
         assert!(text.contains(r#"limiter_bans_expired_total{origin="cli"} 1"#), "{text}");
+        assert!(text.contains(r#"limiter_bans_refused_total{origin="crowdsec"} 2"#), "{text}");
         assert!(text.contains("limiter_ban_dropped_packets_total 4"), "{text}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let labels = line.split_once('{').map_or("", |(_, rest)| rest.split_once('}').map_or("", |(l, _)| l));

@@ -335,9 +335,9 @@ async fn start(
     desired: impl Fn(&BTreeMap<Name, u16>) -> Result<State, Error>,
     probes: Probes,
     made: &mut Made,
-) -> Result<(Daemon, tokio::net::UnixListener, AsyncFd<kernel::Refusals>), Error> {
+) -> Result<(Daemon, socket::Control, AsyncFd<kernel::Refusals>), Error> {
     let Probes { shared, health, metrics_addr, arrays } = probes;
-    let listener = bind(socket)?;
+    let listener = bind(socket, args.socket_group)?;
     made.socket = true;
     // A program the verifier refuses leaves its log beside the socket (the error names it).
     if let Some(dir) = socket.parent() {
@@ -366,7 +366,7 @@ async fn start(
     // The expiring entries (bans) in force before the program is attached: a restart keeps
     // each with the time it had left.
     let mut bans = bans::Bans::new(Some(bans::Bans::file_for(&args.state_dir, &args.iface)));
-    bans.restore(&mut limiter)?;
+    bans.restore(&mut limiter, state.list(config::List::Allow))?;
     limiter.set_sampling_within(args.sample_refusals, args.samples_per_s)?;
     // SAFETY: the stream owns its descriptor (the ring's) and keeps it open for as long as the
     // AsyncFd lives.

@@ -8,9 +8,16 @@ use std::time::Duration;
 use limiter_common::maps::Counters;
 use tracing::{info, warn};
 
-use super::{Error, bans::BanError, serve::Daemon, socket::Job};
+use super::{
+    Error,
+    bans::{Added, BanError},
+    serve::Daemon,
+    socket::Job,
+};
 use crate::{
-    api::ipc::{Attachment, BanAdded, BanRemoved, PolicyStatus, Reloaded, ReloadedFirst, Request, Response},
+    api::ipc::{
+        Attachment, BanAdded, BanRefused, BanRemoved, PolicyStatus, Reloaded, ReloadedFirst, Request, Response,
+    },
     config::{self, Entry, PolicyDef, State},
     kernel::{self, Hook, Placement, TcxPlace},
 };
@@ -124,9 +131,15 @@ impl Daemon {
             Request::BanAdd { list, origin, entries } => {
                 let batch: Vec<_> = entries.iter().map(|e| (e.cidr, e.for_ms)).collect();
                 match self.bans.add(&mut self.limiter, list, origin, &batch) {
-                    Ok(added) => {
-                        info!(list = list.as_str(), origin = origin.as_str(), entries = added, "bans added");
-                        Response::Ok { data: serde_json::to_value(BanAdded { added }).unwrap_or_default() }
+                    Ok(Added { added, refused }) => {
+                        if added > 0 {
+                            info!(list = list.as_str(), origin = origin.as_str(), entries = added, "bans added");
+                        }
+                        let refused = refused
+                            .into_iter()
+                            .map(|(cidr, why)| BanRefused { cidr, reason: why.to_string() })
+                            .collect();
+                        Response::Ok { data: serde_json::to_value(BanAdded { added, refused }).unwrap_or_default() }
                     }
                     Err(e) => ban_error(e),
                 }

@@ -16,7 +16,6 @@ use std::{
 use limiter_common::maps::Counters;
 use tokio::{
     io::unix::AsyncFd,
-    net::UnixListener,
     signal::unix::{SignalKind, signal},
 };
 use tracing::{info, warn};
@@ -109,6 +108,14 @@ pub(super) struct Daemon {
     pub(super) arrays: Arrays,
     /// The expiring entries (bans).
     pub(super) bans: Bans,
+    /// Drawn at start, for `stats` (`Snapshot::instance`): another one is another daemon.
+    pub(super) instance: u64,
+}
+
+/// An instance number from the process id and the time, when the random source fails.
+fn fallback_instance() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    (nanos as u64) ^ (u64::from(std::process::id()) << 32)
 }
 
 /// How often the buckets are sampled for the occupancy gauge (`kernel::BucketScan`).
@@ -150,6 +157,9 @@ impl Daemon {
             arrays,
             // Set by the start, once restored (`Bans::restore`).
             bans: Bans::new(None),
+            // Never 0 (not known yet); a failing random source still tells restarts apart
+            // by the process and the time.
+            instance: getrandom::u64().unwrap_or_else(|_| fallback_instance()).max(1),
         }
     }
 
@@ -161,7 +171,7 @@ impl Daemon {
     /// Runs the loop until a signal stops it.
     pub(super) async fn serve(
         &mut self,
-        listener: UnixListener,
+        listener: socket::Control,
         mut refusals: AsyncFd<kernel::Refusals>,
         args: &Options,
         signals: Signals,
@@ -280,6 +290,7 @@ impl Daemon {
         snapshot.rotate_every_s = self.rotate_every.map(|d| d.as_secs_f64());
         snapshot.geometry = Some(self.arrays);
         snapshot.bans = Some(self.bans.stats(self.limiter.ban_hits()?));
+        snapshot.instance = self.instance;
         if let Ok(mut shared) = self.shared.write() {
             *shared = snapshot;
         }

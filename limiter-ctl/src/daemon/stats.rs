@@ -89,6 +89,7 @@ impl Sampler {
             rotate_every_s: None,
             geometry: None,
             bans: None,
+            instance: 0,
         }
     }
 }

@@ -153,38 +153,40 @@ impl Limiter {
         Ok(())
     }
 
-    /// Every network in the ban maps (what a predecessor left, for a restarted daemon to match
-    /// with its file).
-    pub fn ban_keys(&self) -> Result<Vec<IpNet>, Error> {
-        let mut nets = Vec::new();
+    /// Every network in the ban maps with its entry (what a predecessor left, for a restarted
+    /// daemon to match with its file).
+    pub fn ban_entries(&self) -> Result<Vec<(IpNet, Ban)>, Error> {
+        let mut bans = Vec::new();
         let err = |name| move |source| Error::Map { name, source };
         let v4: HashMap<&MapData, [u8; 4], Ban> =
             HashMap::try_from(self.map(MAP_BANS_V4)?).map_err(err(MAP_BANS_V4))?;
-        for key in v4.keys() {
-            nets.push(IpNet::from(IpAddr::from(key.map_err(err(MAP_BANS_V4))?)));
+        for entry in v4.iter() {
+            let (key, ban) = entry.map_err(err(MAP_BANS_V4))?;
+            bans.push((IpNet::from(IpAddr::from(key)), ban));
         }
         let v6: HashMap<&MapData, [u8; 16], Ban> =
             HashMap::try_from(self.map(MAP_BANS_V6)?).map_err(err(MAP_BANS_V6))?;
-        for key in v6.keys() {
-            nets.push(IpNet::from(IpAddr::from(key.map_err(err(MAP_BANS_V6))?)));
+        for entry in v6.iter() {
+            let (key, ban) = entry.map_err(err(MAP_BANS_V6))?;
+            bans.push((IpNet::from(IpAddr::from(key)), ban));
         }
         let t4: LpmTrie<&MapData, [u8; 4], Ban> =
             LpmTrie::try_from(self.map(MAP_BAN_NETS_V4)?).map_err(err(MAP_BAN_NETS_V4))?;
-        for key in t4.keys() {
-            let key = key.map_err(err(MAP_BAN_NETS_V4))?;
+        for entry in t4.iter() {
+            let (key, ban) = entry.map_err(err(MAP_BAN_NETS_V4))?;
             let net = IpNet::new(IpAddr::from(key.data()), key.prefix_len() as u8)
                 .map_err(|error| Error::AclEntry { map: MAP_BAN_NETS_V4, error })?;
-            nets.push(net);
+            bans.push((net, ban));
         }
         let t6: LpmTrie<&MapData, [u8; 16], Ban> =
             LpmTrie::try_from(self.map(MAP_BAN_NETS_V6)?).map_err(err(MAP_BAN_NETS_V6))?;
-        for key in t6.keys() {
-            let key = key.map_err(err(MAP_BAN_NETS_V6))?;
+        for entry in t6.iter() {
+            let (key, ban) = entry.map_err(err(MAP_BAN_NETS_V6))?;
             let net = IpNet::new(IpAddr::from(key.data()), key.prefix_len() as u8)
                 .map_err(|error| Error::AclEntry { map: MAP_BAN_NETS_V6, error })?;
-            nets.push(net);
+            bans.push((net, ban));
         }
-        Ok(nets)
+        Ok(bans)
     }
 
     /// Packets a ban denied and allowed since the maps were created, summed over CPUs.

@@ -107,6 +107,9 @@ pub const TARGETS: &[Target] = &[
     root("config_edits", &[Kernel]),
     root("bans", &[Kernel]),
     root("ban_capacity", &[Kernel]),
+    root("ban_rules", &[Kernel]),
+    root("ban_crashes", &[Kernel]),
+    root("ban_clock", &[Kernel, Faketime]),
     Target {
         name: "control",
         needs: &[Kernel],
@@ -123,7 +126,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "crowdsec",
         needs: &[Kernel, CrowdSec],
-        offline: Offline::Some { tests: &["bad_arguments_exit_2_with_one_line"], needs: &[] },
+        offline: Offline::Some {
+            tests: &["bad_arguments_exit_2_with_one_line", "a_failed_reconcile_is_said_and_tried_again"],
+            needs: &[],
+        },
     },
     Target { name: "logs", needs: &[], offline: Offline::All },
     Target {

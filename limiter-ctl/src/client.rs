@@ -1,6 +1,6 @@
-//! The client side of the control socket: one request out, its answer back, all within
-//! [`DEADLINE`]; a `ban-list` answer a page (a line) at a time, each within [`DEADLINE`] of the
-//! last.
+//! The client side of the control socket, shared by the CLI and the bouncer: one request out,
+//! its answer back, all within [`DEADLINE`]; a `ban-list` answer a page (a line) at a time, each
+//! within [`DEADLINE`] of the last.
 
 use std::{
     io::{self, BufRead as _, BufReader, Read, Write as _},
@@ -26,7 +26,9 @@ pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 pub(crate) enum ClientError {
     #[error("no daemon is listening on {0} (start one with `limiter-ctl daemon --iface IFACE`, or pass --socket)")]
     NoDaemon(PathBuf),
-    #[error("permission denied on {0}: the control socket is root-only (mode 0600); run as root")]
+    #[error(
+        "permission denied on {0}: the control socket serves root and the daemon's user (and the daemon's --socket-group, if any) only; run as root"
+    )]
     Permission(PathBuf),
     #[error("talking to the daemon on {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
@@ -65,7 +67,7 @@ impl ClientError {
 
 /// Sends one request and waits for its response, connecting, sending and reading all within
 /// [`DEADLINE`].
-pub(super) fn call(socket: &Path, request: &Request) -> Result<Response, ClientError> {
+pub(crate) fn call(socket: &Path, request: &Request) -> Result<Response, ClientError> {
     let mut exchange = Exchange::open(socket, request)?;
     let mut line = Vec::new();
     if !exchange.line(&mut line)? {
@@ -298,26 +300,29 @@ fn after_chunks(e: BanCallError, done: usize, sent: usize, total: usize) -> BanC
 }
 
 /// Adds expiring entries (bans) through the daemon, [`MAX_BATCH`] per request: each request is
-/// applied whole or not at all, and other clients are answered between them. Returns how many
-/// were added. Shared by `deny|allow add --for`, fail2ban's action and the CrowdSec bouncer.
+/// applied whole or not at all (less the entries the daemon's rules refuse), and other clients
+/// are answered between them. Returns how many were added and the refused ones. Shared by
+/// `deny|allow add --for`, fail2ban's action and the CrowdSec bouncer.
 pub(crate) fn ban_add(
     socket: &Path,
     list: List,
     origin: Origin,
     entries: &[(IpNet, Duration)],
-) -> Result<usize, BanCallError> {
-    let mut added = 0;
-    for chunk in entries.chunks(MAX_BATCH) {
+) -> Result<BanAdded, BanCallError> {
+    let mut total = BanAdded::default();
+    for (i, chunk) in entries.chunks(MAX_BATCH).enumerate() {
         let batch = chunk
             .iter()
             .map(|(cidr, d)| BanEntry { cidr: *cidr, for_ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX) })
             .collect();
         let data = call_data(socket, &Request::BanAdd { list, origin, entries: batch })
-            .map_err(|e| after_chunks(e, added, chunk.len(), entries.len()))?;
+            // Positional: the chunks before this one were answered (their refused entries too).
+            .map_err(|e| after_chunks(e, i * MAX_BATCH, chunk.len(), entries.len()))?;
         let answer: BanAdded = serde_json::from_value(data).map_err(BanCallError::Unexpected)?;
-        added += answer.added;
+        total.added += answer.added;
+        total.refused.extend(answer.refused);
     }
-    Ok(added)
+    Ok(total)
 }
 
 /// Removes the expiring entries of `origin` for these networks, [`MAX_BATCH`] per request;

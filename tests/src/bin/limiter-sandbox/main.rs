@@ -4,8 +4,12 @@
 //! not PID 1 (`systemd-run` needs it). Applied, in the order systemd applies them:
 //!
 //! - `LimitMEMLOCK=`, `LimitNOFILE=`, `UMask=`;
-//! - `CapabilityBoundingSet=`, `AmbientCapabilities=` (the inheritable set too, as systemd does),
-//!   `NoNewPrivileges=`;
+//! - `LoadCredential=`: each file copied into `$LIMITER_SANDBOX_CREDENTIALS/credentials`, which
+//!   only the service's user may read, named `$CREDENTIALS_DIRECTORY` and `%d` in PROGRAM's
+//!   arguments;
+//! - `CapabilityBoundingSet=`; then `User=`, `Group=`, `DynamicUser=` (a uid of systemd's dynamic
+//!   range, [`DYNAMIC_UID`]; no supplementary groups); then `AmbientCapabilities=` (the
+//!   inheritable set too, as systemd does), `NoNewPrivileges=`;
 //! - seccomp filters, each returning what systemd's returns: `RestrictAddressFamilies=`
 //!   (EAFNOSUPPORT), `RestrictNamespaces=` (EPERM; clone3 ENOSYS, its flags are out of a
 //!   filter's reach), `MemoryDenyWriteExecute=`, `RestrictRealtime=`, `LockPersonality=`,
@@ -18,29 +22,31 @@
 //! left out; any other directive is refused (exit 2), so a hardening line added to the unit must
 //! be taught here, or listed there, before the test passes again.
 
+mod seccomp;
+
 use std::{
-    collections::{BTreeMap, BTreeSet},
     ffi::OsString,
-    os::unix::process::CommandExt as _,
+    os::unix::{fs::PermissionsExt as _, process::CommandExt as _},
     process::Command,
     str::FromStr as _,
 };
 
 use anyhow::{Context as _, bail, ensure};
 use caps::{CapSet, Capability, CapsHashSet};
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompFilter,
-    SeccompRule, TargetArch,
+use nix::unistd::{Gid, Group, Uid, User};
+use seccomp::{
+    address_families, deny_write_execute, lock_personality, restrict_namespaces, restrict_realtime, restrict_suid_sgid,
+    syscall_filter,
 };
-use syscalls::Sysno;
+use seccompiler::{BpfProgram, SeccompFilter, TargetArch};
 
 /// Directives this wrapper does not apply, and why that is acceptable for what the tests check
 /// (the daemon's system calls, sockets and privileges).
 const NOT_APPLIED: &[(&str, &str)] = &[
     ("Type", "lifecycle: the test checks readiness and exit codes itself"),
     ("NotifyAccess", "lifecycle"),
-    ("EnvironmentFile", "the test passes the daemon's flags"),
-    ("ExecStart", "the test runs the daemon with its own socket, config and pins"),
+    ("EnvironmentFile", "the test passes the program's flags"),
+    ("ExecStart", "the test runs the program with its own socket, config, pins, LAPI"),
     ("ExecReload", "the test runs `limiter-ctl reload` under this wrapper as ExecReload would be"),
     ("TimeoutStartSec", "lifecycle"),
     ("Restart", "lifecycle"),
@@ -63,7 +69,19 @@ const NOT_APPLIED: &[(&str, &str)] = &[
     ("ProtectHostname", "UTS namespace; sethostname(2) is outside the allow list anyway"),
     ("ProtectProc", "mount namespace: not applied"),
     ("PrivateMounts", "mount namespace: not applied"),
+    ("PrivateUsers", "user namespace (the service's own ids mapped as they are): not applied"),
+    ("PrivateIPC", "IPC namespace: not applied (the services use no System V IPC)"),
+    ("RemoveIPC", "cleanup at stop: not applied"),
+    ("ProcSubset", "mount namespace: not applied"),
+    ("IPAddressDeny", "cgroup BPF: not applied (the test's peers are on loopback, which it allows)"),
+    ("IPAddressAllow", "cgroup BPF: not applied"),
+    ("MemoryMax", "cgroup: not applied (the tests measure the peak themselves)"),
+    ("TasksMax", "cgroup: not applied"),
 ];
+
+/// The uid a `DynamicUser=` service runs as here: the first of systemd's dynamic range
+/// (61184-65519), which no static user should hold.
+const DYNAMIC_UID: u32 = 61_184;
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -95,6 +113,12 @@ struct Sandbox {
     bounding: Option<CapsHashSet>,
     ambient: CapsHashSet,
     no_new_privs: bool,
+    /// `User=`, `Group=` (names or numbers), `DynamicUser=`.
+    user: Option<String>,
+    group: Option<String>,
+    dynamic_user: bool,
+    /// `LoadCredential=`: each id and the file it is read from.
+    credentials: Vec<(String, std::path::PathBuf)>,
     /// Filters installed before the system call filter (which may not allow seccomp(2) itself).
     filters: Vec<SeccompFilter>,
     syscall_filter: Option<SeccompFilter>,
@@ -133,6 +157,14 @@ impl Sandbox {
                     sandbox.ambient.extend(caps);
                 }
                 "NoNewPrivileges" => sandbox.no_new_privs = yes()?,
+                "User" => sandbox.user = Some(value.clone()),
+                "Group" => sandbox.group = Some(value.clone()),
+                "DynamicUser" => sandbox.dynamic_user = yes()?,
+                "LoadCredential" => {
+                    let (id, file) =
+                        value.split_once(':').with_context(|| format!("LoadCredential={value}: ID:PATH"))?;
+                    sandbox.credentials.push((id.to_string(), file.into()));
+                }
                 "RestrictAddressFamilies" => sandbox.filters.push(address_families(value, arch)?),
                 "RestrictNamespaces" if yes()? => sandbox.filters.extend(restrict_namespaces(arch)?),
                 "MemoryDenyWriteExecute" if yes()? => sandbox.filters.push(deny_write_execute(arch)?),
@@ -164,15 +196,82 @@ impl Sandbox {
     /// Applies everything, then execs `program`; returns only if something failed.
     fn exec(self, program: &[OsString]) -> anyhow::Error {
         match self.apply() {
-            Ok(()) => {
-                let error = Command::new(&program[0]).args(&program[1..]).exec();
+            Ok(credentials) => {
+                let mut cmd = Command::new(&program[0]);
+                match &credentials {
+                    Some(dir) => {
+                        let d = dir.as_os_str().to_string_lossy();
+                        cmd.args(program[1..].iter().map(|a| a.to_string_lossy().replace("%d", &d)));
+                        cmd.env("CREDENTIALS_DIRECTORY", dir);
+                    }
+                    None => {
+                        cmd.args(&program[1..]);
+                    }
+                }
+                let error = cmd.exec();
                 anyhow::Error::new(error).context(format!("exec {}", program[0].to_string_lossy()))
             }
             Err(e) => e,
         }
     }
 
-    fn apply(self) -> anyhow::Result<()> {
+    /// The user and group the service runs as, if the unit names any.
+    fn identity(&self) -> anyhow::Result<Option<(Uid, Gid)>> {
+        let uid = if self.dynamic_user {
+            Some(Uid::from_raw(DYNAMIC_UID))
+        } else {
+            match &self.user {
+                None => None,
+                Some(name) => Some(match name.parse() {
+                    Ok(n) => Uid::from_raw(n),
+                    Err(_) => User::from_name(name)?.with_context(|| format!("User={name}: no such user"))?.uid,
+                }),
+            }
+        };
+        let gid = match &self.group {
+            Some(name) => Some(match name.parse() {
+                Ok(n) => Gid::from_raw(n),
+                Err(_) => Group::from_name(name)?.with_context(|| format!("Group={name}: no such group"))?.gid,
+            }),
+            // A dynamic user's group is its own; a static one's, its primary group.
+            None if self.dynamic_user => Some(Gid::from_raw(DYNAMIC_UID)),
+            None => match uid.map(User::from_uid).transpose()?.flatten() {
+                Some(user) => Some(user.gid),
+                None => None,
+            },
+        };
+        Ok(match (uid, gid) {
+            (None, None) => None,
+            (uid, gid) => Some((uid.unwrap_or(Uid::from_raw(0)), gid.unwrap_or(Gid::from_raw(0)))),
+        })
+    }
+
+    /// The credentials, copied where only the service's user reads them; their directory.
+    fn load_credentials(&self, owner: Option<(Uid, Gid)>) -> anyhow::Result<Option<std::path::PathBuf>> {
+        if self.credentials.is_empty() {
+            return Ok(None);
+        }
+        let base = std::env::var_os("LIMITER_SANDBOX_CREDENTIALS")
+            .context("LoadCredential=: set LIMITER_SANDBOX_CREDENTIALS to a directory for them")?;
+        let dir = std::path::Path::new(&base).join("credentials");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (id, file) in &self.credentials {
+            let to = dir.join(id);
+            std::fs::copy(file, &to).with_context(|| format!("LoadCredential: {}", file.display()))?;
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o400))?;
+            if let Some((uid, gid)) = owner {
+                nix::unistd::chown(&to, Some(uid), Some(gid))?;
+            }
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o500))?;
+        if let Some((uid, gid)) = owner {
+            nix::unistd::chown(&dir, Some(uid), Some(gid))?;
+        }
+        Ok(Some(dir))
+    }
+
+    /// Applies everything but the exec; the credentials' directory, if any.
+    fn apply(self) -> anyhow::Result<Option<std::path::PathBuf>> {
         if let Some(limit) = self.memlock {
             let rlimit = libc::rlimit { rlim_cur: limit, rlim_max: limit };
             // SAFETY: a plain system call on a struct we own.
@@ -208,11 +307,19 @@ impl Sandbox {
             // SAFETY: umask cannot fail.
             unsafe { libc::umask(mask) };
         }
+        let identity = self.identity()?;
+        let credentials = self.load_credentials(identity)?;
         if let Some(bounding) = &self.bounding {
             for cap in caps::all().difference(bounding) {
                 caps::drop(None, CapSet::Bounding, *cap)
                     .with_context(|| format!("dropping {cap} from the bounding set"))?;
             }
+        }
+        // Root's capabilities go with its uid (no SECBIT_KEEP_CAPS), so the bounding set first.
+        if let Some((uid, gid)) = identity {
+            nix::unistd::setgroups(&[]).context("setgroups")?;
+            nix::unistd::setresgid(gid, gid, gid).with_context(|| format!("setresgid({gid})"))?;
+            nix::unistd::setresuid(uid, uid, uid).with_context(|| format!("setresuid({uid})"))?;
         }
         // Ambient capabilities must be inheritable first; systemd makes the inheritable set the
         // ambient one.
@@ -230,7 +337,7 @@ impl Sandbox {
             let program: BpfProgram = filter.try_into().context("compiling a seccomp filter")?;
             seccompiler::apply_filter(&program).context("installing a seccomp filter")?;
         }
-        Ok(())
+        Ok(credentials)
     }
 }
 
@@ -289,225 +396,4 @@ fn parse_errno(value: &str) -> anyhow::Result<i32> {
         "EAFNOSUPPORT" => libc::EAFNOSUPPORT,
         _ => bail!("SystemCallErrorNumber={value}: not supported here"),
     })
-}
-
-fn nr(name: &str) -> anyhow::Result<i64> {
-    Sysno::from_str(name).map(|s| i64::from(s.id())).map_err(|()| anyhow::anyhow!("no system call {name} here"))
-}
-
-fn errno(e: i32) -> SeccompAction {
-    SeccompAction::Errno(e as u32)
-}
-
-fn cond(arg: u8, len: Len, op: Op, value: u64) -> anyhow::Result<Cond> {
-    Ok(Cond::new(arg, len, op, value)?)
-}
-
-fn rule(conditions: Vec<Cond>) -> anyhow::Result<SeccompRule> {
-    Ok(SeccompRule::new(conditions)?)
-}
-
-/// A filter that returns `action` when one of `rules` matches, and allows everything else.
-fn deny(rules: Vec<(i64, Vec<SeccompRule>)>, action: SeccompAction, arch: TargetArch) -> anyhow::Result<SeccompFilter> {
-    let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for (nr, mut r) in rules {
-        map.entry(nr).or_default().append(&mut r);
-    }
-    Ok(SeccompFilter::new(map, SeccompAction::Allow, action, arch)?)
-}
-
-/// socket(2) with a family outside the list (or inside it, for `~`) fails with EAFNOSUPPORT.
-fn address_families(value: &str, arch: TargetArch) -> anyhow::Result<SeccompFilter> {
-    let (invert, list) = match value.strip_prefix('~') {
-        Some(rest) => (true, rest),
-        None => (false, value),
-    };
-    let families = list
-        .split_whitespace()
-        .map(|name| {
-            Ok(match name {
-                "AF_UNIX" | "AF_LOCAL" => libc::AF_UNIX,
-                "AF_INET" => libc::AF_INET,
-                "AF_INET6" => libc::AF_INET6,
-                "AF_NETLINK" => libc::AF_NETLINK,
-                "AF_PACKET" => libc::AF_PACKET,
-                "AF_XDP" => libc::AF_XDP,
-                _ => bail!("RestrictAddressFamilies: {name} is not known here"),
-            } as u64)
-        })
-        .collect::<anyhow::Result<Vec<u64>>>()?;
-    let socket = nr("socket")?;
-    let rules = if invert {
-        families.iter().map(|&f| rule(vec![cond(0, Len::Dword, Op::Eq, f)?])).collect::<anyhow::Result<_>>()?
-    } else {
-        vec![rule(families.iter().map(|&f| cond(0, Len::Dword, Op::Ne, f)).collect::<anyhow::Result<_>>()?)?]
-    };
-    deny(vec![(socket, rules)], errno(libc::EAFNOSUPPORT), arch)
-}
-
-/// unshare(2), setns(2) and clone(2) with any CLONE_NEW* flag fail (EPERM); clone3(2), whose
-/// flags a filter cannot read, fails with ENOSYS, so that libc falls back to clone(2).
-fn restrict_namespaces(arch: TargetArch) -> anyhow::Result<Vec<SeccompFilter>> {
-    let flags = [
-        libc::CLONE_NEWNS,
-        libc::CLONE_NEWCGROUP,
-        libc::CLONE_NEWUTS,
-        libc::CLONE_NEWIPC,
-        libc::CLONE_NEWUSER,
-        libc::CLONE_NEWPID,
-        libc::CLONE_NEWNET,
-        0x80, // CLONE_NEWTIME
-    ];
-    let any_flag = |arg: u8| -> anyhow::Result<Vec<SeccompRule>> {
-        flags.iter().map(|&f| rule(vec![cond(arg, Len::Qword, Op::MaskedEq(f as u64), f as u64)?])).collect()
-    };
-    // clone(2)'s flags are its first argument on x86_64 and aarch64.
-    let namespaces = deny(
-        vec![(nr("unshare")?, any_flag(0)?), (nr("clone")?, any_flag(0)?), (nr("setns")?, vec![])],
-        errno(libc::EPERM),
-        arch,
-    )?;
-    let clone3 = deny(vec![(nr("clone3")?, vec![])], errno(libc::ENOSYS), arch)?;
-    Ok(vec![namespaces, clone3])
-}
-
-/// No mapping both writable and executable, no memory made executable later.
-fn deny_write_execute(arch: TargetArch) -> anyhow::Result<SeccompFilter> {
-    let (w, x) = (libc::PROT_WRITE as u64, libc::PROT_EXEC as u64);
-    let exec = |arg: u8| rule(vec![cond(arg, Len::Dword, Op::MaskedEq(x), x)?]);
-    deny(
-        vec![
-            (nr("mmap")?, vec![rule(vec![cond(2, Len::Dword, Op::MaskedEq(w | x), w | x)?])?]),
-            (nr("mprotect")?, vec![exec(2)?]),
-            (nr("pkey_mprotect")?, vec![exec(2)?]),
-            (nr("shmat")?, vec![rule(vec![cond(2, Len::Dword, Op::MaskedEq(0o100000), 0o100000)?])?]), // SHM_EXEC
-        ],
-        errno(libc::EPERM),
-        arch,
-    )
-}
-
-/// sched_setscheduler(2) to a realtime policy fails.
-fn restrict_realtime(arch: TargetArch) -> anyhow::Result<SeccompFilter> {
-    let policies = [libc::SCHED_FIFO, libc::SCHED_RR, 6 /* SCHED_DEADLINE */];
-    let rules =
-        policies.iter().map(|&p| rule(vec![cond(1, Len::Dword, Op::Eq, p as u64)?])).collect::<anyhow::Result<_>>()?;
-    deny(vec![(nr("sched_setscheduler")?, rules)], errno(libc::EPERM), arch)
-}
-
-/// personality(2) to anything but the default (and the query) fails.
-fn lock_personality(arch: TargetArch) -> anyhow::Result<SeccompFilter> {
-    let rules = vec![rule(vec![
-        cond(0, Len::Dword, Op::Ne, 0)?,           // PER_LINUX
-        cond(0, Len::Dword, Op::Ne, 0xffff_ffff)?, // the query
-    ])?];
-    deny(vec![(nr("personality")?, rules)], errno(libc::EPERM), arch)
-}
-
-/// No file gets a set-user-ID or set-group-ID bit: chmod(2) and friends, and creating one.
-fn restrict_suid_sgid(arch: TargetArch) -> anyhow::Result<SeccompFilter> {
-    let bits = [libc::S_ISUID as u64, libc::S_ISGID as u64];
-    let mode_has = |arg: u8| -> anyhow::Result<Vec<SeccompRule>> {
-        bits.iter().map(|&b| rule(vec![cond(arg, Len::Dword, Op::MaskedEq(b), b)?])).collect()
-    };
-    let creat = libc::O_CREAT as u64;
-    let creating = |flags: u8, mode: u8| -> anyhow::Result<Vec<SeccompRule>> {
-        bits.iter()
-            .map(|&b| {
-                rule(vec![
-                    cond(flags, Len::Dword, Op::MaskedEq(creat), creat)?,
-                    cond(mode, Len::Dword, Op::MaskedEq(b), b)?,
-                ])
-            })
-            .collect()
-    };
-    deny(
-        vec![
-            (nr("chmod")?, mode_has(1)?),
-            (nr("fchmod")?, mode_has(1)?),
-            (nr("fchmodat")?, mode_has(2)?),
-            (nr("mkdir")?, mode_has(1)?),
-            (nr("mkdirat")?, mode_has(2)?),
-            (nr("mknod")?, mode_has(1)?),
-            (nr("mknodat")?, mode_has(2)?),
-            (nr("creat")?, mode_has(1)?),
-            (nr("open")?, creating(1, 2)?),
-            (nr("openat")?, creating(2, 3)?),
-        ],
-        errno(libc::EPERM),
-        arch,
-    )
-}
-
-/// The allow list (or deny list, if the first line starts with `~`) the lines make, in order,
-/// groups expanded by `systemd-analyze syscall-filter`; system calls this architecture does not
-/// have are skipped, as systemd skips them.
-fn syscall_filter(lines: &[String], errno_value: i32, arch: TargetArch) -> anyhow::Result<SeccompFilter> {
-    let groups = syscall_groups()?;
-    let allow_list = !lines[0].starts_with('~');
-    let mut set: BTreeSet<String> = BTreeSet::new();
-    if allow_list {
-        set.extend(expand("@default", &groups)?);
-    }
-    for line in lines {
-        let (removing, list) = match line.strip_prefix('~') {
-            Some(rest) => (allow_list, rest),
-            None => (!allow_list, line.as_str()),
-        };
-        for item in list.split_whitespace() {
-            ensure!(!item.contains(':'), "SystemCallFilter: {item}: per-call errno is not supported here");
-            for name in expand(item, &groups)? {
-                if removing {
-                    set.remove(&name);
-                } else {
-                    set.insert(name);
-                }
-            }
-        }
-    }
-    let rules: BTreeMap<i64, Vec<SeccompRule>> =
-        set.iter().filter_map(|name| Sysno::from_str(name).ok()).map(|s| (i64::from(s.id()), vec![])).collect();
-    let (mismatch, matched) = if allow_list {
-        (errno(errno_value), SeccompAction::Allow)
-    } else {
-        (SeccompAction::Allow, errno(errno_value))
-    };
-    Ok(SeccompFilter::new(rules, mismatch, matched, arch)?)
-}
-
-/// `@group` -> its entries (names and other groups), as this machine's systemd defines them.
-fn syscall_groups() -> anyhow::Result<BTreeMap<String, Vec<String>>> {
-    let out = Command::new("systemd-analyze")
-        .args(["syscall-filter", "--no-pager"])
-        .output()
-        .context("running systemd-analyze syscall-filter (install systemd: cargo xtask setup)")?;
-    ensure!(out.status.success(), "systemd-analyze syscall-filter: {}", String::from_utf8_lossy(&out.stderr));
-    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut current: Option<String> = None;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if line.starts_with('@') {
-            current = Some(line.trim().to_string());
-            groups.entry(line.trim().to_string()).or_default();
-        } else if line.trim().is_empty() || !line.starts_with(' ') {
-            current = None;
-        } else if let Some(group) = &current
-            && !line.trim_start().starts_with('#')
-        {
-            groups.entry(group.clone()).or_default().push(line.trim().to_string());
-        }
-    }
-    ensure!(groups.contains_key("@system-service"), "systemd-analyze syscall-filter listed no @system-service");
-    Ok(groups)
-}
-
-fn expand(item: &str, groups: &BTreeMap<String, Vec<String>>) -> anyhow::Result<Vec<String>> {
-    if !item.starts_with('@') {
-        return Ok(vec![item.to_string()]);
-    }
-    let entries = groups.get(item).with_context(|| format!("SystemCallFilter: no group {item} in systemd-analyze"))?;
-    let mut out = Vec::new();
-    for entry in entries {
-        out.extend(expand(entry, groups)?);
-    }
-    Ok(out)
 }
