@@ -202,9 +202,17 @@ impl Collector for Exposition {
         gauge(
             &mut encoder,
             "limiter_attach_mode",
-            "1 for where the program runs: native or skb (XDP modes), or tcx (tc ingress).",
+            "1 for where the program runs: native or skb (XDP modes), or tcx or netlink (tc ingress: a tcx \
+             link, or a filter on the clsact qdisc).",
             vec![("mode", s.attach_mode.clone())],
             1.0,
+        )?;
+        info(
+            &mut encoder,
+            "limiter_attach_netlink",
+            "1 while the program runs at tc ingress through a netlink filter rather than tcx, by reason: no_tcx \
+             (the kernel has no tcx: Linux before 6.6), asked (--tc-api netlink), kept (a pinned filter adopted).",
+            s.attach_api_reason_code.iter().map(|code| vec![("reason", code.clone())]).collect(),
         )?;
         gauge(&mut encoder, "limiter_policies", "Policies loaded.", vec![], s.policies.len() as f64)?;
         gauge(
@@ -479,6 +487,23 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_netlink_filter_is_said_with_its_reason() {
+        let at = |mode: &str, code: Option<&str>| {
+            let snapshot = Snapshot {
+                attach_mode: mode.into(),
+                attach_api_reason_code: code.map(str::to_string),
+                ..Default::default()
+            };
+            render(&Arc::new(RwLock::new(snapshot))).unwrap()
+        };
+        let text = at("netlink", Some("no_tcx"));
+        assert!(text.contains(r#"limiter_attach_mode{mode="netlink"} 1"#), "{text}");
+        assert!(text.contains(r#"limiter_attach_netlink{reason="no_tcx"} 1"#), "{text}");
+        let text = at("tcx", None);
+        assert!(!text.lines().any(|l| l.starts_with("limiter_attach_netlink{")), "{text}");
     }
 
     fn sample() -> Shared {

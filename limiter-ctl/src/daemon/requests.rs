@@ -170,11 +170,12 @@ impl Daemon {
                 iface = %self.iface,
                 from = %from,
                 to = %attached.mode,
-                why = attached.why_tcx.as_deref().unwrap_or(""),
+                why = attached.why_tc.as_deref().unwrap_or(""),
+                api_reason = attached.api_reason.as_ref().map(ToString::to_string).unwrap_or_default(),
                 "moved without a gap: attached at {hook} first, then released {}",
                 from.hook()
             ),
-            None if placed && hook == Hook::Tcx => {
+            None if placed && hook == Hook::Tc => {
                 info!(iface = %self.iface, "attach {hook}: already there, its place at tc ingress kept; nothing changed")
             }
             None => info!(iface = %self.iface, "attach {hook}: already there; nothing changed"),
@@ -190,7 +191,8 @@ impl Daemon {
             iface: self.iface.clone(),
             attach_mode: attached.mode.to_string(),
             moved_from: attached.moved_from.map(|m| m.to_string()),
-            attach_reason: attached.why_tcx,
+            attach_reason: attached.why_tc,
+            attach_api_reason: attached.api_reason.map(|r| r.to_string()),
         };
         Response::Ok { data: serde_json::to_value(report).unwrap_or_default() }
     }

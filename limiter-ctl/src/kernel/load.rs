@@ -180,7 +180,7 @@ impl Limiter {
             }
             match hook {
                 Hook::Xdp => <&mut Xdp>::try_from(program).map_err(Error::Verify)?.load(),
-                Hook::Tcx => <&mut SchedClassifier>::try_from(program).map_err(Error::Verify)?.load(),
+                Hook::Tc => <&mut SchedClassifier>::try_from(program).map_err(Error::Verify)?.load(),
             }
             .map_err(Error::Verify)?;
         }
@@ -257,6 +257,6 @@ impl Limiter {
 fn hook_programs(hook: Hook) -> (&'static str, &'static str, &'static str) {
     match hook {
         Hook::Xdp => (PROGRAM, PROGRAM_LAYERS, MAP_JUMPS),
-        Hook::Tcx => (PROGRAM_TCX, PROGRAM_LAYERS_TCX, MAP_JUMPS_TCX),
+        Hook::Tc => (PROGRAM_TCX, PROGRAM_LAYERS_TCX, MAP_JUMPS_TCX),
     }
 }

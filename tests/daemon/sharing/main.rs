@@ -1,7 +1,8 @@
 //! Sharing the interface with other programs (issue 25): the limiter at tcx ingress beside
 //! Debian's xdp-filter at XDP (`xdp_filter`), beside another tcx program in a chosen order, and
-//! moved from XDP to tcx under a flood (`neighbours`); a move cut short by a SIGKILL at each of
-//! its steps (`interrupted`); and never beside another limiter (`instances`).
+//! moved from XDP to tcx under a flood (`neighbours`); at tc ingress through a netlink filter, as
+//! on a kernel without tcx (issue 38: `netlink`); a move cut short by a SIGKILL at each of its
+//! steps (`interrupted`); and never beside another limiter (`instances`).
 //!
 //! What got through is counted by a tally ([`Neighbour::tally`]: a tcx program the test puts
 //! last in the chain, counting per flow what every program before it let through), not by a
@@ -13,6 +14,7 @@
 mod instances;
 mod interrupted;
 mod neighbours;
+mod netlink;
 mod xdp_filter;
 
 use std::{
@@ -26,7 +28,7 @@ use limiter_common::{Gcra, maps::Counters};
 use limiter_tests::{
     bounds::{self, Judged, check_lower, check_upper},
     cpu::flood_cpu,
-    daemon::{Daemon, Scratch},
+    daemon::{Daemon, Launch, Scratch},
     flood::{Flow, L4, Limits, Report, Sources, Stream},
     neighbour::{Neighbour, tcx_names},
     netns::{End, TestNet},
@@ -52,12 +54,23 @@ pub const FLOOD: Duration = Duration::from_secs(2);
 /// A daemon started on `net`'s receiver with `extra` arguments ([`ARGS`] come first), its start
 /// line waited for, wrapped in a [`Rig`] (which owns `net` from then on).
 pub fn start_daemon(net: TestNet, extra: &[&str]) -> (Rig, String) {
+    start_daemon_with(net, extra, &[])
+}
+
+/// [`start_daemon`] with more environment (a test hook: [`netlink::NO_TCX`]).
+pub fn start_daemon_with(net: TestNet, extra: &[&str], env: &[(&str, &str)]) -> (Rig, String) {
     let scratch = Scratch::new().expect("scratch directory");
     let args: Vec<&str> = ARGS.iter().copied().chain(extra.iter().copied()).collect();
-    let mut daemon = Daemon::spawn(&net.receiver, &scratch, &args).expect("starting the daemon");
+    let launch = Launch { env: environment(env), ..Launch::default() };
+    let mut daemon = Daemon::launch(&net.receiver, &scratch, &args, launch).expect("starting the daemon");
     let line = daemon.wait_attached(&net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("daemon: {line}");
     (Rig { daemon, scratch, net }, line)
+}
+
+/// `env` as [`Launch::env`] takes it.
+pub fn environment(env: &[(&str, &str)]) -> Vec<(String, std::ffi::OsString)> {
+    env.iter().map(|(k, v)| (k.to_string(), v.into())).collect()
 }
 
 /// The hook of the link the daemon pinned (and that link's program is the daemon's).
