@@ -47,6 +47,10 @@ pub const PROGRAM_TCX: &str = "limiter_tcx";
 /// [`PROGRAM_LAYERS`] at tc ingress, reached from [`PROGRAM_TCX`] through `JUMPS_TCX` (a
 /// program array holds programs of one type only). At most 15 characters: the kernel's name.
 pub const PROGRAM_LAYERS_TCX: &str = "limiter_lay_tcx";
+/// A probe, loaded (never attached) before the limiter: one compare-and-exchange, which the
+/// host-scope buckets need (BPF atomics, Linux 5.12). A kernel that refuses it cannot run the
+/// limiter, and the daemon says so.
+pub const PROBE_CAS: &str = "limiter_cas";
 pub const MAP_CONFIG: &str = "CONFIG";
 pub const MAP_POLICIES: &str = "POLICIES";
 pub const MAP_PORT_POLICY: &str = "PORT_POLICY";

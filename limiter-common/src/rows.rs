@@ -58,13 +58,9 @@ pub fn row_index(hash: u64, row: usize, len: u32) -> u32 {
 /// The buckets of a key hash in each of `rows` rows of `len` (entries past `rows` are 0).
 #[inline(always)]
 pub fn row_indexes(hash: u64, rows: usize, len: u32) -> [u32; MAX_ROWS] {
-    let mut out = [0u32; MAX_ROWS];
-    let mut i = 0;
-    while i < MAX_ROWS && i < rows {
-        out[i] = row_index(hash, i, len);
-        i += 1;
-    }
-    out
+    // Each entry computed, none first zeroed: LLVM makes a call to `memset` of a zeroed array,
+    // which the verifier walks again for every state that reaches it.
+    core::array::from_fn(|i| if i < rows { row_index(hash, i, len) } else { 0 })
 }
 
 /// What judging one arrival against a key's rows decided.

@@ -43,7 +43,7 @@ pub fn main() -> ExitCode {
         cli::Run::Done(code) => code,
         cli::Run::Daemon { options, socket } => match daemon::main(*options, &socket) {
             Ok(()) => ExitCode::SUCCESS,
-            Err(e) => cli::report_failure(&e, e.is_bad_input()),
+            Err(e) => cli::report_failure(&e, e.exit_code()),
         },
     }
 }

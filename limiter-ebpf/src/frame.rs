@@ -1,7 +1,10 @@
 //! What the parser reads a frame through: XDP's `xdp_md` or tc's `__sk_buff`. The judgement is
 //! the same at both hooks; only these three readings differ.
 
-use aya_ebpf::programs::{TcContext, XdpContext};
+use aya_ebpf::{
+    bindings::{__sk_buff, xdp_md},
+    programs::{TcContext, XdpContext},
+};
 
 /// The parser's view of a frame: its readable bytes (`data..data_end`) and its whole length.
 pub trait Frame {
@@ -15,6 +18,23 @@ pub trait Frame {
 
     /// Whether the frame reaches `end` bytes from its start: holds a datagram ending there.
     fn reaches(&self, end: usize) -> bool;
+
+    /// The IPv6 extension-header walk (`parse::walk_v6`) through this hook's global function.
+    fn walk_v6(&self, proto: u64, off: u64, end: u64) -> u64;
+}
+
+/// `parse::walk_v6` for XDP, a global function of the program (see there why).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn limiter_walk_v6_xdp(ctx: *mut xdp_md, proto: u64, off: u64, end: u64) -> u64 {
+    crate::parse::walk_v6(&XdpContext::new(ctx), proto, off, end)
+}
+
+/// `parse::walk_v6` for tc.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn limiter_walk_v6_tc(skb: *mut __sk_buff, proto: u64, off: u64, end: u64) -> u64 {
+    crate::parse::walk_v6(&TcContext::new(skb), proto, off, end)
 }
 
 impl Frame for XdpContext {
@@ -38,6 +58,11 @@ impl Frame for XdpContext {
     #[inline(always)]
     fn reaches(&self, end: usize) -> bool {
         XdpContext::data(self) + end <= XdpContext::data_end(self)
+    }
+
+    #[inline(always)]
+    fn walk_v6(&self, proto: u64, off: u64, end: u64) -> u64 {
+        limiter_walk_v6_xdp(self.ctx, proto, off, end)
     }
 }
 
@@ -68,6 +93,11 @@ impl Frame for TcContext {
     #[inline(always)]
     fn reaches(&self, end: usize) -> bool {
         within(end as u64, u64::from(TcContext::len(self)))
+    }
+
+    #[inline(always)]
+    fn walk_v6(&self, proto: u64, off: u64, end: u64) -> u64 {
+        limiter_walk_v6_tc(self.skb.skb, proto, off, end)
     }
 }
 

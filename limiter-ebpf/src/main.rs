@@ -23,6 +23,7 @@ use limiter_ebpf::memo::AllOn;
 #[xdp]
 #[inline(always)]
 pub fn limiter(ctx: XdpContext) -> u32 {
+    breakdown!();
     program::mark_in_handover(&ctx);
     program::limiter::<AllOn, _>(&ctx)
 }
@@ -31,6 +32,7 @@ pub fn limiter(ctx: XdpContext) -> u32 {
 #[xdp]
 #[inline(always)]
 pub fn limiter_layers(ctx: XdpContext) -> u32 {
+    breakdown!();
     program::limiter_layers(&ctx)
 }
 
@@ -38,6 +40,7 @@ pub fn limiter_layers(ctx: XdpContext) -> u32 {
 #[classifier]
 #[inline(always)]
 pub fn limiter_tcx(ctx: TcContext) -> i32 {
+    breakdown!();
     program::limiter_tcx::<AllOn>(&ctx)
 }
 
@@ -45,7 +48,43 @@ pub fn limiter_tcx(ctx: TcContext) -> i32 {
 #[classifier]
 #[inline(always)]
 pub fn limiter_lay_tcx(ctx: TcContext) -> i32 {
+    breakdown!();
     program::tc_action(program::limiter_layers(&ctx))
+}
+
+/// The kernel probe `limiter_common::maps::PROBE_CAS`: one compare-and-exchange on the stack.
+/// Loaded, never attached.
+#[xdp]
+pub fn limiter_cas(_ctx: XdpContext) -> u32 {
+    let mut word = 0u64;
+    // Through `black_box`, so the compiler keeps the exchange on a slot it cannot see through.
+    let slot = core::hint::black_box(&raw mut word);
+    // SAFETY: a stack slot of 8 aligned bytes, alive for the call.
+    let _ = unsafe { limiter_ebpf::scope::compare_exchange(slot, 0, 1) };
+    aya_ebpf::bindings::xdp_action::XDP_PASS
+}
+
+/// With the `breakdown` feature, a call the verifier cannot rule out to a function whose frame
+/// takes the chain past its 512 bytes (see Cargo.toml).
+macro_rules! breakdown {
+    () => {
+        #[cfg(feature = "breakdown")]
+        if unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() } == 1 {
+            return breakdown_pad() as _;
+        }
+    };
+}
+use breakdown;
+
+#[cfg(feature = "breakdown")]
+#[inline(never)]
+#[unsafe(no_mangle)]
+extern "C" fn breakdown_pad() -> u32 {
+    let mut pad = [0u64; 60];
+    for (i, p) in pad.iter_mut().enumerate() {
+        unsafe { core::ptr::write_volatile(p, i as u64) };
+    }
+    unsafe { core::ptr::read_volatile(&pad[7]) as u32 }
 }
 
 limiter_ebpf::program_object!();

@@ -178,7 +178,14 @@ pub fn remember(
     };
     m.refused_until_ns = until;
     if until != 0 {
-        m.streak = Streak::default();
+        // Field by field, volatile: LLVM makes a call to `memset` of a zeroed struct (even of
+        // plain stores of its fields), which the verifier walks again for every state that
+        // reaches it.
+        unsafe {
+            core::ptr::write_volatile(&mut m.streak.tick, 0);
+            core::ptr::write_volatile(&mut m.streak.refusals, 0);
+            core::ptr::write_volatile(&mut m.streak.skip_tick, 0);
+        }
         m.emission = policy.gcra.emission;
         m.capacity = policy.gcra.capacity;
         (m.shape, m.rows) = geometry(cfg, rows, host);

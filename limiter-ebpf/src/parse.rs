@@ -142,6 +142,36 @@ pub struct Packet {
     pub dst: [u64; 2],
 }
 
+impl Packet {
+    /// Nothing parsed yet.
+    pub const EMPTY: Packet = Packet {
+        has_l4: false,
+        ports_hidden: false,
+        family: 0,
+        proto: 0,
+        sport: 0,
+        dport: 0,
+        syn: false,
+        class: CLASS_OTHER,
+        src: [0; 2],
+        dst: [0; 2],
+    };
+
+    /// A packet of `family` whose (next) protocol is `proto`: every field but the addresses
+    /// set as the parse starts it (class OTHER, no L4 header, nothing hidden, no ports).
+    #[inline(always)]
+    fn start(&mut self, family: u8, proto: u8) {
+        self.family = family;
+        self.proto = proto;
+        self.class = CLASS_OTHER;
+        self.has_l4 = false;
+        self.ports_hidden = false;
+        self.sport = 0;
+        self.dport = 0;
+        self.syn = false;
+    }
+}
+
 #[inline(always)]
 fn ptr_at<T, F: Frame>(ctx: &F, offset: usize) -> Result<*const T, Skip> {
     let start = ctx.data();
@@ -151,8 +181,11 @@ fn ptr_at<T, F: Frame>(ctx: &F, offset: usize) -> Result<*const T, Skip> {
     Ok((start + offset) as *const T)
 }
 
+/// Parses the frame into `pkt`, every field written (whatever it held) unless a skip comes back.
+/// Written in place, not returned: the program hands it a map value, so that the IPv6
+/// addresses, read a byte at a time, go straight there rather than through its stack.
 #[inline(always)]
-pub fn parse<F: Frame>(ctx: &F) -> Result<Packet, Skip> {
+pub fn parse<F: Frame>(ctx: &F, pkt: &mut Packet) -> Result<(), Skip> {
     let eth: *const EthHdr = ptr_at(ctx, 0)?;
     let mut ethertype = unsafe { (*eth).ether_type };
     let mut off = EthHdr::LEN;
@@ -171,23 +204,23 @@ pub fn parse<F: Frame>(ctx: &F) -> Result<Packet, Skip> {
         }
     }
     if ethertype == ETH_IPV4 {
-        parse_v4(ctx, off)
+        parse_v4(ctx, off, pkt)
     } else if ethertype == ETH_IPV6 {
-        parse_v6(ctx, off)
+        parse_v6(ctx, off, pkt)
     } else {
         Err(Skip::NotIp)
     }
 }
 
 #[inline(always)]
-fn parse_v4<F: Frame>(ctx: &F, l3: usize) -> Result<Packet, Skip> {
+fn parse_v4<F: Frame>(ctx: &F, l3: usize, pkt: &mut Packet) -> Result<(), Skip> {
     let ip: *const Ipv4Hdr = ptr_at(ctx, l3)?;
     let vihl = unsafe { (*ip).vihl };
     if vihl >> 4 != 4 {
         return Err(Skip::Malformed);
     }
     let ihl = usize::from(vihl & 0x0f) * 4;
-    let stated = usize::from(u16::from_be_bytes(unsafe { (*ip).tot_len }));
+    let stated = length(unsafe { (*ip).tot_len });
     // BIG TCP (rule 6): the datagram is the frame.
     let big = stated == 0 && beyond_64k(ctx, l3);
     // Without a branch (`stated` is 0 when big): fewer paths for the verifier to walk.
@@ -198,31 +231,30 @@ fn parse_v4<F: Frame>(ctx: &F, l3: usize) -> Result<Packet, Skip> {
     let src = u32::from_ne_bytes(unsafe { (*ip).src_addr });
     let dst = u32::from_ne_bytes(unsafe { (*ip).dst_addr });
     let proto = unsafe { (*ip).proto };
-    let mut pkt = Packet {
-        family: FAMILY_V4,
-        proto,
-        class: CLASS_OTHER,
-        has_l4: false,
-        ports_hidden: false,
-        sport: 0,
-        dport: 0,
-        syn: false,
-        src: [u64::from(src), 0],
-        dst: [u64::from(dst), 0],
-    };
+    pkt.start(FAMILY_V4, proto);
+    pkt.src = [u64::from(src), 0];
+    pkt.dst = [u64::from(dst), 0];
     let frags = u16::from_be_bytes(unsafe { (*ip).frags });
-    let pkt = if frags & 0x1fff != 0 {
+    if frags & 0x1fff != 0 {
         // Not the first fragment: no L4 header here; the protocol is the datagram's (rule 4).
         pkt.class = class_of(FAMILY_V4, proto);
-        pkt
     } else {
         let first_fragment = frags & 0x2000 != 0;
-        parse_l4(ctx, pkt, l3 + ihl, l3 + total, first_fragment)?
-    };
+        parse_l4(ctx, pkt, l3 + ihl, l3 + total, first_fragment)?;
+    }
     if !big {
         datagram_fits(ctx, l3 + total)?;
     }
-    Ok(pkt)
+    Ok(())
+}
+
+/// A datagram's stated length (network order), bounded where the verifier sees it: the
+/// verifiers of kernels before 6.? forget a byte swap's range (6.1's turns its result into an
+/// unknown scalar, which it then refuses to add to a packet pointer). LLVM knows the bound and
+/// would drop a plain mask, so the value goes through `black_box` first.
+#[inline(always)]
+fn length(be: [u8; 2]) -> usize {
+    core::hint::black_box(usize::from(u16::from_be_bytes(be))) & 0xffff
 }
 
 /// The frame holds 64 KiB or more from `off` (the IP header, or IPv6's payload), more than a
@@ -245,44 +277,94 @@ fn datagram_fits<F: Frame>(ctx: &F, end: usize) -> Result<(), Skip> {
 }
 
 #[inline(always)]
-fn parse_v6<F: Frame>(ctx: &F, l3: usize) -> Result<Packet, Skip> {
+fn parse_v6<F: Frame>(ctx: &F, l3: usize, pkt: &mut Packet) -> Result<(), Skip> {
     let ip: *const Ipv6Hdr = ptr_at(ctx, l3)?;
     if unsafe { (*ip).vcf[0] } >> 4 != 6 {
         return Err(Skip::Malformed);
     }
-    let payload = usize::from(u16::from_be_bytes(unsafe { (*ip).payload_len }));
+    let payload = length(unsafe { (*ip).payload_len });
     // BIG TCP and jumbograms (rule 6): the datagram is the frame.
     let big = payload == 0 && beyond_64k(ctx, l3 + Ipv6Hdr::LEN);
     let end = l3 + Ipv6Hdr::LEN + (payload | (usize::from(big) * BIG_DATAGRAM));
-    let src: *const [u64; 2] = unsafe { core::ptr::addr_of!((*ip).src_addr) }.cast();
-    let dst: *const [u64; 2] = unsafe { core::ptr::addr_of!((*ip).dst_addr) }.cast();
-    let pkt = Packet {
-        family: FAMILY_V6,
-        proto: unsafe { (*ip).next_hdr },
-        class: CLASS_OTHER,
-        has_l4: false,
-        ports_hidden: false,
-        sport: 0,
-        dport: 0,
-        syn: false,
-        src: unsafe { core::ptr::read_unaligned(src) },
-        dst: unsafe { core::ptr::read_unaligned(dst) },
-    };
-    let pkt = walk_v6_chain(ctx, pkt, l3 + Ipv6Hdr::LEN, end)?;
+    let next = unsafe { (*ip).next_hdr };
+    pkt.start(FAMILY_V6, next);
+    // SAFETY: 16 bytes each, within the header `ptr_at` checked, into the packet's own fields.
+    unsafe {
+        let (src, dst) = (core::ptr::addr_of!((*ip).src_addr), core::ptr::addr_of!((*ip).dst_addr));
+        core::ptr::copy_nonoverlapping(src.cast::<u8>(), pkt.src.as_mut_ptr().cast::<u8>(), 16);
+        core::ptr::copy_nonoverlapping(dst.cast::<u8>(), pkt.dst.as_mut_ptr().cast::<u8>(), 16);
+    }
+    let walked = ctx.walk_v6(u64::from(next), (l3 + Ipv6Hdr::LEN) as u64, end as u64);
+    unpack_walk(pkt, walked)?;
     if !big {
         datagram_fits(ctx, end)?;
     }
-    Ok(pkt)
+    Ok(())
+}
+
+/// The IPv6 walk ([`walk_v6_chain`]) of a frame whose next header after the fixed header is
+/// `proto`, from `off`, the datagram ending at `end`, as a global function of the program:
+/// [`pack_walk`]'s word. A frame's [`Frame::walk_v6`] calls the one for its hook.
+///
+/// Global, so the verifier walks it once for the program whatever the paths that reach it:
+/// inlined, it carried every exit of the 32-step walk, each with its own offset range, through
+/// the whole limiter and gave up past a million instructions; as a static function it was
+/// walked again for every caller's state (a quarter of the limiter's count on kernel 7.3). A
+/// global function takes scalars and the context, and returns one scalar: the packet's fields
+/// the walk sets go back packed.
+#[inline(always)]
+pub fn walk_v6<F: Frame>(ctx: &F, proto: u64, off: u64, end: u64) -> u64 {
+    let mut pkt = Packet::EMPTY;
+    pkt.start(FAMILY_V6, proto as u8);
+    // The caller's offset (at most 62: Ethernet, two tags, the fixed header) and the datagram's
+    // end (below 0x20000), bounded again for the verifier, which knows nothing of them here:
+    // past 0xffff it marks no packet pointer as checked.
+    let (off, end) = ((off as usize) & MAX_L4_OFFSET, (end & 0x3ffff) as usize);
+    pack_walk(walk_v6_chain(ctx, &mut pkt, off, end).map(|()| pkt))
+}
+
+const WALK_FAILED: u64 = 1 << 63;
+const WALK_MALFORMED: u64 = 1 << 62;
+
+/// What the walk sets of the packet, in one word: the next header (bits 0-7), the class (8-9),
+/// has_l4, ports_hidden and syn (10-12), the source and destination ports (16-31, 32-47); or a
+/// skip (bit 63; bit 62 set for malformed).
+#[inline(always)]
+fn pack_walk(walked: Result<Packet, Skip>) -> u64 {
+    match walked {
+        Ok(p) => {
+            u64::from(p.proto)
+                | ((p.class as u64) & 3) << 8
+                | u64::from(p.has_l4) << 10
+                | u64::from(p.ports_hidden) << 11
+                | u64::from(p.syn) << 12
+                | u64::from(p.sport) << 16
+                | u64::from(p.dport) << 32
+        }
+        Err(Skip::Malformed) => WALK_FAILED | WALK_MALFORMED,
+        Err(Skip::NotIp) => WALK_FAILED,
+    }
+}
+
+/// Writes what the walk set ([`pack_walk`]'s word) into `pkt`.
+#[inline(always)]
+fn unpack_walk(pkt: &mut Packet, word: u64) -> Result<(), Skip> {
+    if word & WALK_FAILED != 0 {
+        return Err(if word & WALK_MALFORMED != 0 { Skip::Malformed } else { Skip::NotIp });
+    }
+    pkt.proto = word as u8;
+    pkt.class = ((word >> 8) & 3) as usize;
+    pkt.has_l4 = word & (1 << 10) != 0;
+    pkt.ports_hidden = word & (1 << 11) != 0;
+    pkt.syn = word & (1 << 12) != 0;
+    pkt.sport = (word >> 16) as u16;
+    pkt.dport = (word >> 32) as u16;
+    Ok(())
 }
 
 /// Walks the extension headers from `off`; `pkt.proto` is the next header to read.
-///
-/// A function of its own (a BPF-to-BPF call): inlined, the verifier carried every exit of the
-/// 32-step walk, each with its own offset range, through the whole limiter and gave up past a
-/// million instructions; called, the limiter verifies in under 100k
-/// (`fixtures::the_programs_pass_the_verifier` prints the count).
-#[inline(never)]
-fn walk_v6_chain<F: Frame>(ctx: &F, mut pkt: Packet, mut off: usize, end: usize) -> Result<Packet, Skip> {
+#[inline(always)]
+fn walk_v6_chain<F: Frame>(ctx: &F, pkt: &mut Packet, mut off: usize, end: usize) -> Result<(), Skip> {
     // A first-fragment header was walked: what the datagram cannot show, the reassembly will.
     let mut first_fragment = false;
     for _ in 0..MAX_EXT_HEADERS {
@@ -293,7 +375,8 @@ fn walk_v6_chain<F: Frame>(ctx: &F, mut pkt: Packet, mut off: usize, end: usize)
         // Every extension header is at least 8 bytes: next header, length, 6 more. The
         // datagram's end first (rule 2), then the frame's (a cut frame is malformed).
         if off + 8 > end {
-            return Ok(cut_chain(pkt, first_fragment));
+            cut_chain(pkt, first_fragment);
+            return Ok(());
         }
         let ext: *const [u8; 8] = ptr_at(ctx, off)?;
         let ext = unsafe { *ext };
@@ -305,13 +388,14 @@ fn walk_v6_chain<F: Frame>(ctx: &F, mut pkt: Packet, mut off: usize, end: usize)
                 // Not the first fragment: no L4 header, and the stated next header is the
                 // sender's choice (rule 5).
                 pkt.class = CLASS_OTHER;
-                return Ok(pkt);
+                return Ok(());
             }
             first_fragment |= offset_flags & 1 != 0;
         } else {
             off += (usize::from(ext[1]) + 1) * 8;
             if off > end {
-                return Ok(cut_chain(pkt, first_fragment));
+                cut_chain(pkt, first_fragment);
+                return Ok(());
             }
             pkt.proto = ext[0];
         }
@@ -323,7 +407,7 @@ fn walk_v6_chain<F: Frame>(ctx: &F, mut pkt: Packet, mut off: usize, end: usize)
         // More than MAX_EXT_HEADERS: whatever follows is not read here (rule 3).
         pkt.class = CLASS_OTHER;
         pkt.ports_hidden = true;
-        return Ok(pkt);
+        return Ok(());
     }
     parse_l4(ctx, pkt, off, end, first_fragment)
 }
@@ -331,10 +415,9 @@ fn walk_v6_chain<F: Frame>(ctx: &F, mut pkt: Packet, mut off: usize, end: usize)
 /// An extension header runs past the datagram's end: judged as IP of class OTHER (`proto` is
 /// the cut header's number), hiding ports if a first fragment's reassembly will complete it.
 #[inline(always)]
-fn cut_chain(mut pkt: Packet, first_fragment: bool) -> Packet {
+fn cut_chain(pkt: &mut Packet, first_fragment: bool) {
     pkt.class = CLASS_OTHER;
     pkt.ports_hidden = first_fragment;
-    pkt
 }
 
 #[inline(always)]
@@ -357,16 +440,18 @@ fn class_of(family: u8, proto: u8) -> usize {
 /// datagram cuts leaves the packet without L4 (rule 2), its ports hidden if the datagram is a
 /// first fragment of TCP or UDP (rule 3).
 #[inline(always)]
-fn parse_l4<F: Frame>(ctx: &F, mut pkt: Packet, l4: usize, end: usize, first_fragment: bool) -> Result<Packet, Skip> {
+fn parse_l4<F: Frame>(ctx: &F, pkt: &mut Packet, l4: usize, end: usize, first_fragment: bool) -> Result<(), Skip> {
     pkt.class = class_of(pkt.family, pkt.proto);
     let need = match pkt.class {
         CLASS_TCP => 20,
         CLASS_UDP | CLASS_ICMP => 8,
-        _ => return Ok(pkt),
+        _ => return Ok(()),
     };
-    let cut = Packet { ports_hidden: first_fragment && pkt.class != CLASS_ICMP, ..pkt };
+    // A cut header (rule 2): no L4, its ports hidden in a first fragment of TCP or UDP (rule 3).
+    let hidden = first_fragment && pkt.class != CLASS_ICMP;
     if l4 + need > end {
-        return Ok(cut);
+        pkt.ports_hidden = hidden;
+        return Ok(());
     }
     let hdr: *const [u8; 20] = match pkt.class {
         // Only the first 8 bytes are read for UDP and ICMP; check those alone.
@@ -376,7 +461,8 @@ fn parse_l4<F: Frame>(ctx: &F, mut pkt: Packet, l4: usize, end: usize, first_fra
     if pkt.class == CLASS_TCP {
         let doff = usize::from(unsafe { (*hdr)[12] } >> 4) * 4;
         if doff < 20 || l4 + doff > end {
-            return Ok(cut);
+            pkt.ports_hidden = hidden;
+            return Ok(());
         }
         // Within the 20 bytes `ptr_at` checked: SYN (0x02) set, ACK (0x10) clear.
         pkt.syn = unsafe { (*hdr)[13] } & 0x12 == 0x02;
@@ -388,5 +474,5 @@ fn parse_l4<F: Frame>(ctx: &F, mut pkt: Packet, l4: usize, end: usize, first_fra
         pkt.dport = u16::from_be_bytes([p[2], p[3]]);
     }
     pkt.has_l4 = true;
-    Ok(pkt)
+    Ok(())
 }

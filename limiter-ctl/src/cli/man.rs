@@ -177,7 +177,17 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
             format!("{bad_args}: --lapi is not a plain-HTTP URL, or --key-file cannot be read or is not one line"),
         ),
     };
-    [("0", ok), ("1", failed), ("2", bad)].into_iter().filter(|(_, text)| !text.is_empty()).collect()
+    let mut codes: Vec<(&'static str, String)> =
+        [("0", ok), ("1", failed), ("2", bad)].into_iter().filter(|(_, text)| !text.is_empty()).collect();
+    if page == Page::Daemon {
+        codes.push((
+            "4",
+            "this kernel cannot run the limiter: it lacks something the limiter needs (BPF atomics, Linux 5.12; the \
+             line names it and the kernel); nothing was loaded. Starting again will not help: run a newer kernel"
+                .into(),
+        ));
+    }
+    codes
 }
 
 fn environment(page: Page) -> Vec<(&'static str, String)> {

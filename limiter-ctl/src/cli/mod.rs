@@ -102,10 +102,11 @@ fn fail(e: &Error) -> ExitCode {
     say(exit_code(e), &line)
 }
 
-/// Reports why the daemon stopped, in one line on stderr, and gives its exit code: bad input
-/// (2) as itself; a failure (1) saying what failed and every cause, each after a colon.
-pub(crate) fn report_failure(e: &(dyn std::error::Error + 'static), bad_input: bool) -> ExitCode {
-    if bad_input {
+/// Reports why the daemon stopped, in one line on stderr, and gives its exit `code`: bad input
+/// (2) as itself; a failure (1, or 4 for a kernel that cannot run the limiter) saying what
+/// failed and every cause, each after a colon.
+pub(crate) fn report_failure(e: &(dyn std::error::Error + 'static), code: u8) -> ExitCode {
+    if code == BAD_INPUT {
         return say(BAD_INPUT, &format!("error: {}", escape::controls(&e.to_string(), true)));
     }
     let mut line = e.to_string();
@@ -115,7 +116,7 @@ pub(crate) fn report_failure(e: &(dyn std::error::Error + 'static), bad_input: b
         line.push_str(&s.to_string());
         source = s.source();
     }
-    say(FAILED, &format!("error: {}", escape::controls(&line, false)))
+    say(code, &format!("error: {}", escape::controls(&line, false)))
 }
 
 /// Writes an error's line on stderr; `code` is the exit code.

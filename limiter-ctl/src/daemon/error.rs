@@ -70,6 +70,16 @@ pub enum Error {
 
 impl Error {
     /// Bad input (the config, the flags, the interface): exit 2, where a failure exits 1.
+    /// The daemon's exit code for it: 2 bad input, 4 a kernel that cannot run the limiter, 1
+    /// any other failure (docs/OPERATIONS.md, the man page's EXIT STATUS).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            _ if self.is_bad_input() => 2,
+            Self::Kernel(e) if e.is_unsupported_kernel() => 4,
+            _ => 1,
+        }
+    }
+
     pub fn is_bad_input(&self) -> bool {
         match self {
             Self::File(_) | Self::Config { .. } | Self::DefaultPolicy(_) | Self::NoSuchInterface(_) => true,

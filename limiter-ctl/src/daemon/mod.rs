@@ -346,6 +346,10 @@ async fn start(
     let Probes { shared, health, metrics_addr, arrays } = probes;
     let listener = bind(socket)?;
     made.socket = true;
+    // A program the verifier refuses leaves its log beside the socket (the error names it).
+    if let Some(dir) = socket.parent() {
+        kernel::keep_verifier_logs_in(dir);
+    }
 
     // A place at tc ingress naming a program that is not there (or, through netlink, a priority
     // another filter holds) is refused before anything is loaded (a pinned attachment keeps its

@@ -16,8 +16,18 @@ use super::pins::{BPFFS, Owner, XdpProgram};
 pub enum Error {
     #[error("loading the BPF program failed: {0} (run as root, or with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON)")]
     Load(#[source] EbpfError),
-    #[error("the kernel rejected the XDP program: {0}")]
-    Verify(#[source] ProgramError),
+    #[error("a program of the limiter: {0}")]
+    Program(#[source] ProgramError),
+    /// The verifier refused a program: its last words here, its whole log in a file.
+    #[error("the kernel rejected the {hook} program {program}: {reason}{}", saved_note(saved))]
+    Rejected { hook: &'static str, program: &'static str, reason: String, saved: Option<PathBuf> },
+    /// The kernel lacks something the limiter needs (`features`): nothing was loaded.
+    #[error(
+        "this kernel (Linux {release}) cannot run the limiter: it lacks {lacks} (Linux {since} and later have it; \
+         {detail}); run Linux {min} or later (Debian 12's 6.1 and later are tested)",
+        min = super::features::MINIMUM
+    )]
+    KernelLacks { release: String, lacks: &'static str, since: &'static str, detail: String },
     #[error("the BPF object has no {kind} named '{name}': the build is inconsistent, rebuild limiter-ctl")]
     Missing { kind: &'static str, name: &'static str },
     #[error("map {name}: {source}")]
@@ -180,6 +190,19 @@ impl Error {
                 | Self::TcPriority { .. }
                 | Self::TcxBeforeFilter { .. }
         )
+    }
+
+    /// The kernel cannot run the limiter at all ([`Error::KernelLacks`]).
+    pub fn is_unsupported_kernel(&self) -> bool {
+        matches!(self, Self::KernelLacks { .. })
+    }
+}
+
+/// Where a rejected program's verifier log went, for [`Error::Rejected`]'s message.
+fn saved_note(saved: &Option<PathBuf>) -> String {
+    match saved {
+        Some(path) => format!(" (the verifier's whole log: {})", path.display()),
+        None => String::new(),
     }
 }
 

@@ -13,8 +13,8 @@ use limiter_common::maps::{
 };
 
 use super::{
-    Error, Geometry, Hook, Incompatible, attach::Link, check_buckets, check_host_rows, check_rows, objects,
-    pins::PinDir,
+    Error, Geometry, Hook, Incompatible, attach::Link, check_buckets, check_host_rows, check_rows, features, objects,
+    pins::PinDir, verifier,
 };
 
 /// The handle on the limiter's XDP program and its maps. Dropping it without
@@ -101,7 +101,9 @@ impl Limiter {
         for (name, path) in pin_paths {
             loader.map_pin_path(name, path);
         }
-        let ebpf = loader.load(object).map_err(Error::Load)?;
+        features::require_maps()?;
+        let mut ebpf = loader.load(object).map_err(Error::Load)?;
+        features::require_programs(&mut ebpf)?;
         let mut limiter = Self { ebpf, geometry, link: None, pins, adopted, stale };
         if !adopted {
             let row_len = limiter_common::rows::row_len(buckets, rows);
@@ -160,7 +162,7 @@ impl Limiter {
     pub(super) fn hook_program_id(&self, hook: Hook) -> Result<u32, Error> {
         let name = hook_programs(hook).0;
         let program = self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?;
-        program.info().map(|i| i.id()).map_err(Error::Verify)
+        program.info().map(|i| i.id()).map_err(Error::Program)
     }
 
     /// Loads the programs of `hook`, unless they are: the limiter's, and its layered judgement,
@@ -179,13 +181,13 @@ impl Limiter {
                 continue;
             }
             match hook {
-                Hook::Xdp => <&mut Xdp>::try_from(program).map_err(Error::Verify)?.load(),
-                Hook::Tc => <&mut SchedClassifier>::try_from(program).map_err(Error::Verify)?.load(),
+                Hook::Xdp => <&mut Xdp>::try_from(program).map_err(Error::Program)?.load(),
+                Hook::Tc => <&mut SchedClassifier>::try_from(program).map_err(Error::Program)?.load(),
             }
-            .map_err(Error::Verify)?;
+            .map_err(|e| verifier::rejected(hook.as_str(), name, e))?;
         }
         let program = self.ebpf.program(layers).ok_or(Error::Missing { kind: "program", name: layers })?;
-        let fd = program.fd().map_err(Error::Verify)?.try_clone().map_err(|error| Error::PinFile {
+        let fd = program.fd().map_err(Error::Program)?.try_clone().map_err(|error| Error::PinFile {
             doing: "duplicating the descriptor of",
             path: layers.into(),
             error,
@@ -210,7 +212,7 @@ impl Limiter {
             .program_mut(PROGRAM)
             .ok_or(Error::Missing { kind: "program", name: PROGRAM })?
             .try_into()
-            .map_err(Error::Verify)
+            .map_err(Error::Program)
     }
 
     pub(super) fn tcx_mut(&mut self) -> Result<&mut SchedClassifier, Error> {
@@ -218,7 +220,7 @@ impl Limiter {
             .program_mut(PROGRAM_TCX)
             .ok_or(Error::Missing { kind: "program", name: PROGRAM_TCX })?
             .try_into()
-            .map_err(Error::Verify)
+            .map_err(Error::Program)
     }
 
     pub(super) fn map(&self, name: &'static str) -> Result<&Map, Error> {

@@ -21,6 +21,7 @@ mod bans;
 pub mod compile;
 pub(crate) mod detach;
 mod error;
+pub mod features;
 mod geometry;
 mod handover;
 mod hook;
@@ -41,6 +42,7 @@ pub(crate) mod tc_filter;
 pub(crate) mod tcx;
 #[cfg(feature = "testing")]
 mod testing;
+mod verifier;
 mod view;
 
 pub(crate) use attach::chain as error_chain;
@@ -58,6 +60,7 @@ pub use refusals::{DEFAULT_SAMPLE_REFUSALS, DEFAULT_SAMPLES_PER_S, Refusals, per
 pub use rotate::draw_salt;
 pub use tc_api::{ApiReason, TcApiRequest};
 pub use tcx::{ProgRef, TcxPlace};
+pub use verifier::keep_logs_in as keep_verifier_logs_in;
 pub use view::MapView;
 
 pub(crate) use host::{

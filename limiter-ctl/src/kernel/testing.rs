@@ -75,7 +75,7 @@ impl Limiter {
 
     /// The program `name` of the object (`PROGRAM`, or the layers' `PROGRAM_LAYERS`).
     pub fn program_named(&self, name: &'static str) -> Result<&Xdp, Error> {
-        self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?.try_into().map_err(Error::Verify)
+        self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?.try_into().map_err(Error::Program)
     }
 
     pub fn config(&self) -> Result<Config, Error> {
@@ -142,7 +142,7 @@ impl Limiter {
 
     /// The tc program `name` of the object.
     pub fn classifier_named(&self, name: &'static str) -> Result<&SchedClassifier, Error> {
-        self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?.try_into().map_err(Error::Verify)
+        self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?.try_into().map_err(Error::Program)
     }
 
     /// [`Limiter::test_run`] at `hook`: at tcx (`Limiter::load_hook(Hook::Tc)` first), the

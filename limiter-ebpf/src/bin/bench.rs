@@ -14,7 +14,7 @@ use aya_ebpf::{
     maps::PerCpuArray,
     programs::XdpContext,
 };
-use limiter_ebpf::parse::parse;
+use limiter_ebpf::parse::{Packet, parse};
 
 /// Resized at load to the bucket count under test (a power of two).
 #[map]
@@ -42,9 +42,10 @@ pub fn bench_drop(_ctx: XdpContext) -> u32 {
 
 #[xdp]
 pub fn bench_floor(ctx: XdpContext) -> u32 {
-    let Ok(pkt) = parse(&ctx) else {
+    let mut pkt = Packet::EMPTY;
+    if parse(&ctx, &mut pkt).is_err() {
         return XDP_PASS;
-    };
+    }
     let mask = unsafe { core::ptr::read_volatile(&FLOOR_MASK) };
     // One multiply spreads sources over the buckets as any hash must (Fibonacci hashing);
     // without it neighbouring addresses would share cache lines and flatter the floor.

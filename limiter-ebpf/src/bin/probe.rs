@@ -12,7 +12,7 @@ use aya_ebpf::{
 use limiter_common::{maps::Policy, testing::ParseProbe};
 use limiter_ebpf::{
     key::key_words,
-    parse::{Skip, parse},
+    parse::{Packet, Skip, parse},
 };
 
 #[map]
@@ -23,10 +23,11 @@ static PROBE_POLICY: Array<Policy> = Array::with_max_entries(1, 0);
 #[xdp]
 pub fn limiter_probe(ctx: XdpContext) -> u32 {
     let mut rec = ParseProbe::default();
-    match parse(&ctx) {
+    let mut pkt = Packet::EMPTY;
+    match parse(&ctx, &mut pkt) {
         Err(Skip::NotIp) => rec.verdict = ParseProbe::NOT_IP,
         Err(Skip::Malformed) => rec.verdict = ParseProbe::MALFORMED,
-        Ok(pkt) => {
+        Ok(()) => {
             rec.verdict = ParseProbe::IP;
             rec.family = pkt.family;
             rec.proto = pkt.proto;

@@ -13,12 +13,12 @@ use limiter_common::{
     rows::{MAX_ROWS, row_indexes},
 };
 use limiter_ebpf::{
-    decide::{Verdict, decide as judge, decide_units, refusal, weight},
+    decide::{Verdict, decide as judge, refusal, weight},
     memo::{self, KeyMemo, Shortcuts},
     scope,
 };
 
-use super::{BUCKETS, HOST_BUCKETS, KEY_MEMO, LEASES, POLICIES, host_rows};
+use super::{BUCKETS, HOST_BUCKETS, KEY_MEMO, LEASES, POLICIES, host_one, host_rows};
 
 /// A per-CPU policy: the memo's standing refusal, else the key's bucket in each row, judged
 /// and written back where it changes; the memo then records how long a refusal stands.
@@ -90,13 +90,7 @@ fn leased(
         host_rows::judge(cfg, family, policy, words, hash, units, true)?
     } else {
         let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, (cfg.generation & 1) as usize, hash))?;
-        // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
-        unsafe {
-            scope::judge_shared(bucket, refusal(policy), |current| {
-                let (verdict, store, _, _) = host_judge(cfg, family, policy, words, units, current);
-                (verdict, store)
-            })
-        }
+        host_one_shared(bucket, policy, family, words, units)?
     };
     if reserved == Verdict::Admit {
         *lease = Lease { hash, emission: policy.gcra.emission, units: units - 1, until_ns: now + LEASE_NS };
@@ -205,21 +199,17 @@ pub fn host<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u6
         }
     }
     let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
-    // What the last try judged, and its clock: what the memo keeps of a refusal.
-    let mut judged = (0u64, 0u64);
+    let s = host_one::stage(policy.id as u8, family, words, weight(policy, len))?;
     // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
-    let verdict = unsafe {
-        scope::judge_shared(bucket, refusal(policy), |current| {
-            let (verdict, store, value, now) = host_judge(cfg, family, policy, words, weight(policy, len), current);
-            judged = (value, now);
-            (verdict, store)
-        })
-    };
+    let verdict = unsafe { scope::judge_shared(bucket, refusal(policy), |current| s.judge(current)) };
+    if s.failed() {
+        return None;
+    }
     if let Some(m) = memo {
-        // Every try lost a race: the last try's value admitted, so no refusal stands on it.
-        let mut values = [0u64; MAX_ROWS];
-        values[0] = judged.0;
-        memo::remember(m, cfg, policy, &values, 1, judged.1, verdict, true);
+        // What the last try judged, and its clock: what the memo keeps of a refusal. Every try
+        // lost a race: the last try's value admitted, so no refusal stands on it.
+        let values = [s.value; MAX_ROWS];
+        memo::remember(m, cfg, policy, &values, 1, s.now, verdict, true);
     }
     Some(verdict)
 }
@@ -243,49 +233,22 @@ pub fn host_layer(
     let generation = (cfg.generation & 1) as usize;
     let bucket = HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?;
     if !commit {
+        let s = host_one::stage(policy.id as u8, family, words, weight(policy, len))?;
         // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
-        return Some(host_judge(cfg, family, policy, words, weight(policy, len), unsafe { scope::load(bucket) }).0);
+        let (verdict, _) = s.judge(unsafe { scope::load(bucket) });
+        return if s.failed() { None } else { Some(verdict) };
     }
-    // SAFETY: as above.
-    Some(unsafe {
-        scope::judge_shared(bucket, refusal(policy), |current| {
-            let (verdict, store, _, _) = host_judge(cfg, family, policy, words, weight(policy, len), current);
-            (verdict, store)
-        })
-    })
+    host_one_shared(bucket, policy, family, words, weight(policy, len))
 }
 
-/// A host-scope bucket holding `current` judged for `units`: the verdict, its new value if it
-/// changes, the value judged (the previous generation's carried over during a rotation) and the
-/// clock.
+/// `bucket` (one row) judged for `units` and written by compare-and-exchange
+/// (`scope::judge_shared`), each try by `host_one`; None on a failed lookup.
 #[inline(always)]
-fn host_judge(
-    cfg: &Config,
-    family: u8,
-    policy: &Policy,
-    words: &[u64; 3],
-    units: u64,
-    current: u64,
-) -> (Verdict, Option<u64>, u64, u64) {
-    // The clock is read after the bucket, on every try: a TAT another CPU wrote was
-    // written at an earlier time than this one, so no CPU judges a newer TAT with an
-    // older clock (which would read it further ahead than its writer's claim: a ghost, idle).
-    let now = unsafe { bpf_ktime_get_ns() };
-    let mut value = current;
-    if now < cfg.grace_until_ns {
-        // Salt rotation: the key's bucket under the previous salt may be further ahead
-        // (never written: every write goes to the current generation).
-        let previous = ((cfg.generation & 1) ^ 1) as usize;
-        let old_hash = key_hash(&cfg.salts[previous & 1], family, words);
-        if let Some(old) = HOST_BUCKETS.get_ptr_mut(host_index(cfg, previous, old_hash)) {
-            value = gcra::later(current, unsafe { scope::load(old) }, now, policy.gcra.capacity, |id| claim(id, now));
-        }
-    }
-    // One row (`Config::host_rows` <= 1; more go through `host_rows`).
-    let mut values = [0u64; MAX_ROWS];
-    values[0] = value;
-    let (verdict, store) = decide_units(policy, &values, 1, now, units, |id| claim(id, now));
-    (verdict, store[0], value, now)
+fn host_one_shared(bucket: *mut u64, policy: &Policy, family: u8, words: &[u64; 3], units: u64) -> Option<Verdict> {
+    let s = host_one::stage(policy.id as u8, family, words, units)?;
+    // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+    let verdict = unsafe { scope::judge_shared(bucket, refusal(policy), |current| s.judge(current)) };
+    if s.failed() { None } else { Some(verdict) }
 }
 
 /// This CPU's key memo, None when `S` turns it off.
@@ -302,7 +265,7 @@ pub(super) fn key_memo<S: Shortcuts>() -> Option<&'static mut KeyMemo> {
 /// generation's salt: one index over the generation's whole half (`Config::host_mask + 1`
 /// buckets, sized apart from the per-CPU ones), laid out as `BUCKETS` is. One row (with more, [`host_rows`]).
 #[inline(always)]
-fn host_index(cfg: &Config, generation: usize, hash: u64) -> u32 {
+pub(super) fn host_index(cfg: &Config, generation: usize, hash: u64) -> u32 {
     let base = (generation as u32) * cfg.host_mask.wrapping_add(1);
     base + row0_index(hash, cfg.host_mask)
 }
@@ -337,13 +300,17 @@ fn bucket_rows(cfg: &Config, generation: usize, hash: u64, rows: usize, len: u32
 /// The buckets' values; None on a failed lookup (an index beyond the map).
 #[inline(always)]
 fn read_rows(idx: &[u32; MAX_ROWS], rows: usize) -> Option<[u64; MAX_ROWS]> {
-    let mut values = [0u64; MAX_ROWS];
-    let mut i = 0;
-    while i < MAX_ROWS && i < rows {
-        values[i] = unsafe { *BUCKETS.get_ptr(idx[i])? };
-        i += 1;
-    }
-    Some(values)
+    // Each entry read or 0, none first zeroed (`row_indexes` says why).
+    let mut found = true;
+    let values = core::array::from_fn(|i| match BUCKETS.get_ptr(idx[i]) {
+        _ if i >= rows => 0,
+        Some(v) => unsafe { *v },
+        None => {
+            found = false;
+            0
+        }
+    });
+    found.then_some(values)
 }
 
 /// Writes the rows whose value changes (read above, so the lookups succeed).

@@ -109,7 +109,7 @@ pub fn alone<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &[u
         s.now = now_ns;
         s.preread = 1;
     }
-    settle()
+    host_rows_finish(tries())
 }
 
 /// What the inline try came to.
@@ -183,7 +183,7 @@ pub fn judge(
     commit: bool,
 ) -> Option<Verdict> {
     stage(policy, family, words, hash, buckets_of(cfg, cfg.generation, hash), units, 0, commit, false)?;
-    match judged() {
+    match host_rows_judged() {
         ADMIT => Some(Verdict::Admit),
         REFUSE => Some(Verdict::Refuse),
         WOULD_REFUSE => Some(Verdict::WouldRefuse),
@@ -227,19 +227,11 @@ fn stage(
     Some(s)
 }
 
-/// [`alone`]'s judgement, then its memo and count ([`finish`]), out of line: the program returns
-/// what this returns, so nothing of the caller is live across the call and the verifier walks it
-/// once. (Two calls, not one: the tries' frames and the count's stay side by side, each within
-/// the stack the program's own frame leaves.)
-#[inline(never)]
-fn settle() -> u32 {
-    finish(tries())
-}
-
 /// The verdict for a judgement's `code` remembered in the key memo (when staged so) and counted:
 /// the XDP action.
 #[inline(never)]
-fn finish(code: u64) -> u32 {
+#[unsafe(no_mangle)]
+extern "C" fn host_rows_finish(code: u64) -> u32 {
     let (Some(s), Some(cfg)) = (HOST_ROWS.get_ptr_mut(0), CONFIG.get(0)) else {
         return act::fault();
     };
@@ -269,7 +261,8 @@ fn finish(code: u64) -> u32 {
 /// The staged key's rows judged (a code), out of line: a layer's look or commit, or a lease's
 /// reservation ([`judge`]).
 #[inline(never)]
-fn judged() -> u64 {
+#[unsafe(no_mangle)]
+extern "C" fn host_rows_judged() -> u64 {
     tries()
 }
 
@@ -288,7 +281,7 @@ fn tries() -> u64 {
     let mut tries = 0;
     while tries < TRIES && code == LOST {
         tries += 1;
-        code = attempt();
+        code = host_rows_attempt();
     }
     code
 }
@@ -298,9 +291,10 @@ fn tries() -> u64 {
 /// first try that reads a clock within the grace. Out of line, so that SipHash's state for the
 /// previous salt stays off the try's frame.
 #[inline(never)]
-fn locate_previous() {
+#[unsafe(no_mangle)]
+extern "C" fn host_rows_locate_previous() -> u64 {
     let (Some(s), Some(cfg)) = (HOST_ROWS.get_ptr_mut(0), CONFIG.get(0)) else {
-        return;
+        return 0;
     };
     // SAFETY: as in `stage`.
     let s = unsafe { &mut *s };
@@ -308,12 +302,14 @@ fn locate_previous() {
     let old_hash = key_hash(&cfg.salts[previous & 1], s.family, &s.words);
     s.old_idx = buckets_of(cfg, previous as u32, old_hash);
     s.rotating = 1;
+    0
 }
 
 /// One try: both rows read, then the clock; judged by the least spent; on an admission (when
 /// committing) row 0 then row 1 compare-and-exchanged. A code.
 #[inline(never)]
-fn attempt() -> u64 {
+#[unsafe(no_mangle)]
+extern "C" fn host_rows_attempt() -> u64 {
     let Some(s) = HOST_ROWS.get_ptr_mut(0) else {
         return FAILED;
     };
@@ -342,7 +338,7 @@ fn attempt() -> u64 {
         (v0, v1, now_ns)
     };
     if s.rotating == 0 && CONFIG.get(0).is_some_and(|cfg| now_ns < cfg.grace_until_ns) {
-        locate_previous();
+        host_rows_locate_previous();
     }
     let (now, capacity) = (now_ns.wrapping_shl(CLOCK_SHIFT), policy.gcra.capacity);
     let (mut a0, mut a1) = (ahead_units(v0, now), ahead_units(v1, now));
@@ -350,8 +346,8 @@ fn attempt() -> u64 {
         // A TAT beyond the policy's window (a ghost of the clock's wrap, or owed to another
         // policy's claim), or a rotation: the full rules, out of line. Within the window a
         // TAT's distance is credible as it is (`gcra::credible_ahead`).
-        ahead_of(0);
-        ahead_of(1);
+        host_rows_ahead_of(0);
+        host_rows_ahead_of(1);
         // SAFETY: this CPU's scratch, just written by `ahead_of`.
         (a0, a1) = unsafe { (core::ptr::read_volatile(&s.ahead[0]), core::ptr::read_volatile(&s.ahead[1])) };
     }
@@ -377,14 +373,15 @@ fn attempt() -> u64 {
 /// scratch: out of line, and through memory rather than returned, so the paths through its
 /// branches (the claims' lookups) leave the try in one state.
 #[inline(never)]
-fn ahead_of(row: u64) {
+#[unsafe(no_mangle)]
+extern "C" fn host_rows_ahead_of(row: u64) -> u64 {
     let (Some(s), Some(cfg)) = (HOST_ROWS.get_ptr_mut(0), CONFIG.get(0)) else {
-        return;
+        return 0;
     };
     // SAFETY: as in `stage`.
     let s = unsafe { &mut *s };
     let Some(policy) = POLICIES.get(u32::from(s.policy)) else {
-        return;
+        return 0;
     };
     let i = (row & 1) as usize;
     let now_ns = s.now;
@@ -402,6 +399,7 @@ fn ahead_of(row: u64) {
     }
     // SAFETY: this CPU's scratch.
     unsafe { core::ptr::write_volatile(&mut s.ahead[i], ahead) };
+    0
 }
 
 /// The buckets of the key of `hash`, one in each row of `generation` (its low bit) of

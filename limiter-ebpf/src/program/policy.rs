@@ -173,36 +173,48 @@ fn v6_bytes(pkt: &Packet) -> [u8; 16] {
 }
 
 /// The action of a ban covering the packet's source and not past its deadline, counted in
-/// `BAN_HITS`. Inlined: as a call (`inline(never)`) the verifier did not finish the limiter
-/// within minutes; inlined, the limiter verifies in 558k instructions, the tc one in 566k
-/// (`fixtures::the_programs_pass_the_verifier`).
+/// `BAN_HITS`: its exact address's if that one is live, else the longest banned prefix's. An
+/// exact entry past its deadline (not yet swept) gives way to the prefix that covers it, so it
+/// opens no hole in a prefix ban. Inlined: as a call (`inline(never)`) the verifier did not
+/// finish the limiter within minutes (`fixtures::the_programs_pass_the_verifier` prints the
+/// counts: the fallback took the limiter from 602k to 672k, the tc one unchanged at 594k).
 #[inline(always)]
 fn banned(cfg: &Config, pkt: &Packet) -> Option<u8> {
-    let ban: Option<Ban> = if pkt.family == FAMILY_V4 {
+    let action = if pkt.family == FAMILY_V4 {
         let addr = (pkt.src[0] as u32).to_le_bytes();
-        let exact = if cfg.flags & Config::HAS_BANS_V4 != 0 { BANS_V4.get_ptr(addr) } else { None };
-        match exact {
-            Some(ban) => Some(unsafe { *ban }),
-            None if cfg.flags & Config::HAS_BAN_NETS_V4 != 0 => BAN_NETS_V4.get(Key::new(32, addr)).copied(),
-            None => None,
+        let exact =
+            if cfg.flags & Config::HAS_BANS_V4 != 0 { live(BANS_V4.get_ptr(addr).map(|b| unsafe { &*b })) } else { 0 };
+        if exact == 0 && cfg.flags & Config::HAS_BAN_NETS_V4 != 0 {
+            live(BAN_NETS_V4.get(Key::new(32, addr)))
+        } else {
+            exact
         }
     } else {
         let addr = v6_bytes(pkt);
-        let exact = if cfg.flags & Config::HAS_BANS_V6 != 0 { BANS_V6.get_ptr(addr) } else { None };
-        match exact {
-            Some(ban) => Some(unsafe { *ban }),
-            None if cfg.flags & Config::HAS_BAN_NETS_V6 != 0 => BAN_NETS_V6.get(Key::new(128, addr)).copied(),
-            None => None,
+        let exact =
+            if cfg.flags & Config::HAS_BANS_V6 != 0 { live(BANS_V6.get_ptr(addr).map(|b| unsafe { &*b })) } else { 0 };
+        if exact == 0 && cfg.flags & Config::HAS_BAN_NETS_V6 != 0 {
+            live(BAN_NETS_V6.get(Key::new(128, addr)))
+        } else {
+            exact
         }
     };
-    let ban = ban?;
-    // Past its deadline: ignored, exactly then, until the daemon's sweep removes it.
-    if ban.until_ns != 0 && unsafe { bpf_ktime_get_ns() } >= ban.until_ns {
+    if action == 0 {
         return None;
     }
-    let hit = if ban.action == u32::from(ACL_ALLOW) { BAN_HIT_ALLOWED } else { BAN_HIT_DENIED };
+    let hit = if action == u32::from(ACL_ALLOW) { BAN_HIT_ALLOWED } else { BAN_HIT_DENIED };
     if let Some(n) = BAN_HITS.get_ptr_mut(hit) {
         unsafe { *n += 1 };
     }
-    Some(ban.action as u8)
+    Some(action as u8)
+}
+
+/// A ban's action, or 0 for none or one past its deadline: ignored exactly then, until the
+/// daemon's sweep removes it. The clock is read only when there is an entry.
+#[inline(always)]
+fn live(ban: Option<&Ban>) -> u32 {
+    match ban {
+        Some(ban) if ban.until_ns == 0 || unsafe { bpf_ktime_get_ns() } < ban.until_ns => ban.action,
+        _ => 0,
+    }
 }
