@@ -215,8 +215,11 @@ pub fn tc_filters(end: &End) -> anyhow::Result<Vec<TcFilter>> {
     let out = end.command("tc").args(["-j", "filter", "show", "dev", &end.iface, "ingress"]).output()?;
     anyhow::ensure!(out.status.success(), "tc filter show: {}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
-    let entries: Vec<serde_json::Value> =
-        if text.trim().is_empty() { Vec::new() } else { serde_json::from_str(&text).with_context(|| format!("tc -j: {text}"))? };
+    let entries: Vec<serde_json::Value> = if text.trim().is_empty() {
+        Vec::new()
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("tc -j: {text}"))?
+    };
     let mut filters = Vec::new();
     for entry in entries.iter().filter(|e| e.get("options").is_some()) {
         let options = &entry["options"];

@@ -89,6 +89,10 @@ pub struct Snapshot {
     /// named 'xdpfilt_alw_all', native mode)", "asked for (--attach tc)", ...; None at XDP.
     #[serde(default)]
     pub attach_reason: Option<String>,
+    /// The same in a word (`xdp_held`, `xdp_refused`, `asked`, `moved`, `kept`), as /metrics
+    /// labels it.
+    #[serde(default)]
+    pub attach_reason_code: Option<String>,
     /// Why it runs there through netlink rather than tcx, when it does: "tcx needs Linux 6.6;
     /// this kernel is 6.1.0-50-amd64", "asked for (--tc-api netlink)", ...; None otherwise.
     #[serde(default)]

@@ -12,7 +12,8 @@ use crate::{
     },
     config::{self, Dash, FIELDS, Flag, Name, Origin, PolicyEdit, Rate, parse_burst},
     kernel::{
-        self, BucketCount, GeometryRequest, Hook, HookRequest, ModeRequest, Placement, ProgRef, TcApiRequest, TcxPlace, pins,
+        self, BucketCount, GeometryRequest, Hook, HookRequest, ModeRequest, Placement, ProgRef, TcApiRequest, TcxPlace,
+        pins,
     },
 };
 

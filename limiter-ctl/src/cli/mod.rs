@@ -290,7 +290,9 @@ fn attach_command(
         (None, None) => None,
     };
     if hook == kernel::Hook::Xdp && place.is_some() {
-        return fail(&Error::Usage("--before and --after place the limiter at tc ingress; XDP holds one program".into()));
+        return fail(&Error::Usage(
+            "--before and --after place the limiter at tc ingress; XDP holds one program".into(),
+        ));
     }
     let placed = place.is_some();
     client(socket, Request::Attach { hook, place }, |data| {

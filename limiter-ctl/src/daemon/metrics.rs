@@ -209,6 +209,14 @@ impl Collector for Exposition {
         )?;
         info(
             &mut encoder,
+            "limiter_attach_tc",
+            "1 while the program runs at tc ingress rather than XDP, by reason: xdp_held (another program holds \
+             XDP), xdp_refused (XDP refused the program: `stats` says why), asked (--attach tc), moved \
+             (`limiter-ctl attach tc`), kept (a pinned limiter at tc ingress adopted, or attached again there).",
+            s.attach_reason_code.iter().map(|code| vec![("reason", code.clone())]).collect(),
+        )?;
+        info(
+            &mut encoder,
             "limiter_attach_netlink",
             "1 while the program runs at tc ingress through a netlink filter rather than tcx, by reason: no_tcx \
              (the kernel has no tcx: Linux before 6.6), asked (--tc-api netlink), kept (a pinned filter adopted).",
@@ -494,6 +502,7 @@ mod tests {
         let at = |mode: &str, code: Option<&str>| {
             let snapshot = Snapshot {
                 attach_mode: mode.into(),
+                attach_reason_code: code.map(|_| "xdp_refused".to_string()),
                 attach_api_reason_code: code.map(str::to_string),
                 ..Default::default()
             };
@@ -502,8 +511,10 @@ mod tests {
         let text = at("netlink", Some("no_tcx"));
         assert!(text.contains(r#"limiter_attach_mode{mode="netlink"} 1"#), "{text}");
         assert!(text.contains(r#"limiter_attach_netlink{reason="no_tcx"} 1"#), "{text}");
+        assert!(text.contains(r#"limiter_attach_tc{reason="xdp_refused"} 1"#), "{text}");
         let text = at("tcx", None);
         assert!(!text.lines().any(|l| l.starts_with("limiter_attach_netlink{")), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("limiter_attach_tc{")), "{text}");
     }
 
     fn sample() -> Shared {

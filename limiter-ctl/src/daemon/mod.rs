@@ -441,8 +441,8 @@ async fn start(
 
 /// The line saying the program judges at tc ingress, why there, and through which API and why:
 /// `hook=tc api=netlink reason="tcx needs Linux 6.6; this kernel is 6.1.0-50-amd64"`.
-pub(super) fn log_tc_api(iface: &str, attached: &kernel::Attached, why: &str) {
-    let (hook, api) = (attached.mode.hook(), attached.mode);
+pub(super) fn log_tc_api(iface: &str, attached: &kernel::Attached, why: &kernel::TcReason) {
+    let (hook, api, why) = (attached.mode.hook(), attached.mode, why.to_string());
     match &attached.api_reason {
         // Quoted (Debug): values with spaces stay one field for whoever reads the line.
         Some(reason) => info!(
@@ -454,7 +454,9 @@ pub(super) fn log_tc_api(iface: &str, attached: &kernel::Attached, why: &str) {
             "judging at tc ingress through a netlink filter on the clsact qdisc: after XDP and any tcx programs, \
              beside the other tc filters, in order of priority"
         ),
-        None => info!(iface, hook = %hook, api = %api, why = ?why, "judging at tc ingress (tcx): after XDP, beside the other programs there"),
+        None => {
+            info!(iface, hook = %hook, api = %api, why = ?why, "judging at tc ingress (tcx): after XDP, beside the other programs there")
+        }
     }
 }
 

@@ -276,7 +276,8 @@ impl Daemon {
         let mut snapshot =
             self.sampler.sample(&self.state, counters, mode.as_str(), self.limiter.salt_age()?, occupancy);
         snapshot.reloads = self.reloads.clone();
-        snapshot.attach_reason = self.limiter.why_tc().map(str::to_string);
+        snapshot.attach_reason = self.limiter.why_tc().map(ToString::to_string);
+        snapshot.attach_reason_code = self.limiter.why_tc().map(|r| r.code().to_string());
         snapshot.attach_api_reason = self.limiter.api_reason().map(ToString::to_string);
         snapshot.attach_api_reason_code = self.limiter.api_reason().map(|r| r.code().to_string());
         snapshot.rotate_every_s = self.rotate_every.map(|d| d.as_secs_f64());
@@ -365,7 +366,7 @@ impl Daemon {
                 if let Some(reason) = &attached.fallback {
                     warn!(iface = %self.iface, %reason, "reattached, not as asked");
                 }
-                let why = attached.why_tc.as_deref().unwrap_or("");
+                let why = attached.why_tc.as_ref().map(ToString::to_string).unwrap_or_default();
                 info!(iface = %self.iface, hook = %attached.mode.hook(), mode = %attached.mode, why, "{done}")
             }
             Some((_, Err(e))) => {

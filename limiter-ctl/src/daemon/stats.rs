@@ -83,6 +83,7 @@ impl Sampler {
             no_policy: ListHits { allowed_packets: global.allowed_packets, denied_packets: global.denied_packets },
             attach_mode: attach_mode.to_string(),
             attach_reason: None,
+            attach_reason_code: None,
             attach_api_reason: None,
             attach_api_reason_code: None,
             salt_age_s: salt_age.as_secs_f64(),

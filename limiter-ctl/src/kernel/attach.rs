@@ -14,8 +14,7 @@ use aya::programs::{
 use limiter_common::maps::Config;
 
 use super::{
-    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement,
-    interface_exists,
+    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement, TcReason, interface_exists,
     pinned::{Pinned, config_map_id, remove_pin},
     pins::{PinDir, map_names, xdp_program},
     tc_api::{self, ApiReason, TcApi},
@@ -28,7 +27,7 @@ use super::{
 pub(super) struct Link {
     pub(super) iface: String,
     pub(super) held: Held,
-    pub(super) why_tc: Option<String>,
+    pub(super) why_tc: Option<TcReason>,
     pub(super) api_reason: Option<ApiReason>,
 }
 
@@ -96,8 +95,7 @@ impl Limiter {
         attached.repaired = repaired.map(|r| r.said);
         match want.hook.explicit() {
             Some(hook) if hook != attached.mode.hook() => {
-                let why = format!("asked for (--attach {hook})");
-                let moved = self.move_to(hook, want, why)?;
+                let moved = self.move_to(hook, want, TcReason::Asked)?;
                 Ok(Attached { replaced: attached.replaced, repaired: attached.repaired, ..moved })
             }
             _ => Ok(attached),
@@ -148,10 +146,11 @@ impl Limiter {
 
     /// The pinned predecessor's attachment now runs this program: its hook and mode are its own.
     fn took_over(&mut self, iface: &str, held: Held) -> Result<Attached, Error> {
-        let kept = || Some("kept at tc ingress, where the pinned limiter was".to_string());
         let (mode, mode_unknown, why_tc, api_reason) = match &held {
-            Held::Filter { .. } => (AttachMode::Netlink, None, kept(), Some(tc_api::no_tcx().unwrap_or(ApiReason::Kept))),
-            Held::Link { hook: Hook::Tc, .. } => (AttachMode::Tcx, None, kept(), None),
+            Held::Filter { .. } => {
+                (AttachMode::Netlink, None, Some(TcReason::Kept), Some(tc_api::no_tcx().unwrap_or(ApiReason::Kept)))
+            }
+            Held::Link { hook: Hook::Tc, .. } => (AttachMode::Tcx, None, Some(TcReason::Kept), None),
             Held::Link { hook: Hook::Xdp, .. } => match self.attach_mode() {
                 Ok(recorded) if self.stale.is_none() && recorded.hook() == Hook::Xdp => (recorded, None, None, None),
                 // The predecessor's config is not readable as ours: ask the kernel.
@@ -169,7 +168,8 @@ impl Limiter {
 
     /// A new attachment (pinned as `pin` says) at the hook `want` asks for; under auto, at tc
     /// ingress if `keep` (the hook of a pinned attachment that went away) says so, else XDP when
-    /// it is free, tc ingress when another program holds it (or XDP refuses the program).
+    /// it is free, tc ingress when another program holds it (or XDP refuses the program, unless
+    /// `--mode native` asked for native or nothing).
     pub(super) fn attach_new(
         &mut self,
         iface: &str,
@@ -179,21 +179,21 @@ impl Limiter {
     ) -> Result<(Held, Attached), Error> {
         match (want.hook, keep) {
             (HookRequest::Xdp, _) => self.attach_xdp(iface, want.mode, pin),
-            (HookRequest::Tc, _) => self.attach_tc(iface, want, "asked for (--attach tc)".into(), pin),
-            (HookRequest::Auto, Some(Hook::Tc)) => {
-                self.attach_tc(iface, want, "kept at tc ingress, where the pinned limiter was".into(), pin)
-            }
+            (HookRequest::Tc, _) => self.attach_tc(iface, want, TcReason::Asked, pin),
+            (HookRequest::Auto, Some(Hook::Tc)) => self.attach_tc(iface, want, TcReason::Kept, pin),
             (HookRequest::Auto, Some(Hook::Xdp) | None) => {
                 // Another program holds XDP: it is left alone, the limiter judges after it.
                 if let Ok(Some(holder)) = xdp_program(iface) {
-                    return self.attach_tc(iface, want, format!("another program holds XDP ({holder})"), pin);
+                    return self.attach_tc(iface, want, TcReason::XdpHeld(holder.to_string()), pin);
                 }
                 match self.attach_xdp(iface, want.mode, pin) {
                     Ok(attached) => Ok(attached),
                     Err(xdp) => {
                         let why = match &xdp {
-                            Error::Occupied { holder, .. } => format!("another program holds XDP ({holder})"),
-                            other => format!("XDP refused the program ({})", chain(other)),
+                            Error::Occupied { holder, .. } => TcReason::XdpHeld(holder.to_string()),
+                            // Native or nothing: slower at tc ingress is not what was asked.
+                            _ if want.mode == ModeRequest::Native => return Err(xdp),
+                            other => TcReason::XdpRefused(chain(other)),
                         };
                         self.attach_tc(iface, want, why, pin).map_err(|tc| Error::NoHook {
                             iface: iface.into(),
@@ -206,7 +206,12 @@ impl Limiter {
         }
     }
 
-    pub(super) fn attach_xdp(&mut self, iface: &str, mode: ModeRequest, pin: Pin<'_>) -> Result<(Held, Attached), Error> {
+    pub(super) fn attach_xdp(
+        &mut self,
+        iface: &str,
+        mode: ModeRequest,
+        pin: Pin<'_>,
+    ) -> Result<(Held, Attached), Error> {
         self.load_hook(Hook::Xdp)?;
         let (id, attached) = self.attach_xdp_in(iface, mode).map_err(|e| match xdp_program(iface) {
             // Most often another tool's program (or a limiter under another --pin-dir): say which.
@@ -215,6 +220,7 @@ impl Limiter {
         })?;
         let program = self.xdp_mut()?;
         let link = program.take_link(id).map_err(|source| Error::Attach {
+            hook: Hook::Xdp,
             iface: iface.into(),
             mode: attached.mode.as_str(),
             source,
@@ -235,13 +241,14 @@ impl Limiter {
             Err(native_err) if mode == ModeRequest::Auto => {
                 let reason = chain(&native_err);
                 let id = program.attach(iface, XdpMode::Skb).map_err(|source| Error::Attach {
+                    hook: Hook::Xdp,
                     iface: iface.into(),
                     mode: "skb",
                     source,
                 })?;
                 Ok((id, Attached { fallback: Some(reason), ..Attached::new(AttachMode::Skb) }))
             }
-            Err(source) => Err(Error::Attach { iface: iface.into(), mode: first.as_str(), source }),
+            Err(source) => Err(Error::Attach { hook: Hook::Xdp, iface: iface.into(), mode: first.as_str(), source }),
         }
     }
 
@@ -250,7 +257,7 @@ impl Limiter {
         &mut self,
         iface: &str,
         want: &Placement,
-        why: String,
+        why: TcReason,
         pin: Pin<'_>,
     ) -> Result<(Held, Attached), Error> {
         self.load_hook(Hook::Tc)?;
@@ -266,7 +273,7 @@ impl Limiter {
         let order = tcx::link_order(iface, place)?;
         let failed = |source| match tc_api::no_tcx() {
             Some(why) => Error::NoTcx { iface: iface.into(), why: why.to_string() },
-            None => Error::Attach { iface: iface.into(), mode: "tcx", source },
+            None => Error::Attach { hook: Hook::Tc, iface: iface.into(), mode: "tcx", source },
         };
         let program = self.tcx_mut()?;
         let id = program
@@ -287,7 +294,7 @@ impl Limiter {
             self.tcx_mut()?.pin(path).map_err(|error| Error::PinLink { path: path.to_path_buf(), error })?;
             (pin.step)("move-pinned");
         }
-        let failed = |source| Error::Attach { iface: iface.into(), mode: "netlink", source };
+        let failed = |source| Error::Attach { hook: Hook::Tc, iface: iface.into(), mode: "netlink", source };
         let program = self.tcx_mut()?;
         let options = NlOptions { priority, handle: HANDLE.into(), classid: None };
         let attached = program
@@ -310,7 +317,7 @@ impl Limiter {
     /// mode and its place stay); the link is then held here too.
     fn swap_into(&mut self, path: &Path, hook: Hook, link: FdLink) -> Result<FdLink, Error> {
         let invalid = |error| Error::PinnedLinkInvalid { path: path.to_path_buf(), error };
-        let replace = |source| Error::Attach { iface: "(pinned link)".into(), mode: "replace", source };
+        let replace = |source| Error::Attach { hook, iface: "(pinned link)".into(), mode: "replace", source };
         match hook {
             Hook::Xdp => {
                 let program = self.xdp_mut()?;
@@ -335,7 +342,7 @@ impl Limiter {
             f.handle == HANDLE && (f.program_id() == Some(program) || config.is_some_and(|c| f.uses_map(c)))
         };
         let Some(found) = tc_filter::filters(iface)?.into_iter().find(ours) else { return Ok(None) };
-        let replace = |source| Error::Attach { iface: iface.into(), mode: "netlink replace", source };
+        let replace = |source| Error::Attach { hook: Hook::Tc, iface: iface.into(), mode: "netlink replace", source };
         let classifier = self.tcx_mut()?;
         // Built where it is used: dropped, the link would delete the filter.
         let id = match SchedClassifierLink::attached(iface, TcAttachType::Ingress, found.priority, HANDLE.into(), None)
@@ -382,8 +389,8 @@ impl Limiter {
     }
 
     /// Why the program runs at tc ingress, when it does.
-    pub fn why_tc(&self) -> Option<&str> {
-        self.link.as_ref().and_then(|l| l.why_tc.as_deref())
+    pub fn why_tc(&self) -> Option<&TcReason> {
+        self.link.as_ref().and_then(|l| l.why_tc.as_ref())
     }
 
     /// Why it runs there through netlink rather than tcx, when it does.

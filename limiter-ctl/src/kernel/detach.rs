@@ -127,7 +127,9 @@ fn remove_filters(iface: &str, config: u32) -> Result<Vec<TcFilter>, Error> {
 /// filters there stay, as does the clsact qdisc.
 fn filter_after_release(iface: &str, removed: &[TcFilter]) -> String {
     let gone = match removed {
-        [] => format!("the limiter's filter was not at tc ingress of {iface} (deleted by another tool, or the interface re-created)"),
+        [] => format!(
+            "the limiter's filter was not at tc ingress of {iface} (deleted by another tool, or the interface re-created)"
+        ),
         _ => format!("removed the limiter's filter from tc ingress of {iface} ({})", tc_filter::listed(removed)),
     };
     match tc_filter::filters(iface) {

@@ -10,7 +10,10 @@ use aya::{
 };
 use limiter_common::maps::{LAYOUT_VERSION, MAX_BUCKETS, MIN_BUCKETS};
 
-use super::pins::{BPFFS, Owner, XdpProgram};
+use super::{
+    Hook,
+    pins::{BPFFS, Owner, XdpProgram},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -38,8 +41,9 @@ pub enum Error {
     },
     #[error("interface '{0}' does not exist (see `ip link`)")]
     NoSuchInterface(String),
-    #[error("attaching to {iface} in {mode} mode failed: {source}")]
+    #[error("attaching to {iface} at {} in {mode} mode failed: {source}", hook.name())]
     Attach {
+        hook: Hook,
         iface: String,
         mode: &'static str,
         #[source]

@@ -32,6 +32,14 @@ impl Hook {
             Self::Tc => "tc",
         }
     }
+
+    /// Its name in a sentence: "XDP" or "tc ingress".
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Xdp => "XDP",
+            Self::Tc => "tc ingress",
+        }
+    }
 }
 
 impl fmt::Display for Hook {
@@ -117,6 +125,46 @@ impl fmt::Display for AttachMode {
     }
 }
 
+/// Why the program runs at tc ingress rather than XDP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TcReason {
+    /// Another program holds XDP (that program, in words): it is left alone.
+    XdpHeld(String),
+    /// XDP refused the program (why, in one line: a rejection's verifier log is in a file).
+    XdpRefused(String),
+    /// `--attach tc`.
+    Asked,
+    /// `limiter-ctl attach tc`.
+    Moved,
+    /// A pinned limiter at tc ingress was adopted, or attached again there.
+    Kept,
+}
+
+impl TcReason {
+    /// A word for metrics' labels: `xdp_held`, `xdp_refused`, `asked`, `moved` or `kept`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::XdpHeld(_) => "xdp_held",
+            Self::XdpRefused(_) => "xdp_refused",
+            Self::Asked => "asked",
+            Self::Moved => "moved",
+            Self::Kept => "kept",
+        }
+    }
+}
+
+impl fmt::Display for TcReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::XdpHeld(holder) => write!(f, "another program holds XDP ({holder})"),
+            Self::XdpRefused(why) => write!(f, "XDP refused the program ({why})"),
+            Self::Asked => f.write_str("asked for (--attach tc)"),
+            Self::Moved => f.write_str("moved there by `limiter-ctl attach tc`"),
+            Self::Kept => f.write_str("kept at tc ingress, where the pinned limiter was"),
+        }
+    }
+}
+
 /// How the program got attached.
 #[derive(Debug)]
 pub struct Attached {
@@ -129,8 +177,8 @@ pub struct Attached {
     /// Why `mode` is an assumption: replacing a predecessor whose config is not ours, the kernel
     /// could not be asked which mode its link has.
     pub mode_unknown: Option<String>,
-    /// Why the program runs at tc ingress, when it does ("another program holds XDP (...)", ...).
-    pub why_tc: Option<String>,
+    /// Why the program runs at tc ingress, when it does.
+    pub why_tc: Option<TcReason>,
     /// Why it runs there through netlink rather than tcx, when it does.
     pub api_reason: Option<ApiReason>,
     /// Where the program ran before, when this moved it to another hook.

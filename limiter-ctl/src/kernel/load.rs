@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::test_hook::pretend_rejected;
+
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, Map, MapData, PerCpuArray, ProgramArray},
@@ -179,6 +181,10 @@ impl Limiter {
             let program = self.ebpf.program_mut(name).ok_or(Error::Missing { kind: "program", name })?;
             if program.fd().is_ok() {
                 continue;
+            }
+            if let Some(log) = pretend_rejected(hook) {
+                let denied = std::io::Error::from_raw_os_error(nix::libc::EACCES);
+                return Err(verifier::refusal(hook.as_str(), name, &denied, log));
             }
             match hook {
                 Hook::Xdp => <&mut Xdp>::try_from(program).map_err(Error::Program)?.load(),

@@ -52,7 +52,7 @@ pub use error::{Error, Incompatible, MapShape};
 pub use geometry::{
     BucketCount, Geometry, GeometryRequest, HostSize, HostSizeError, auto_buckets, auto_host_buckets, bytes_text,
 };
-pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
+pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement, TcReason};
 pub use load::Limiter;
 pub use maps::BucketScan;
 pub(crate) use others::{OtherLimiter, other_limiter, take_off_advice};

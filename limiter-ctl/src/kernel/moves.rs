@@ -9,7 +9,7 @@
 //! or one from there cut short before it deleted the filter, left it.
 
 use super::{
-    AttachMode, Attached, Error, Hook, HookRequest, Limiter, Placement,
+    AttachMode, Attached, Error, Hook, HookRequest, Limiter, Placement, TcReason,
     attach::{Pin, no_step},
     handover::IN_FLIGHT,
     pinned::{Pinned, PinnedAt, config_map_id, remove_pin},
@@ -33,7 +33,7 @@ impl Limiter {
     /// pinned in place of the old one, the old one released; the flag is cleared once the old
     /// hook has left. Already at `hook`: nothing changes (`moved_from` is None). On a failure the
     /// program stays where it was.
-    pub fn move_to(&mut self, hook: Hook, want: &Placement, why: String) -> Result<Attached, Error> {
+    pub fn move_to(&mut self, hook: Hook, want: &Placement, why: TcReason) -> Result<Attached, Error> {
         let Some(link) = &self.link else { return Err(Error::NotAttached) };
         let from = self.attach_mode()?;
         if link.held.hook() == hook {
@@ -63,7 +63,7 @@ impl Limiter {
         iface: &str,
         hook: Hook,
         want: &Placement,
-        why: String,
+        why: TcReason,
         from: AttachMode,
     ) -> Result<Attached, Error> {
         let pins = self.pins.clone();

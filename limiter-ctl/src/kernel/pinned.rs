@@ -26,8 +26,11 @@ impl Pinned {
     /// Opens the pin at `path`: a link (its hook read from the kernel's link info) or a program.
     pub(super) fn open(path: &Path) -> Result<Self, Error> {
         let opening = |error| Error::OpenPinnedLink { path: path.to_path_buf(), error };
-        let program = sys::pinned_is_program(path)
-            .map_err(|errno| Error::PinFile { doing: "opening", path: path.to_path_buf(), error: errno.into() })?;
+        let program = sys::pinned_is_program(path).map_err(|errno| Error::PinFile {
+            doing: "opening",
+            path: path.to_path_buf(),
+            error: errno.into(),
+        })?;
         if program {
             let info = ProgramInfo::from_pin(path)
                 .map_err(|error| Error::PinnedProgram { path: path.to_path_buf(), error: Box::new(error) })?;

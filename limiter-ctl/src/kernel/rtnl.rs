@@ -26,7 +26,8 @@ pub(super) fn ask(message: RouteNetlinkMessage, dump: bool) -> io::Result<Vec<Ro
         let (datagram, _) = socket.recv_from_full()?;
         let mut at = 0;
         while at < datagram.len() {
-            let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&datagram[at..]).map_err(io::Error::other)?;
+            let reply =
+                NetlinkMessage::<RouteNetlinkMessage>::deserialize(&datagram[at..]).map_err(io::Error::other)?;
             let length = reply.header.length as usize;
             match reply.payload {
                 NetlinkPayload::InnerMessage(inner) if dump => answer.push(inner),

@@ -145,7 +145,8 @@ struct LinkCreate {
 /// has tcx, EINVAL that it has not; another answer is passed on.
 fn probe() -> Result<bool, Errno> {
     // r0 = 0; exit.
-    let insns: [u64; 2] = [u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]), u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0])];
+    let insns: [u64; 2] =
+        [u64::from_le_bytes([0xb7, 0, 0, 0, 0, 0, 0, 0]), u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0])];
     let license = c"GPL";
     let load = ProgLoad {
         prog_type: BPF_PROG_TYPE_SCHED_CLS,
@@ -154,12 +155,8 @@ fn probe() -> Result<bool, Errno> {
         license: license.as_ptr() as u64,
     };
     let program = bpf(BPF_PROG_LOAD, &load)?;
-    let link = LinkCreate {
-        prog_fd: program.as_raw_fd() as u32,
-        target_ifindex: 0,
-        attach_type: BPF_TCX_INGRESS,
-        flags: 0,
-    };
+    let link =
+        LinkCreate { prog_fd: program.as_raw_fd() as u32, target_ifindex: 0, attach_type: BPF_TCX_INGRESS, flags: 0 };
     match bpf(BPF_LINK_CREATE, &link) {
         Err(Errno::ENODEV) => Ok(true),
         Err(Errno::EINVAL) => Ok(false),

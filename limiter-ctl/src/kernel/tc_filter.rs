@@ -87,7 +87,8 @@ pub(crate) fn filters(iface: &str) -> Result<Vec<TcFilter>, Error> {
             priority,
             handle,
             kind,
-            program: program.map(|id| programs.remove(&id).unwrap_or(FilterProgram { id, name: String::new(), maps: vec![] })),
+            program: program
+                .map(|id| programs.remove(&id).unwrap_or(FilterProgram { id, name: String::new(), maps: vec![] })),
         })
         .collect())
 }
@@ -181,7 +182,8 @@ pub(crate) fn priority_for(iface: &str, place: &TcxPlace) -> Result<u16, Error> 
                     });
                 }
             };
-            let next = if before { target.priority.checked_sub(1).filter(|p| *p > 0) } else { target.priority.checked_add(1) };
+            let next =
+                if before { target.priority.checked_sub(1).filter(|p| *p > 0) } else { target.priority.checked_add(1) };
             let at = format!("{} {prog} ({target})", if before { "right before" } else { "right after" });
             match next {
                 Some(priority) => (priority, at),
@@ -202,7 +204,9 @@ fn unnamed(iface: &str, prog: &tcx::ProgRef, before: bool, present: &[TcFilter])
     match (at_tcx, before) {
         (true, false) => priority_for(iface, &TcxPlace::First),
         (true, true) => Err(Error::TcxBeforeFilter { iface: iface.into(), prog: prog.to_string() }),
-        (false, _) => Err(Error::NoSuchTcxProgram { iface: iface.into(), prog: prog.to_string(), chain: listed(present) }),
+        (false, _) => {
+            Err(Error::NoSuchTcxProgram { iface: iface.into(), prog: prog.to_string(), chain: listed(present) })
+        }
     }
 }
 
@@ -227,10 +231,8 @@ pub(crate) fn ensure_clsact(iface: &str) -> Result<(), Error> {
 /// Deletes the filter at `priority` and [`HANDLE`] of `iface`'s ingress.
 pub(crate) fn delete(iface: &str, priority: u16) -> Result<(), Error> {
     let failed = |source| Error::Detach { iface: iface.into(), source };
-    let link =
-        SchedClassifierLink::attached(iface, TcAttachType::Ingress, priority, HANDLE.into(), None).map_err(|e| {
-            Error::Detach { iface: iface.into(), source: TcError::IoError(e).into() }
-        })?;
+    let link = SchedClassifierLink::attached(iface, TcAttachType::Ingress, priority, HANDLE.into(), None)
+        .map_err(|e| Error::Detach { iface: iface.into(), source: TcError::IoError(e).into() })?;
     link.detach().map_err(failed)
 }
 

@@ -1,7 +1,8 @@
 //! Sharing the interface with other programs (issue 25): the limiter at tcx ingress beside
 //! Debian's xdp-filter at XDP (`xdp_filter`), beside another tcx program in a chosen order, and
 //! moved from XDP to tcx under a flood (`neighbours`); at tc ingress through a netlink filter, as
-//! on a kernel without tcx (issue 38: `netlink`); a move cut short by a SIGKILL at each of its
+//! on a kernel without tcx (issue 38: `netlink`); at tc ingress because XDP refused the program,
+//! and why said in one line (`refused`); a move cut short by a SIGKILL at each of its
 //! steps (`interrupted`); and never beside another limiter (`instances`).
 //!
 //! What got through is counted by a tally ([`Neighbour::tally`]: a tcx program the test puts
@@ -15,6 +16,7 @@ mod instances;
 mod interrupted;
 mod neighbours;
 mod netlink;
+mod refused;
 mod xdp_filter;
 
 use std::{

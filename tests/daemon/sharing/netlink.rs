@@ -267,7 +267,11 @@ fn through_netlink_tcx_before_and_after_take_the_priorities_next_to_the_program(
     rig.daemon = Daemon::launch(&rig.net.receiver, &rig.scratch, &args, launch).expect("daemon");
     rig.daemon.wait_attached(&rig.net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
     let tally = Neighbour::filter_tally(&rig.net.receiver).expect("tally");
-    check_at_filter(&rig, 11, &[filter_of(&rig.net.receiver, &neighbour, 10), filter_of(&rig.net.receiver, &tally, TALLY_PRIORITY)]);
+    check_at_filter(
+        &rig,
+        11,
+        &[filter_of(&rig.net.receiver, &neighbour, 10), filter_of(&rig.net.receiver, &tally, TALLY_PRIORITY)],
+    );
 
     let before = neighbour.counts().expect("counts");
     let seen_before = neighbour.flows().expect("flows");
