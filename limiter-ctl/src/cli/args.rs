@@ -110,7 +110,9 @@ pub(crate) enum Command {
     /// Take the limiter off an interface: unpin its program and maps, with all its state.
     ///
     /// The one step that removes the limiter: stopping or restarting the daemon leaves the
-    /// program enforcing. Refused (exit 1) while a daemon owns the interface, unless --force.
+    /// program enforcing. At tc ingress through a netlink filter, deletes the limiter's filter
+    /// (no other; the clsact qdisc stays). Refused (exit 1) while a daemon owns the interface,
+    /// unless --force.
     Detach {
         #[arg(long, value_name = "IFACE", value_hint = ValueHint::Other, required_unless_present = "all", conflicts_with = "all")]
         iface: Option<String>,
