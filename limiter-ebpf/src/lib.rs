@@ -35,3 +35,22 @@ macro_rules! program_object {
         static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
     };
 }
+
+/// The kernel probe `limiter_common::maps::PROBE_CAS` the daemon loads before the limiter (one
+/// compare-and-exchange on the stack: a kernel without BPF atomics, before 5.12, refuses it in
+/// one line), in every object the daemon's loader opens: the shipped one and the test build.
+/// Loaded, never attached.
+#[macro_export]
+macro_rules! kernel_probes {
+    () => {
+        #[aya_ebpf::macros::xdp]
+        pub fn limiter_cas(_ctx: aya_ebpf::programs::XdpContext) -> u32 {
+            let mut word = 0u64;
+            // Through `black_box`, so the compiler keeps the exchange on a slot it cannot see through.
+            let slot = core::hint::black_box(&raw mut word);
+            // SAFETY: a stack slot of 8 aligned bytes, alive for the call.
+            let _ = unsafe { $crate::scope::compare_exchange(slot, 0, 1) };
+            aya_ebpf::bindings::xdp_action::XDP_PASS
+        }
+    };
+}

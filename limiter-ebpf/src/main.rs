@@ -52,17 +52,7 @@ pub fn limiter_lay_tcx(ctx: TcContext) -> i32 {
     program::tc_action(program::limiter_layers(&ctx))
 }
 
-/// The kernel probe `limiter_common::maps::PROBE_CAS`: one compare-and-exchange on the stack.
-/// Loaded, never attached.
-#[xdp]
-pub fn limiter_cas(_ctx: XdpContext) -> u32 {
-    let mut word = 0u64;
-    // Through `black_box`, so the compiler keeps the exchange on a slot it cannot see through.
-    let slot = core::hint::black_box(&raw mut word);
-    // SAFETY: a stack slot of 8 aligned bytes, alive for the call.
-    let _ = unsafe { limiter_ebpf::scope::compare_exchange(slot, 0, 1) };
-    aya_ebpf::bindings::xdp_action::XDP_PASS
-}
+limiter_ebpf::kernel_probes!();
 
 /// With the `breakdown` feature, a call the verifier cannot rule out to a function whose frame
 /// takes the chain past its 512 bytes (see Cargo.toml).

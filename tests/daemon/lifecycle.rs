@@ -82,25 +82,13 @@ fn wait_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
 #[test]
 fn a_restart_keeps_enforcing_and_carries_the_state_over() {
     require_root!();
-    let (mut rig, At { iface, id, limit, program: p1, pins }) = start_under_args();
+    let (mut rig, At { id, limit, program: p1, .. }) = start_under_args();
     let hand_over = start_hand_over(&rig);
     let rules = rig.snapshot().rules;
 
-    rig.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
-    let status = rig.daemon.wait_exit(SIGNAL_TIMEOUT).expect("the daemon should exit on SIGTERM");
-    let out = rig.daemon.output();
-    assert!(status.success(), "exit {status} on SIGTERM:\n{out}");
-    assert!(out.contains(LEFT), "no '{LEFT}' line:\n{out}");
-    assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), Some(p1), "the program left with the daemon");
-    assert_eq!(rig.scratch.pinned(&iface).expect("pins"), pins, "the pins changed when the daemon stopped");
-
-    let (daemon, line) = Daemon::adopt(&rig.net.receiver, &rig.scratch, &ARGS).unwrap_or_else(|e| panic!("{e:#}"));
-    let adopted = Instant::now();
-    rig.daemon = daemon;
-    eprintln!("restarted: {line}");
-    let p2 = rig.daemon.program().expect("program");
-    assert_ne!(p2, p1, "the new daemon's program is not in the link");
-    assert_eq!(rig.scratch.pinned(&iface).expect("pins"), pins, "adopting replaced pinned objects");
+    let adopted = rig.restart_adopting(&ARGS);
+    assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), Some(adopted.program), "at XDP");
+    let p2 = adopted.program;
     let kept = rig.snapshot().rules;
     assert_eq!(kept.config.salts, rules.config.salts, "the salt did not carry over");
     assert_eq!(kept.view, rules.view, "the rules did not carry over");
@@ -110,7 +98,7 @@ fn a_restart_keeps_enforcing_and_carries_the_state_over() {
     let done = hand_over.finish().expect("flood");
     let before = done.run.counted.as_ref().expect("baseline")[usize::from(id)].clone();
     let after = program_counters(p2, id).expect("counters");
-    check_hand_over("SIGTERM and a restart", &done, adopted, &before, &after, &limit);
+    check_hand_over("SIGTERM and a restart", &done, adopted.at, &before, &after, &limit);
 }
 
 /// A flood from 198.19.1.1 and a source keeping to half of [`ARGS`]'s rate from 198.19.1.2, half

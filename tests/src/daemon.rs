@@ -43,7 +43,10 @@ use limiter_common::maps::{
 use limiter_ctl::kernel::MapView;
 use nix::{sys::signal::Signal, unistd::Pid};
 
-use crate::netns::{End, NETNS_DIR, PREFIX, Stale, stale};
+use crate::{
+    netns::{End, NETNS_DIR, PREFIX, Stale, stale},
+    slowdown::stretch,
+};
 
 /// How long a daemon may take to load, attach and say so.
 pub const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -403,7 +406,7 @@ impl Daemon {
     /// that is done. Best effort: a daemon the harness cannot reach there (another `--socket`)
     /// is left to its test.
     fn wait_serving(&self) {
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = Instant::now() + stretch(Duration::from_secs(2));
         while Instant::now() < deadline && self.ctl_ok(&["policy", "list"]).is_err() {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -495,6 +498,7 @@ impl Daemon {
         want: impl Fn(&str) -> bool,
         timeout: Duration,
     ) -> anyhow::Result<(Instant, String)> {
+        let timeout = stretch(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -534,6 +538,7 @@ impl Daemon {
     /// The exit status once the process exits (SIGKILL and an error if it does not in time);
     /// the rest of its output is collected.
     pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let timeout = stretch(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait()? {

@@ -28,7 +28,7 @@ pub fn stats(rig: &Rig) -> Value {
 /// call), and returns it; panics if none comes within 3 s.
 pub fn fresh_stats(rig: &Rig) -> Value {
     let since = now_ms();
-    let deadline = Instant::now() + SNAPSHOT_TIMEOUT;
+    let deadline = Instant::now() + crate::slowdown::stretch(SNAPSHOT_TIMEOUT);
     loop {
         let s = stats(rig);
         if s["taken_at_ms"].as_u64().is_some_and(|t| t > since) {

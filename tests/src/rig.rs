@@ -18,12 +18,13 @@ use std::{
 
 use anyhow::Context as _;
 use limiter_common::maps::Counters;
+use nix::sys::signal::Signal;
 
 use crate::{
     bounds::{self, Judged, check_upper},
     capture::{Capture, Captured},
     cpu::flood_cpu,
-    daemon::{Daemon, Runner, Scratch, Snapshot},
+    daemon::{Daemon, LEFT, Runner, SIGNAL_TIMEOUT, Scratch, Snapshot},
     flood::{Flow, FrameSpec, Frames, L4, Limits, PacketSocket, Report, Sources, Steer, Stream},
     netns::{End, TestNet},
     scrape,
@@ -59,6 +60,39 @@ impl Rig {
         daemon.wait_running(&self.net.receiver)?;
         self.daemon = daemon;
         Ok(())
+    }
+
+    /// SIGTERM, as `systemctl stop` and `restart` send: the daemon must exit 0, saying it left
+    /// its program attached and pinned ([`LEFT`]); panics with everything it said otherwise.
+    pub fn sigterm(&mut self) {
+        self.daemon.signal(Signal::SIGTERM).expect("SIGTERM");
+        let status = self.daemon.wait_exit(SIGNAL_TIMEOUT).expect("the daemon should exit on SIGTERM");
+        let out = self.daemon.output();
+        assert!(status.success(), "exit {status} on SIGTERM:\n{out}");
+        assert!(out.contains(LEFT), "no '{LEFT}' line:\n{out}");
+    }
+
+    /// `systemctl restart`: [`Rig::sigterm`], then at once a new daemon with `extra`, which must
+    /// adopt what the old one left. The old program stays in the pinned link until then; the
+    /// new one swaps its own in, the pins the same files. Returns when it had adopted, its line
+    /// and its program; panics if anything of that fails.
+    pub fn restart_adopting(&mut self, extra: &[&str]) -> Adopted {
+        let iface = self.net.receiver.iface.clone();
+        let old = self.daemon.program().expect("the daemon's program");
+        let pins = self.scratch.pinned(&iface).expect("pins");
+        self.sigterm();
+        let held = self.daemon.link().expect("the pinned link").map(|l| l.program);
+        assert_eq!(held, Some(old), "the program left the pinned link with the daemon");
+        assert_eq!(self.scratch.pinned(&iface).expect("pins"), pins, "the pins changed when the daemon stopped");
+        let (daemon, line) =
+            Daemon::adopt(&self.net.receiver, &self.scratch, extra).unwrap_or_else(|e| panic!("{e:#}"));
+        let at = Instant::now();
+        self.daemon = daemon;
+        eprintln!("restarted: {line}");
+        let program = self.daemon.program().expect("the new daemon's program");
+        assert_ne!(program, old, "the new daemon's program is not in the link");
+        assert_eq!(self.scratch.pinned(&iface).expect("pins"), pins, "adopting replaced pinned objects");
+        Adopted { at, line, program, old }
     }
 
     /// `limiter-ctl ARGS...` against the daemon; panics with everything it said unless it exits 0.
@@ -133,11 +167,21 @@ impl Rig {
 
     /// One UDP source flooding `port` at full speed until stopped, with the counters read first
     /// (see [`Rig::start_counted_flood`]), `warm_up` of it under way before this returns: the
-    /// flow to count and the flood. Its 60 s time limit is a safety net far beyond any test's wait.
+    /// flow to count and the flood. Its time limit ([`SAFETY_NET`]) is far beyond any test's wait.
     pub fn flood_one_source(&self, source: IpAddr, port: u16, warm_up: Duration) -> anyhow::Result<(Flow, Flooding)> {
+        self.flood_one_source_at(source, port, None, warm_up)
+    }
+
+    /// [`Rig::flood_one_source`], paced at `per_sec` if given.
+    pub fn flood_one_source_at(
+        &self,
+        source: IpAddr,
+        port: u16,
+        per_sec: Option<f64>,
+        warm_up: Duration,
+    ) -> anyhow::Result<(Flow, Flooding)> {
         let stream = self.udp(Sources::One(source), port);
-        let limits = Limits::timed(Duration::from_secs(60));
-        let flooding = self.start_counted_flood(std::slice::from_ref(&stream), limits, None)?;
+        let flooding = self.start_counted_flood(std::slice::from_ref(&stream), Limits::timed(safety_net()), per_sec)?;
         thread::sleep(warm_up);
         Ok((flow(&stream, source), flooding))
     }
@@ -153,6 +197,16 @@ impl Rig {
     pub fn scrape(&self, addr: SocketAddr) -> anyhow::Result<scrape::Response> {
         self.net.receiver.run(move || scrape::get(addr, "/metrics", Duration::from_secs(5)))?
     }
+}
+
+/// A restart that adopted ([`Rig::restart_adopting`]).
+pub struct Adopted {
+    /// When the new daemon had adopted (its line read, its program found).
+    pub at: Instant,
+    pub line: String,
+    /// The new daemon's program, and the one it replaced.
+    pub program: u32,
+    pub old: u32,
 }
 
 /// A flood under way: its sender thread, its stop flag, and the capture (if any).
@@ -276,9 +330,23 @@ impl Rig {
         per_sec: f64,
         warm_up: Duration,
     ) -> anyhow::Result<HandOver> {
-        let (flood, flooding) = self.flood_one_source(flood, port, Duration::ZERO)?;
+        self.start_paced_hand_over(flood, steady, port, per_sec, None, warm_up)
+    }
+
+    /// [`Rig::start_hand_over`], the flood paced at `flood_per_sec` if given (a slow machine
+    /// keeps a paced flood's pace through a hand-over that takes minutes there).
+    pub fn start_paced_hand_over(
+        &self,
+        flood: IpAddr,
+        steady: IpAddr,
+        port: u16,
+        per_sec: f64,
+        flood_per_sec: Option<f64>,
+        warm_up: Duration,
+    ) -> anyhow::Result<HandOver> {
+        let (flood, flooding) = self.flood_one_source_at(flood, port, flood_per_sec, Duration::ZERO)?;
         let stream = self.udp(Sources::One(steady), port + 1);
-        let limits = Limits::timed(Duration::from_secs(60)).on_cpu(flood_cpu());
+        let limits = Limits::timed(safety_net()).on_cpu(flood_cpu());
         let steadily = Flooding::start(
             &self.net.sender,
             std::slice::from_ref(&stream),
@@ -421,6 +489,12 @@ pub fn check_hand_over_with_fresh(
          allows"
     );
     judged
+}
+
+/// The time limit of a flood a test stops itself: 60 s, far beyond any test's wait on this
+/// machine, stretched on a slower one ([`crate::slowdown`]).
+pub fn safety_net() -> Duration {
+    crate::slowdown::stretch(Duration::from_secs(60))
 }
 
 /// Frames are timed when the capture reads them, a little after XDP passed them: at most this.

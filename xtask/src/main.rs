@@ -6,6 +6,7 @@ mod package;
 mod setup;
 mod sh;
 mod test;
+mod vm;
 
 use clap::{Parser, Subcommand};
 

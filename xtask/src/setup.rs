@@ -54,6 +54,10 @@ pub enum Need {
     /// Debian's crowdsec binaries (`crowdsec`, `cscli`), extracted from the package into
     /// [`CROWDSEC_ROOT`] (not installed: see [`crowdsec`]), for tests/daemon/crowdsec.rs.
     CrowdSec,
+    /// The kernel matrix's VM lab (tests/kernels/matrix.rs): QEMU and debootstrap, and the lab's
+    /// cache (Debian's kernels, a root filesystem with them installed, an image) under
+    /// /var/cache/limiter-vm, built or brought up to date by [`crate::vm`].
+    VmLab,
 }
 
 /// Where `cargo xtask setup` extracts Debian's crowdsec package (`usr/bin/crowdsec`,
@@ -62,7 +66,7 @@ pub enum Need {
 pub const CROWDSEC_ROOT: &str = "/var/cache/limiter-tests/crowdsec";
 
 impl Need {
-    pub const ALL: [Need; 14] = [
+    pub const ALL: [Need; 15] = [
         Need::Toolchain,
         Need::Kernel,
         Need::Package,
@@ -77,6 +81,7 @@ impl Need {
         Need::XdpTools,
         Need::Fail2ban,
         Need::CrowdSec,
+        Need::VmLab,
     ];
 
     /// Its Debian packages.
@@ -96,6 +101,8 @@ impl Need {
             Need::Fail2ban => &["fail2ban"],
             // dpkg-deb, to extract the package (dpkg is on every Debian system).
             Need::CrowdSec => &["dpkg"],
+            // mkfs.ext4 -d makes the images; the archive's keys check the lab's apt sources.
+            Need::VmLab => &["qemu-system-x86", "debootstrap", "e2fsprogs", "debian-archive-keyring"],
         }
     }
 }
@@ -134,6 +141,9 @@ pub fn provide(needs: &BTreeSet<Need>) -> anyhow::Result<()> {
     }
     if has(Need::CrowdSec) {
         crowdsec()?;
+    }
+    if has(Need::VmLab) {
+        crate::vm::provide()?;
     }
     Ok(())
 }

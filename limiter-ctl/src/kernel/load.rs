@@ -105,7 +105,15 @@ impl Limiter {
         }
         features::require_maps()?;
         let mut ebpf = loader.load(object).map_err(Error::Load)?;
-        features::require_programs(&mut ebpf)?;
+        if let Err(lacks) = features::require_programs(&mut ebpf) {
+            // The load pinned fresh maps for a limiter that will not run: take them back, so a
+            // refused start leaves nothing (a failed start then removes the empty directory).
+            if let (Some(p), false) = (&pins, adopted) {
+                drop(ebpf);
+                let _ = p.remove_pins();
+            }
+            return Err(lacks);
+        }
         let mut limiter = Self { ebpf, geometry, link: None, pins, adopted, stale };
         if !adopted {
             let row_len = limiter_common::rows::row_len(buckets, rows);

@@ -67,4 +67,5 @@ pub fn limiter_lay_tcx(ctx: TcContext) -> i32 {
     program::tc_action(program::limiter_layers(&ctx))
 }
 
+limiter_ebpf::kernel_probes!();
 limiter_ebpf::program_object!();

@@ -24,10 +24,13 @@ pub enum Group {
     Packaging,
     /// tests/docs/: the documents and the man pages.
     Docs,
+    /// tests/kernels/: the kernel matrix: the scenario on this kernel, and under QEMU on Debian's.
+    Kernels,
 }
 
 impl Group {
-    pub const ALL: [Group; 5] = [Group::Unit, Group::Datapath, Group::Daemon, Group::Packaging, Group::Docs];
+    pub const ALL: [Group; 6] =
+        [Group::Unit, Group::Datapath, Group::Daemon, Group::Packaging, Group::Docs, Group::Kernels];
 
     /// Its folder under tests/ (none for the crates' own tests).
     fn folder(self) -> Option<&'static str> {
@@ -37,6 +40,7 @@ impl Group {
             Group::Daemon => Some("daemon"),
             Group::Packaging => Some("packaging"),
             Group::Docs => Some("docs"),
+            Group::Kernels => Some("kernels"),
         }
     }
 }
@@ -165,6 +169,9 @@ pub const TARGETS: &[Target] = &[
     // tests/docs/
     Target { name: "docs", needs: &[], offline: Offline::All },
     Target { name: "man_pages", needs: &[Man], offline: Offline::All },
+    // tests/kernels/
+    root("guest", &[Kernel]),
+    root("matrix", &[VmLab]),
 ];
 
 impl Target {
