@@ -70,6 +70,23 @@ pub fn start_daemon_with(net: TestNet, extra: &[&str], env: &[(&str, &str)]) -> 
     (Rig { daemon, scratch, net }, line)
 }
 
+/// A daemon with [`ARGS`] and `extra` (and `env`) on `end` that must refuse to start: it exits
+/// with `code` and says why in exactly one error line, which is returned.
+#[track_caller]
+pub fn refused_start(end: &End, extra: &[&str], env: &[(&str, &str)], code: i32) -> String {
+    let scratch = Scratch::new().expect("scratch directory");
+    let args: Vec<&str> = ARGS.iter().copied().chain(extra.iter().copied()).collect();
+    let launch = Launch { env: environment(env), ..Launch::default() };
+    let mut daemon = Daemon::launch(end, &scratch, &args, launch).expect("starting the daemon");
+    let status = daemon.wait_exit(Duration::from_secs(30)).expect("the daemon should exit");
+    let out = daemon.output();
+    eprintln!("{extra:?}: {status}\n{out}");
+    assert_eq!(status.code(), Some(code), "{extra:?}: {out}");
+    let errors: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{extra:?}: not one error line:\n{out}");
+    errors[0].to_string()
+}
+
 /// `env` as [`Launch::env`] takes it.
 pub fn environment(env: &[(&str, &str)]) -> Vec<(String, std::ffi::OsString)> {
     env.iter().map(|(k, v)| (k.to_string(), v.into())).collect()

@@ -302,19 +302,10 @@ fn through_netlink_a_place_that_cannot_be_had_is_refused() {
         (&["--attach", "tc", "--tcx-before", &before_first], "no priority is left"),
         (&["--attach", "tc", "--tcx-before", &before_tcx], "runs at tcx"),
     ];
-    let scratch = Scratch::new().expect("scratch");
     let filters = tc_filters(&net.receiver).expect("tc filter show");
     for (extra, says) in cases {
-        let args: Vec<&str> = ARGS.iter().copied().chain(extra.iter().copied()).collect();
-        let launch = Launch { env: environment(&[NO_TCX]), ..Launch::default() };
-        let mut daemon = Daemon::launch(&net.receiver, &scratch, &args, launch).expect("daemon");
-        let status = daemon.wait_exit(Duration::from_secs(30)).expect("the daemon should exit");
-        let out = daemon.output();
-        eprintln!("{extra:?}: {status}\n{out}");
-        assert_eq!(status.code(), Some(2), "{extra:?}: {out}");
-        let errors: Vec<&str> = out.lines().filter(|l| l.contains("error:")).collect();
-        assert_eq!(errors.len(), 1, "{extra:?}: not one error line: {out}");
-        assert!(errors[0].contains(says), "{extra:?}: {}", errors[0]);
+        let error = refused_start(&net.receiver, extra, &[NO_TCX], 2);
+        assert!(error.contains(says), "{extra:?}: {error}");
         assert_eq!(tc_filters(&net.receiver).expect("tc filter show"), filters, "{extra:?}: the filters changed");
     }
     let (rig, _) = start(net, &["--attach", "tc", "--tcx-after", &before_first]);

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use limiter_tests::{
-    daemon::{Daemon, Launch, Scratch, xdp_program_id},
+    daemon::xdp_program_id,
     neighbour::{tc_filters, tcx_chain},
     netns::TestNet,
     observe, require_root,
@@ -73,16 +73,8 @@ fn with_mode_native_a_refusal_of_native_xdp_fails_the_start_in_one_line() {
     let net = TestNet::new().expect("test network");
     net.sender.ip(["link", "set", "dev", &net.sender.iface, "mtu", JUMBO]).expect("the sender's MTU");
     net.receiver.ip(["link", "set", "dev", &net.receiver.iface, "mtu", JUMBO]).expect("the receiver's MTU");
-    let scratch = Scratch::new().expect("scratch");
-    let args: Vec<&str> = ARGS.iter().copied().chain(["--mode", "native"]).collect();
-    let mut daemon = Daemon::launch(&net.receiver, &scratch, &args, Launch::default()).expect("daemon");
-    let status = daemon.wait_exit(Duration::from_secs(30)).expect("the daemon should exit");
-    let out = daemon.output();
-    eprintln!("{status}\n{out}");
-    assert_eq!(status.code(), Some(1), "{out}");
-    let errors: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
-    assert_eq!(errors.len(), 1, "not one error line:\n{out}");
-    assert!(errors[0].contains("at XDP in native mode") && errors[0].contains("os error 34"), "{}", errors[0]);
+    let error = refused_start(&net.receiver, &["--mode", "native"], &[], 1);
+    assert!(error.contains("at XDP in native mode") && error.contains("os error 34"), "{error}");
     assert_eq!(xdp_program_id(&net.receiver).expect("ip link"), None, "left at XDP");
     assert!(tc_filters(&net.receiver).expect("tc filter show").is_empty(), "a filter at tc ingress");
     assert!(tcx_chain(&net.receiver).expect("tcx chain").is_empty(), "a program at tcx");
