@@ -16,7 +16,12 @@ use prometheus_client::{
 use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
 
-use super::{Error, stats::Shared, throttled::Throttled};
+use super::{
+    Error,
+    stats::Shared,
+    text004::{OPENMETRICS, TEXT_004, to_text_004, wants_text_004},
+    throttled::Throttled,
+};
 use crate::config::{FIELDS, Field};
 
 #[derive(Debug)]
@@ -319,38 +324,6 @@ fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
-}
-
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Whether a client's Accept header asks for Prometheus' text format only (it names text/plain
-/// and neither OpenMetrics nor anything at all): everyone else, Prometheus included, gets
-/// OpenMetrics.
-fn wants_text_004(accept: Option<&str>) -> bool {
-    accept.is_some_and(|a| a.contains("text/plain") && !a.contains("openmetrics") && !a.contains("*/*"))
-}
-
-/// OpenMetrics text as Prometheus' text format 0.0.4: a counter's HELP and TYPE name its
-/// `_total` series (OpenMetrics names the family without it), and no `# EOF`. Only counters and
-/// gauges are exposed here, so nothing else differs.
-fn to_text_004(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> =
-        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
-    let mut out = String::with_capacity(openmetrics.len());
-    for line in openmetrics.lines() {
-        if line == "# EOF" {
-            continue;
-        }
-        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
-            let rest = line.strip_prefix(prefix)?;
-            let (name, tail) = rest.split_once(' ')?;
-            counters.contains(name).then(|| format!("{prefix}{name}_total {tail}"))
-        });
-        out.push_str(renamed.as_deref().unwrap_or(line));
-        out.push('\n');
-    }
-    out
 }
 
 /// Serves `/metrics` (and `probes`, see `health`) on `addr` until the process ends. Binding

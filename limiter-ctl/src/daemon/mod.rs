@@ -42,6 +42,7 @@ mod requests;
 mod serve;
 mod socket;
 mod stats;
+mod text004;
 mod throttled;
 mod top;
 mod watch;
