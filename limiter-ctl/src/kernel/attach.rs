@@ -408,7 +408,10 @@ impl Limiter {
         let filters = tc_filter::dump(&link.iface).ok()?;
         match filters.iter().find(|f| f.priority == priority && f.handle == HANDLE) {
             Some(f) if f.program == Some(program) => None,
-            Some(other) => Some(format!("priority {priority} handle {HANDLE:#x} runs {:?}", other.program)),
+            Some(other) => Some(match other.program {
+                Some(id) => format!("priority {priority} handle {HANDLE:#x} runs program id {id}"),
+                None => format!("priority {priority} handle {HANDLE:#x} runs no BPF program"),
+            }),
             None => Some(format!("nothing at priority {priority} handle {HANDLE:#x}")),
         }
     }

@@ -1,5 +1,6 @@
-//! The few bpf(2) calls aya does not offer: the tcx probe's (`tc_api`) and the kind of a pinned
-//! object (`pinned`). Each attribute is the leading `repr(C)` fields of `union bpf_attr`
+//! The few bpf(2) calls aya does not offer: the tcx probe's (`tc_api`: aya loads programs from
+//! an object file only, and its tcx attach needs a real interface) and the kind of a pinned
+//! object (`pinned`: aya opens a pin as a program or a link, but cannot say which it is). Each attribute is the leading `repr(C)` fields of `union bpf_attr`
 //! (include/uapi/linux/bpf.h); the kernel reads the rest as zero.
 
 use std::{
