@@ -32,7 +32,7 @@ mod test_hook;
 
 use std::process::ExitCode;
 
-pub use kernel::{AttachMode, Hook, HookRequest, Limiter, ModeRequest, Placement, ProgRef, TcxPlace};
+pub use kernel::{AttachMode, Hook, HookRequest, Limiter, ModeRequest, Placement, ProgRef, TcApiRequest, TcxPlace};
 
 /// Test-only: the BPF objects the tests and benchmarks load (the limiter's own among them, for
 /// `limiter-verify`).

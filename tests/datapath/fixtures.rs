@@ -296,7 +296,7 @@ fn a_source_gets_its_burst_then_is_dropped_and_others_still_pass() {
         let family = format!("{family} at {hook:?}");
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
         if hook == TestHook::Tcx {
-            limiter.load_hook(Hook::Tcx).expect("loading the tc programs");
+            limiter.load_hook(Hook::Tc).expect("loading the tc programs");
         }
         limiter.set_salt(SALT).expect("salt");
         limiter.set_policy(&burst_policy(ID)).expect("policy");
@@ -362,7 +362,7 @@ fn both_hooks_take_the_same_decisions_on_a_mixed_stream() {
     let limiters = TestHook::ALL.map(|hook| {
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
         if hook == TestHook::Tcx {
-            limiter.load_hook(Hook::Tcx).expect("loading the tc programs");
+            limiter.load_hook(Hook::Tc).expect("loading the tc programs");
         }
         limiter.set_salt(SALT).expect("salt");
         let old = limiter.read_view().expect("view");
@@ -861,7 +861,7 @@ fn the_program_picks_the_bucket_userspace_predicts() {
 fn the_programs_pass_the_verifier() {
     require_root!();
     let mut limiter = Limiter::load(BUCKETS).expect("the limiter passes the verifier");
-    limiter.load_hook(Hook::Tcx).expect("the limiter's tc programs pass the verifier");
+    limiter.load_hook(Hook::Tc).expect("the limiter's tc programs pass the verifier");
     let mut counts = Vec::new();
     for name in [limiter_common::maps::PROGRAM, limiter_common::maps::PROGRAM_LAYERS] {
         let info = limiter.program_named(name).expect("the program").info().expect("program info");
@@ -1016,7 +1016,7 @@ fn hidden_ports_are_dropped_only_where_a_policy_could_miss_them() {
     for (shape, hook) in shapes.iter().flat_map(|s| TestHook::ALL.map(|h| (s, h))) {
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
         if hook == TestHook::Tcx {
-            limiter.load_hook(Hook::Tcx).expect("loading the tc programs");
+            limiter.load_hook(Hook::Tc).expect("loading the tc programs");
         }
         limiter.set_salt(SALT).expect("salt");
         for &(id, dport, unit, mode) in shape.policies {
@@ -1100,7 +1100,7 @@ fn syn_only_policies_judge_connection_openings_only() {
         let name = format!("{name} at {hook:?}");
         let mut limiter = Limiter::load(BUCKETS).expect("loading the limiter");
         if hook == TestHook::Tcx {
-            limiter.load_hook(Hook::Tcx).expect("loading the tc programs");
+            limiter.load_hook(Hook::Tc).expect("loading the tc programs");
         }
         limiter.set_salt(SALT).expect("salt");
         let state = policies.iter().fold(limiter_ctl::config::State::default(), |s, &(n, matches)| {

@@ -32,6 +32,7 @@ use anyhow::{Context as _, bail};
 use aya::{
     maps::{Array, Map, MapData, MapInfo, PerCpuArray},
     programs::{
+        ProgramInfo,
         links::{FdLink, LinkType, PinnedLink},
         loaded_programs,
     },
@@ -674,22 +675,35 @@ pub fn xdp_program_id(end: &End) -> anyhow::Result<Option<u32>> {
     Ok(Some(u32::try_from(id).with_context(|| format!("program id in {xdp}"))?))
 }
 
-/// A limiter's pinned link as the kernel describes it.
+/// A limiter's pinned link as the kernel describes it; at tc ingress through netlink (no link),
+/// the program of its filter, pinned in the link's place.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PinnedLinkInfo {
+    /// The link's id (0 for a filter's program).
     pub id: u32,
     /// The program in it.
     pub program: u32,
-    /// `LinkType::Xdp` or `LinkType::Tcx`.
+    /// `LinkType::Xdp` or `LinkType::Tcx`; `LinkType::Unspecified` for a filter's program.
     pub link_type: LinkType,
 }
 
-/// The link pinned at `<dir>/link` (`dir`: a [`Scratch::pin_dir`]); None if nothing is pinned
-/// there.
+impl PinnedLinkInfo {
+    /// Whether it is a filter's program (the limiter at tc ingress through netlink).
+    pub fn is_filter(&self) -> bool {
+        self.link_type == LinkType::Unspecified
+    }
+}
+
+/// The link pinned at `<dir>/link` (`dir`: a [`Scratch::pin_dir`]), or the program pinned there
+/// for a filter; None if nothing is pinned there.
 pub fn pinned_link(dir: &Path) -> anyhow::Result<Option<PinnedLinkInfo>> {
     let path = dir.join("link");
     if !path.exists() {
         return Ok(None);
+    }
+    if limiter_ctl::kernel::pinned_is_program(&path).with_context(|| format!("opening {}", path.display()))? {
+        let info = ProgramInfo::from_pin(&path).with_context(|| format!("program info of {}", path.display()))?;
+        return Ok(Some(PinnedLinkInfo { id: 0, program: info.id(), link_type: LinkType::Unspecified }));
     }
     let link = FdLink::from(PinnedLink::from_pin(&path).with_context(|| format!("opening {}", path.display()))?);
     let info = link.info().with_context(|| format!("link info of {}", path.display()))?;

@@ -170,7 +170,7 @@ impl Judge {
     pub fn load_at(hook: TestHook, buckets: u32, salt: SipKey, key: KeySpec) -> anyhow::Result<Self> {
         let mut limiter = Limiter::load(buckets).context("loading the limiter")?;
         if hook == TestHook::Tcx {
-            limiter.load_hook(Hook::Tcx).context("loading the limiter's tc programs")?;
+            limiter.load_hook(Hook::Tc).context("loading the limiter's tc programs")?;
         }
         limiter.set_salt(salt)?;
         for id in 1..=Self::PORT_POLICY {

@@ -14,14 +14,14 @@ use std::{io::Write as _, process::Stdio, time::Duration};
 
 use anyhow::{Context as _, bail, ensure};
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::{MapData, PerCpuArray},
-    programs::{Xdp, XdpMode, loaded_programs},
+    programs::loaded_programs,
 };
-use limiter_ctl::objects;
 
 use crate::{
     daemon::{Daemon, Scratch},
+    neighbour::xdp_pass,
     netns::{End, TestNet},
 };
 
@@ -167,7 +167,7 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
             // pays before it (the skb), and its own judgement. Attached first: the daemon finds
             // XDP taken, as it would beside another tool.
             let pass = match system {
-                System::LimiterTcx => Some(attach_bench(r, "bench_pass")?),
+                System::LimiterTcx => Some(xdp_pass(r, "bench_pass")?),
                 _ => None,
             };
             let scratch = Scratch::new()?;
@@ -193,9 +193,9 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
             settle(daemon.daemon_pid().as_raw())?;
             Ok(Receiver::Limiter { daemon, scratch, pass })
         }
-        System::XdpDrop => Ok(Receiver::Xdp { ebpf: attach_bench(r, "bench_drop")?, system }),
+        System::XdpDrop => Ok(Receiver::Xdp { ebpf: xdp_pass(r, "bench_drop")?, system }),
         System::Hashlimit(_) | System::Nftables(_) | System::Nothing => {
-            let ebpf = attach_bench(r, "bench_pass")?;
+            let ebpf = xdp_pass(r, "bench_pass")?;
             match system {
                 System::Hashlimit(place) => hashlimit(r, place, policy)?,
                 System::Nftables(place) => nft(r, &nft_rules(place, Some(policy), &r.iface))?,
@@ -204,18 +204,6 @@ pub fn setup(system: System, net: &TestNet, policy: PerSource) -> anyhow::Result
             Ok(Receiver::Xdp { ebpf, system })
         }
     }
-}
-
-fn attach_bench(end: &End, program: &'static str) -> anyhow::Result<Ebpf> {
-    let mut ebpf = EbpfLoader::new().load(objects::BENCH)?;
-    let prog: &mut Xdp = ebpf.program_mut(program).context("bench program")?.try_into()?;
-    prog.load()?;
-    let iface = end.iface.clone();
-    end.run(move || -> anyhow::Result<Ebpf> {
-        let prog: &mut Xdp = ebpf.program_mut(program).context("bench program")?.try_into()?;
-        prog.attach(&iface, XdpMode::Driver)?;
-        Ok(ebpf)
-    })?
 }
 
 /// iptables' hashlimit with its defaults for table size and expiry, as an operator gets it, in

@@ -212,12 +212,15 @@ pub(crate) struct Reloaded {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Attachment {
     pub iface: String,
-    /// "native", "skb" or "tcx", as `stats` says it.
+    /// "native", "skb", "tcx" or "netlink", as `stats` says it.
     pub attach_mode: String,
     /// None: it was there already; nothing changed.
     pub moved_from: Option<String>,
-    /// Why it runs at tcx, when it does.
+    /// Why it runs at tc ingress, when it does.
     pub attach_reason: Option<String>,
+    /// Why through netlink rather than tcx, when it is.
+    #[serde(default)]
+    pub attach_api_reason: Option<String>,
 }
 
 /// What a change (`policy set`, `deny add`, ...) answers when the file held a hand edit the

@@ -82,12 +82,24 @@ pub struct Snapshot {
     /// Allow and deny list hits of traffic no policy matched (counted in the kernel's slot 0).
     #[serde(default)]
     pub no_policy: ListHits,
-    /// Where the program runs: "native" or "skb" (XDP), or "tcx" (tc ingress).
+    /// Where the program runs: "native" or "skb" (XDP), or at tc ingress, "tcx" (a tcx link) or
+    /// "netlink" (a filter on the clsact qdisc).
     pub attach_mode: String,
-    /// Why it runs at tcx, when it does: "another program holds XDP (XDP program id 12 named
-    /// 'xdpfilt_alw_all', native mode)", "asked for (--attach tcx)", ...; None at XDP.
+    /// Why it runs at tc ingress, when it does: "another program holds XDP (XDP program id 12
+    /// named 'xdpfilt_alw_all', native mode)", "asked for (--attach tc)", ...; None at XDP.
     #[serde(default)]
     pub attach_reason: Option<String>,
+    /// The same in a word (`xdp_held`, `xdp_refused`, `asked`, `moved`, `kept`), as /metrics
+    /// labels it.
+    #[serde(default)]
+    pub attach_reason_code: Option<String>,
+    /// Why it runs there through netlink rather than tcx, when it does: "tcx needs Linux 6.6;
+    /// this kernel is 6.1.0-50-amd64", "asked for (--tc-api netlink)", ...; None otherwise.
+    #[serde(default)]
+    pub attach_api_reason: Option<String>,
+    /// The same in a word (`no_tcx`, `asked`, `kept`), as /metrics labels it.
+    #[serde(default)]
+    pub attach_api_reason_code: Option<String>,
     pub salt_age_s: f64,
     /// Fraction of buckets (over CPUs) whose TAT is ahead of now: the chance that a newcomer
     /// shares an allowance with a busy source. None until first measured.

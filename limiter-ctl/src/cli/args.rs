@@ -11,7 +11,10 @@ use crate::{
         start::{MetricsAt, Options},
     },
     config::{self, Dash, FIELDS, Flag, Name, Origin, PolicyEdit, Rate, parse_burst},
-    kernel::{self, BucketCount, GeometryRequest, Hook, HookRequest, ModeRequest, Placement, ProgRef, TcxPlace, pins},
+    kernel::{
+        self, BucketCount, GeometryRequest, Hook, HookRequest, ModeRequest, Placement, ProgRef, TcApiRequest, TcxPlace,
+        pins,
+    },
 };
 
 /// The daemon's runtime state (systemd's StateDirectory=limiter).
@@ -76,17 +79,18 @@ pub(crate) enum Command {
     Reload,
     /// Move the limiter to another hook without a gap: attach there first, then release the old.
     ///
-    /// `attach tcx` leaves XDP free for another tool; `attach xdp` takes it back (XDP must be
-    /// free). Both hooks judge for the moment of the move. Already there: says so, exit 0. The
-    /// running daemon does it; a restart keeps the hook unless its --attach says another.
+    /// `attach tc` (or `tcx`) leaves XDP free for another tool, at tc ingress through the API the
+    /// daemon's --tc-api gives; `attach xdp` takes XDP back (it must be free). Both hooks judge
+    /// for the moment of the move. Already there: says so, exit 0. The running daemon does it; a
+    /// restart keeps the hook unless its --attach says another.
     Attach {
         #[arg(value_enum, value_name = "HOOK")]
         hook: Hook,
-        /// At tcx, run before this program (its name as `bpftool prog` shows it, or id:N)
+        /// At tc ingress, run before this program (its name as `bpftool prog` shows it, or id:N)
         /// [default: the daemon's --tcx-before/--tcx-after, or first].
         #[arg(long, value_name = "PROG", value_parser = parse_prog, conflicts_with = "after")]
         before: Option<ProgRef>,
-        /// At tcx, run after this program (its name as `bpftool prog` shows it, or id:N).
+        /// At tc ingress, run after this program (its name as `bpftool prog` shows it, or id:N).
         #[arg(long, value_name = "PROG", value_parser = parse_prog)]
         after: Option<ProgRef>,
     },
@@ -111,7 +115,9 @@ pub(crate) enum Command {
     /// Take the limiter off an interface: unpin its program and maps, with all its state.
     ///
     /// The one step that removes the limiter: stopping or restarting the daemon leaves the
-    /// program enforcing. Refused (exit 1) while a daemon owns the interface, unless --force.
+    /// program enforcing. At tc ingress through a netlink filter, deletes the limiter's filter
+    /// (no other; the clsact qdisc stays). Refused (exit 1) while a daemon owns the interface,
+    /// unless --force.
     Detach {
         #[arg(long, value_name = "IFACE", value_hint = ValueHint::Other, required_unless_present = "all", conflicts_with = "all")]
         iface: Option<String>,
@@ -189,19 +195,26 @@ pub(crate) struct DaemonArgs {
     /// sources.
     #[arg(long, value_name = "D", default_value_t = limiter_common::rows::DEFAULT_HOST_ROWS, value_parser = parse_host_rows)]
     pub host_rows: u32,
-    /// Where to judge packets: xdp (cheapest; alone on the interface), tcx (tc ingress, shared
-    /// with other programs in order, leaving XDP free), or auto: XDP when it is free, tcx when
-    /// another program holds it (logged, naming it); a limiter pinned here keeps its hook.
+    /// Where to judge packets: xdp (cheapest; alone on the interface), tc (tc ingress, shared
+    /// with other programs in order, leaving XDP free; `tcx` is the same), or auto: XDP when it
+    /// is free, tc ingress when another program holds it (logged, naming it); a limiter pinned
+    /// here keeps its hook.
     #[arg(long, value_enum, value_name = "HOOK", default_value_t = HookRequest::Auto)]
     pub attach: HookRequest,
+    /// How to attach at tc ingress: tcx (a link, Linux 6.6+), netlink (a filter on the clsact
+    /// qdisc, every kernel; beside other tc filters, by priority), or auto: tcx where the kernel
+    /// has it, netlink where it has not (logged, saying why). A limiter pinned here keeps its own.
+    #[arg(long, value_enum, value_name = "API", default_value_t = TcApiRequest::Auto)]
+    pub tc_api: TcApiRequest,
     /// XDP attach mode: auto tries native and falls back to skb with a warning.
     #[arg(long, value_enum, default_value_t = ModeRequest::Auto)]
     pub mode: ModeRequest,
-    /// At tcx, run before this program (its name as `bpftool prog` shows it, or id:N) rather
-    /// than first of all.
+    /// At tc ingress, run before this program (its name as `bpftool prog` shows it, or id:N)
+    /// rather than first of all. Through netlink: at the priority right before its filter's.
     #[arg(long, value_name = "PROG", value_parser = parse_prog, conflicts_with = "tcx_after")]
     pub tcx_before: Option<ProgRef>,
-    /// At tcx, run after this program (its name as `bpftool prog` shows it, or id:N).
+    /// At tc ingress, run after this program (its name as `bpftool prog` shows it, or id:N).
+    /// Through netlink: at the priority right after its filter's.
     #[arg(long, value_name = "PROG", value_parser = parse_prog)]
     pub tcx_after: Option<ProgRef>,
     /// Print admitted and refused packets per second at this interval (e.g. 1s); off by default.
@@ -456,6 +469,7 @@ impl DaemonArgs {
                     (None, Some(p)) => TcxPlace::After(p),
                     (None, None) => TcxPlace::First,
                 },
+                tc_api: self.tc_api,
             },
             stats_every: self.stats_every,
             rotate_every: self.rotate_every.0,
@@ -682,19 +696,25 @@ mod tests {
             };
             args.options().placement
         };
-        assert_eq!(options(&[]), Placement::default(), "auto, first at tcx");
+        assert_eq!(options(&[]), Placement::default(), "auto, first at tc ingress, the API the kernel has");
         let after = options(&["--attach", "tcx", "--tcx-after", "id:12"]);
-        assert_eq!((after.hook, after.tcx), (HookRequest::Tcx, TcxPlace::After(ProgRef::Id(12))));
+        assert_eq!((after.hook, after.tcx), (HookRequest::Tc, TcxPlace::After(ProgRef::Id(12))));
+        assert_eq!(options(&["--attach", "tc"]).hook, HookRequest::Tc, "tc and tcx name one hook");
+        assert_eq!(options(&["--tc-api", "netlink"]).tc_api, TcApiRequest::Netlink);
         let before = options(&["--tcx-before", "xdpfilt_alw_all"]);
         assert_eq!(before.tcx, TcxPlace::Before(ProgRef::Name("xdpfilt_alw_all".into())));
         let both = ["limiter-ctl", "daemon", "--iface", "e", "--tcx-before", "a", "--tcx-after", "b"];
         assert_eq!(Cli::try_parse_from(both).unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
-        let bad = ["limiter-ctl", "daemon", "--iface", "e", "--attach", "tc"];
-        assert_eq!(Cli::try_parse_from(bad).unwrap_err().kind(), clap::error::ErrorKind::InvalidValue);
-        let attach = Cli::try_parse_from(["limiter-ctl", "attach", "tcx", "--after", "id:7"]).expect("attach");
-        let Command::Attach { hook: Hook::Tcx, before: None, after: Some(ProgRef::Id(7)) } = attach.command else {
-            panic!("{attach:?}")
-        };
+        for bad in [["--attach", "tc-ingress"], ["--tc-api", "tc"]] {
+            let argv = ["limiter-ctl", "daemon", "--iface", "e"].into_iter().chain(bad);
+            assert_eq!(Cli::try_parse_from(argv).unwrap_err().kind(), clap::error::ErrorKind::InvalidValue, "{bad:?}");
+        }
+        for hook in ["tc", "tcx"] {
+            let attach = Cli::try_parse_from(["limiter-ctl", "attach", hook, "--after", "id:7"]).expect("attach");
+            let Command::Attach { hook: Hook::Tc, before: None, after: Some(ProgRef::Id(7)) } = attach.command else {
+                panic!("{attach:?}")
+            };
+        }
         let both = ["limiter-ctl", "attach", "tcx", "--before", "a", "--after", "b"];
         assert_eq!(Cli::try_parse_from(both).unwrap_err().kind(), clap::error::ErrorKind::ArgumentConflict);
     }

@@ -133,7 +133,8 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
             "stopped by SIGTERM, SIGINT or SIGUSR2 (the program left attached and enforcing), also while \
              waiting for the interface"
                 .into(),
-            "failed: the kernel refused the program, another daemon owns the interface (under any --pin-dir: \
+            "failed: the kernel refused the program (with --mode native, also when the driver or the kernel \
+             refuses native XDP: no fall back to tc ingress), another daemon owns the interface (under any --pin-dir: \
              it holds the interface's lock in --state-dir, or its program is on the interface's hooks; the \
              line names its pins and pid) or the socket, the interface did not appear within --wait-iface, or \
              the program was detached or its pins removed while the daemon ran. A supervisor should start it \
@@ -141,7 +142,8 @@ fn exit_status(page: Page) -> Vec<(&'static str, String)> {
                 .into(),
             "bad input, nothing loaded: a bad flag, a config file refused (PATH:LINE:COL: why), a refused \
              --rate or --burst, an interface that does not exist (without --wait-iface), or a \
-             --tcx-before or --tcx-after program that is not at tc ingress (when attaching there)"
+             --tcx-before or --tcx-after program that is not at tc ingress (when attaching there), or, through \
+             a netlink filter, a place whose priority another filter holds"
                 .into(),
         ),
         Page::Client { .. } | Page::ListAdd => (
@@ -257,7 +259,8 @@ fn files(page: Page) -> Vec<(&'static str, String)> {
     );
     let pins = (
         pins::DEFAULT_ROOT,
-        "Where each interface's program, XDP link and maps are pinned (bpffs), in a directory per interface: the default --pin-dir.",
+        "Where each interface's program, its link (XDP or tcx; through a netlink filter at tc ingress, the \
+         filter's program) and maps are pinned (bpffs), in a directory per interface: the default --pin-dir.",
     );
     match page {
         Page::Top | Page::Daemon => {

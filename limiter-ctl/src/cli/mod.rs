@@ -28,7 +28,7 @@ use crate::{
     bouncer,
     client::{self, ClientError},
     config::{self, List},
-    kernel::{self, pins},
+    kernel,
 };
 
 /// Exit codes: 0 done, 1 failed, 2 bad input (nothing changed).
@@ -203,8 +203,8 @@ pub(crate) fn main() -> Run {
         },
         Command::Detach { iface, all, force, pin_dir } => {
             let result = match iface {
-                Some(iface) if !all => pins::detach(&pin_dir, &iface, force),
-                _ => pins::detach_all(&pin_dir, force),
+                Some(iface) if !all => kernel::detach::detach(&pin_dir, &iface, force),
+                _ => kernel::detach::detach_all(&pin_dir, force),
             };
             match result {
                 Ok(report) => {
@@ -291,7 +291,9 @@ fn attach_command(
         (None, None) => None,
     };
     if hook == kernel::Hook::Xdp && place.is_some() {
-        return fail(&Error::Usage("--before and --after place the limiter at tcx; XDP holds one program".into()));
+        return fail(&Error::Usage(
+            "--before and --after place the limiter at tc ingress; XDP holds one program".into(),
+        ));
     }
     let placed = place.is_some();
     client(socket, Request::Attach { hook, place }, |data| {
@@ -299,16 +301,21 @@ fn attach_command(
         let iface = escape::controls(&a.iface, false);
         Ok(match a.moved_from {
             Some(from) => {
-                let old = if from == "tcx" { "tcx" } else { "XDP" };
+                let old = match from.as_str() {
+                    "tcx" => "tcx link",
+                    "netlink" => "filter at tc ingress",
+                    _ => "XDP link",
+                };
+                let api = a.attach_api_reason.map(|why| format!(" (through netlink: {why})")).unwrap_or_default();
                 format!(
-                    "moved the limiter on {iface} from {from} to {}: attached at {hook} first, then released its {old} \
-                     link\n",
+                    "moved the limiter on {iface} from {from} to {}{api}: attached at {hook} first, then released its \
+                     {old}\n",
                     a.attach_mode
                 )
             }
             None if placed => format!(
-                "the limiter on {iface} is already at {hook} ({}); nothing changed: its link keeps its place at tc \
-                 ingress (to place it anew: `limiter-ctl attach xdp`, then `attach tcx` with --before or --after)\n",
+                "the limiter on {iface} is already at {hook} ({}); nothing changed: it keeps its place at tc ingress \
+                 (to place it anew: `limiter-ctl attach xdp`, then `attach tc` with --before or --after)\n",
                 a.attach_mode
             ),
             None => format!("the limiter on {iface} is already at {hook} ({}); nothing changed\n", a.attach_mode),

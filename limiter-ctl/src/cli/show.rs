@@ -232,9 +232,10 @@ pub(super) fn stats(s: &stats::Snapshot) -> String {
         s.denied,
         s.unreadable_ports,
         u.errors,
-        match &s.attach_reason {
-            Some(why) => format!("{} ({why})", s.attach_mode),
-            None => s.attach_mode.clone(),
+        match (&s.attach_reason, &s.attach_api_reason) {
+            (Some(why), Some(api)) => format!("{} ({why}; through netlink: {api})", s.attach_mode),
+            (Some(why), None) => format!("{} ({why})", s.attach_mode),
+            (None, _) => s.attach_mode.clone(),
         },
         s.salt_age_s,
         occupancy

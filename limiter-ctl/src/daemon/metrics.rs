@@ -16,7 +16,12 @@ use prometheus_client::{
 use tokio::sync::Semaphore;
 use tokio_io_timeout::TimeoutStream;
 
-use super::{Error, stats::Shared, throttled::Throttled};
+use super::{
+    Error,
+    stats::Shared,
+    text004::{OPENMETRICS, TEXT_004, to_text_004, wants_text_004},
+    throttled::Throttled,
+};
 use crate::config::{FIELDS, Field};
 
 #[derive(Debug)]
@@ -202,9 +207,25 @@ impl Collector for Exposition {
         gauge(
             &mut encoder,
             "limiter_attach_mode",
-            "1 for where the program runs: native or skb (XDP modes), or tcx (tc ingress).",
+            "1 for where the program runs: native or skb (XDP modes), or tcx or netlink (tc ingress: a tcx \
+             link, or a filter on the clsact qdisc).",
             vec![("mode", s.attach_mode.clone())],
             1.0,
+        )?;
+        info(
+            &mut encoder,
+            "limiter_attach_tc",
+            "1 while the program runs at tc ingress rather than XDP, by reason: xdp_held (another program holds \
+             XDP), xdp_refused (XDP refused the program: `stats` says why), asked (--attach tc), moved \
+             (`limiter-ctl attach tc`), kept (a pinned limiter at tc ingress adopted, or attached again there).",
+            s.attach_reason_code.iter().map(|code| vec![("reason", code.clone())]).collect(),
+        )?;
+        info(
+            &mut encoder,
+            "limiter_attach_netlink",
+            "1 while the program runs at tc ingress through a netlink filter rather than tcx, by reason: no_tcx \
+             (the kernel has no tcx: Linux before 6.6), asked (--tc-api netlink), kept (a pinned filter adopted).",
+            s.attach_api_reason_code.iter().map(|code| vec![("reason", code.clone())]).collect(),
         )?;
         gauge(&mut encoder, "limiter_policies", "Policies loaded.", vec![], s.policies.len() as f64)?;
         gauge(
@@ -310,38 +331,6 @@ fn render(shared: &Shared) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)
-}
-
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-const TEXT_004: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Whether a client's Accept header asks for Prometheus' text format only (it names text/plain
-/// and neither OpenMetrics nor anything at all): everyone else, Prometheus included, gets
-/// OpenMetrics.
-fn wants_text_004(accept: Option<&str>) -> bool {
-    accept.is_some_and(|a| a.contains("text/plain") && !a.contains("openmetrics") && !a.contains("*/*"))
-}
-
-/// OpenMetrics text as Prometheus' text format 0.0.4: a counter's HELP and TYPE name its
-/// `_total` series (OpenMetrics names the family without it), and no `# EOF`. Only counters and
-/// gauges are exposed here, so nothing else differs.
-fn to_text_004(openmetrics: &str) -> String {
-    let counters: std::collections::HashSet<&str> =
-        openmetrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
-    let mut out = String::with_capacity(openmetrics.len());
-    for line in openmetrics.lines() {
-        if line == "# EOF" {
-            continue;
-        }
-        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
-            let rest = line.strip_prefix(prefix)?;
-            let (name, tail) = rest.split_once(' ')?;
-            counters.contains(name).then(|| format!("{prefix}{name}_total {tail}"))
-        });
-        out.push_str(renamed.as_deref().unwrap_or(line));
-        out.push('\n');
-    }
-    out
 }
 
 /// Serves `/metrics` (and `probes`, see `health`) on `addr` until the process ends. Binding
@@ -488,6 +477,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_netlink_filter_is_said_with_its_reason() {
+        let at = |mode: &str, code: Option<&str>| {
+            let snapshot = Snapshot {
+                attach_mode: mode.into(),
+                attach_reason_code: code.map(|_| "xdp_refused".to_string()),
+                attach_api_reason_code: code.map(str::to_string),
+                ..Default::default()
+            };
+            render(&Arc::new(RwLock::new(snapshot))).unwrap()
+        };
+        let text = at("netlink", Some("no_tcx"));
+        assert!(text.contains(r#"limiter_attach_mode{mode="netlink"} 1"#), "{text}");
+        assert!(text.contains(r#"limiter_attach_netlink{reason="no_tcx"} 1"#), "{text}");
+        assert!(text.contains(r#"limiter_attach_tc{reason="xdp_refused"} 1"#), "{text}");
+        let text = at("tcx", None);
+        assert!(!text.lines().any(|l| l.starts_with("limiter_attach_netlink{")), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("limiter_attach_tc{")), "{text}");
     }
 
     fn sample() -> Shared {

@@ -42,6 +42,7 @@ mod requests;
 mod serve;
 mod socket;
 mod stats;
+mod text004;
 mod throttled;
 mod top;
 mod watch;
@@ -247,7 +248,14 @@ fn left_behind(limiter: &Limiter, pins: &PinDir, iface: &str, mounted: bool) -> 
     let ours = limiter.program_id().ok();
     // What runs at the limiter's hook: its own program (None), something else, or unknown (Err).
     let found = match limiter.hook() {
-        Some(kernel::Hook::Tcx) => match kernel::tcx::programs(iface) {
+        Some(kernel::Hook::Tc) if limiter.attach_mode().ok() == Some(kernel::AttachMode::Netlink) => {
+            match kernel::tc_filter::filters(iface) {
+                Ok(filters) if filters.iter().any(|f| f.program_id().is_some() && f.program_id() == ours) => Ok(None),
+                Ok(filters) => Ok(Some(format!("at tc ingress: {}", kernel::tc_filter::listed(&filters)))),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        Some(kernel::Hook::Tc) => match kernel::tcx::programs(iface) {
             Ok(chain) if chain.iter().any(|p| Some(p.id) == ours) => Ok(None),
             Ok(chain) => Ok(Some(format!("at tc ingress: {}", kernel::tcx::listed(&chain)))),
             Err(e) => Err(e.to_string()),
@@ -344,10 +352,11 @@ async fn start(
         kernel::keep_verifier_logs_in(dir);
     }
 
-    // A place at tcx naming a program that is not there is refused before anything is loaded
-    // (a pinned link keeps its place: nothing to check then).
-    if args.placement.hook == kernel::HookRequest::Tcx && !pins.has_link() {
-        kernel::tcx::check_place(&args.iface, &args.placement.tcx)?;
+    // A place at tc ingress naming a program that is not there (or, through netlink, a priority
+    // another filter holds) is refused before anything is loaded (a pinned attachment keeps its
+    // place: nothing to check then).
+    if args.placement.hook == kernel::HookRequest::Tc && !pins.has_link() {
+        kernel::tc_api::check_place(&args.iface, &args.placement.tcx, args.placement.tc_api)?;
     }
     let geometry = arrays.geometry();
     let mut limiter = Limiter::open_pinned(geometry, pins.clone())?;
@@ -379,8 +388,8 @@ async fn start(
     if let Some(reason) = &attached.fallback {
         warn!(iface = %args.iface, %reason, "native XDP unavailable, fell back to skb mode (slower: packets get an skb first)");
     }
-    if let Some(to) = attached.undone {
-        warn!(iface = %args.iface, to = %to, "a move to {to} was cut short (its daemon killed half way): undone, its link to {to} removed; `limiter-ctl attach {to}` moves the program");
+    if let Some(repaired) = &attached.repaired {
+        warn!(iface = %args.iface, "{repaired}");
     }
     if let Some(why) = &attached.lingering {
         warn!(iface = %args.iface, "{why}");
@@ -413,8 +422,8 @@ async fn start(
     if let Some(from) = attached.moved_from {
         info!(iface = %args.iface, from = %from, to = %attached.mode, "moved without a gap (--attach {}): attached at {} first, then released {}", attached.mode.hook(), attached.mode.hook(), from.hook());
     }
-    if let Some(why) = &attached.why_tcx {
-        info!(iface = %args.iface, why = %why, "judging at tc ingress (tcx): after XDP, beside the other programs there");
+    if let Some(why) = &attached.why_tc {
+        log_tc_api(&args.iface, &attached, why);
     }
     let mut daemon = Daemon::new(limiter, state, args, shared, health.clone(), longest_window, arrays);
     daemon.bans = bans;
@@ -431,10 +440,33 @@ async fn start(
     Ok((daemon, listener, refusals))
 }
 
-/// Where the program runs, in words: "native mode", "skb mode", "at tc ingress (tcx)".
+/// The line saying the program judges at tc ingress, why there, and through which API and why:
+/// `hook=tc api=netlink reason="tcx needs Linux 6.6; this kernel is 6.1.0-50-amd64"`.
+pub(super) fn log_tc_api(iface: &str, attached: &kernel::Attached, why: &kernel::TcReason) {
+    let (hook, api, why) = (attached.mode.hook(), attached.mode, why.to_string());
+    match &attached.api_reason {
+        // Quoted (Debug): values with spaces stay one field for whoever reads the line.
+        Some(reason) => info!(
+            iface,
+            hook = %hook,
+            api = %api,
+            reason = ?reason.to_string(),
+            why = ?why,
+            "judging at tc ingress through a netlink filter on the clsact qdisc: after XDP and any tcx programs, \
+             beside the other tc filters, in order of priority"
+        ),
+        None => {
+            info!(iface, hook = %hook, api = %api, why = ?why, "judging at tc ingress (tcx): after XDP, beside the other programs there")
+        }
+    }
+}
+
+/// Where the program runs, in words: "native mode", "skb mode", "at tc ingress (tcx)", "at tc
+/// ingress (netlink filter)".
 fn where_words(mode: kernel::AttachMode) -> String {
     match mode {
         kernel::AttachMode::Tcx => "at tc ingress (tcx)".into(),
+        kernel::AttachMode::Netlink => "at tc ingress (netlink filter)".into(),
         xdp => format!("{xdp} mode"),
     }
 }

@@ -165,9 +165,8 @@ impl Daemon {
     fn move_to(&mut self, hook: Hook, place: Option<TcxPlace>) -> Response {
         let placed = place.is_some();
         let want = Placement { tcx: place.unwrap_or_else(|| self.placement.tcx.clone()), ..self.placement.clone() };
-        let why = format!("moved there by `limiter-ctl attach {hook}`");
         let before = self.limiter.attach_mode().map(|m| m.to_string()).unwrap_or_else(|_| "its hook".into());
-        let attached = match self.limiter.move_to(hook, &want, why) {
+        let attached = match self.limiter.move_to(hook, &want, kernel::TcReason::Moved) {
             Ok(attached) => attached,
             Err(e) if e.is_bad_input() => return Response::Usage { error: format!("{e}; nothing changed") },
             Err(e) => {
@@ -183,11 +182,12 @@ impl Daemon {
                 iface = %self.iface,
                 from = %from,
                 to = %attached.mode,
-                why = attached.why_tcx.as_deref().unwrap_or(""),
+                why = attached.why_tc.as_ref().map(ToString::to_string).unwrap_or_default(),
+                api_reason = attached.api_reason.as_ref().map(ToString::to_string).unwrap_or_default(),
                 "moved without a gap: attached at {hook} first, then released {}",
                 from.hook()
             ),
-            None if placed && hook == Hook::Tcx => {
+            None if placed && hook == Hook::Tc => {
                 info!(iface = %self.iface, "attach {hook}: already there, its place at tc ingress kept; nothing changed")
             }
             None => info!(iface = %self.iface, "attach {hook}: already there; nothing changed"),
@@ -203,7 +203,8 @@ impl Daemon {
             iface: self.iface.clone(),
             attach_mode: attached.mode.to_string(),
             moved_from: attached.moved_from.map(|m| m.to_string()),
-            attach_reason: attached.why_tcx,
+            attach_reason: attached.why_tc.map(|r| r.to_string()),
+            attach_api_reason: attached.api_reason.map(|r| r.to_string()),
         };
         Response::Ok { data: serde_json::to_value(report).unwrap_or_default() }
     }

@@ -286,7 +286,10 @@ impl Daemon {
         let mut snapshot =
             self.sampler.sample(&self.state, counters, mode.as_str(), self.limiter.salt_age()?, occupancy);
         snapshot.reloads = self.reloads.clone();
-        snapshot.attach_reason = self.limiter.why_tcx().map(str::to_string);
+        snapshot.attach_reason = self.limiter.why_tc().map(ToString::to_string);
+        snapshot.attach_reason_code = self.limiter.why_tc().map(|r| r.code().to_string());
+        snapshot.attach_api_reason = self.limiter.api_reason().map(ToString::to_string);
+        snapshot.attach_api_reason_code = self.limiter.api_reason().map(|r| r.code().to_string());
         snapshot.rotate_every_s = self.rotate_every.map(|d| d.as_secs_f64());
         snapshot.geometry = Some(self.arrays);
         snapshot.bans = Some(self.bans.stats(self.limiter.ban_hits()?));
@@ -333,7 +336,7 @@ impl Daemon {
     }
 
     /// An interface that goes takes its XDP link with it; when it comes back (a new index),
-    /// attach again. Only the kernel's "no such device", asked twice, is "gone": a lookup that
+    /// attach again; so too when the limiter's filter at tc ingress was deleted. Only the kernel's "no such device", asked twice, is "gone": a lookup that
     /// fails otherwise (out of descriptors, say) changes nothing, so it can never cost the
     /// attachment.
     fn watch_interface(&mut self, known: Option<u32>) -> Option<u32> {
@@ -355,26 +358,33 @@ impl Daemon {
         if std::mem::take(&mut self.lookup_failing) {
             info!(iface = %self.iface, "the interface lookup works again");
         }
-        match (known, now) {
+        let again = match (known, now) {
             (Some(_), None) => {
                 self.health.not_ready(format!("interface {} is gone; waiting for it to come back", self.iface));
-                warn!(iface = %self.iface, "interface gone: the program went with it; waiting for it to come back")
+                warn!(iface = %self.iface, "interface gone: the program went with it; waiting for it to come back");
+                None
             }
-            (_, Some(index)) if known != Some(index) => match self.limiter.reattach(&self.placement) {
-                Ok(attached) => {
-                    self.health.ready();
-                    if let Some(reason) = &attached.fallback {
-                        warn!(iface = %self.iface, %reason, "reattached, not as asked");
-                    }
-                    let why = attached.why_tcx.as_deref().unwrap_or("");
-                    info!(iface = %self.iface, hook = %attached.mode.hook(), mode = %attached.mode, why, "interface re-created: reattached")
+            (_, Some(index)) if known != Some(index) => Some("interface re-created: reattached"),
+            // A filter at tc ingress, unlike a link, can be deleted by another tool.
+            _ => self.limiter.filter_gone().map(|found| {
+                warn!(iface = %self.iface, %found, "the limiter's filter at tc ingress was deleted (`tc filter del`, or `tc qdisc del ... clsact`?): attaching it again");
+                "the filter at tc ingress attached again"
+            }),
+        };
+        match again.map(|done| (done, self.limiter.reattach(&self.placement))) {
+            Some((done, Ok(attached))) => {
+                self.health.ready();
+                if let Some(reason) = &attached.fallback {
+                    warn!(iface = %self.iface, %reason, "reattached, not as asked");
                 }
-                Err(e) => {
-                    warn!(iface = %self.iface, error = %e, "reattaching failed; will retry");
-                    return known;
-                }
-            },
-            _ => {}
+                let why = attached.why_tc.as_ref().map(ToString::to_string).unwrap_or_default();
+                info!(iface = %self.iface, hook = %attached.mode.hook(), mode = %attached.mode, why, "{done}")
+            }
+            Some((_, Err(e))) => {
+                warn!(iface = %self.iface, error = %e, "reattaching failed; will retry");
+                return known;
+            }
+            None => {}
         }
         now
     }

@@ -1,79 +1,105 @@
-//! Attaching the program to an interface, at XDP or at tc ingress (tcx), in place of a pinned
-//! predecessor when there is one; moving it from one hook to the other without a gap; and
-//! detaching it.
+//! Attaching the program to an interface, at XDP or at tc ingress (through a tcx link, or a
+//! netlink filter where the kernel has no tcx: `tc_api`, `tc_filter`), in place of a pinned
+//! predecessor when there is one; and detaching it. Moving it from one hook to the other, and
+//! what a start repairs of a move cut short: `moves`.
 
 use std::path::Path;
 
 use aya::programs::{
     TcAttachType, XdpMode,
-    links::{FdLink, LinkType, PinnedLink},
-    tc::{SchedClassifierLink, TcAttachOptions},
+    links::FdLink,
+    tc::{NlOptions, SchedClassifierLink, TcAttachOptions},
     xdp::{XdpLink, XdpLinkId},
 };
 use limiter_common::maps::Config;
 
 use super::{
-    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement,
-    handover::IN_FLIGHT,
-    interface_exists,
+    AttachMode, Attached, Error, Hook, HookRequest, Limiter, ModeRequest, Placement, TcReason, interface_exists,
+    pinned::{Pinned, config_map_id, remove_pin},
     pins::{PinDir, map_names, xdp_program},
+    tc_api::{self, ApiReason, TcApi},
+    tc_filter::{self, HANDLE},
     tcx::{self, TcxPlace},
 };
-use crate::test_hook::sigkill_at;
 
-/// The limiter's link: held here, and pinned too (at [`PinDir::link`]) when it has pins, so it
-/// outlives the process.
+/// The limiter's attachment: held here, and pinned too (at [`PinDir::link`]) when it has pins,
+/// so it outlives the process.
 pub(super) struct Link {
     pub(super) iface: String,
-    pub(super) hook: Hook,
-    fd: FdLink,
-    why_tcx: Option<String>,
+    pub(super) held: Held,
+    pub(super) why_tc: Option<TcReason>,
+    pub(super) api_reason: Option<ApiReason>,
 }
+
+/// What attaches the program: a bpf_link (XDP or tcx), or a filter at tc ingress, which the
+/// kernel holds (its handle is [`HANDLE`]; the pin is its program's).
+pub(super) enum Held {
+    Link { hook: Hook, fd: FdLink },
+    Filter { priority: u16 },
+}
+
+impl Held {
+    pub(super) fn hook(&self) -> Hook {
+        match self {
+            Self::Link { hook, .. } => *hook,
+            Self::Filter { .. } => Hook::Tc,
+        }
+    }
+
+    /// Lets go of it: a link is released with its last descriptor (its pin gone), a filter is
+    /// deleted. Never on drop: a daemon that exits leaves its attachment (fail static).
+    pub(super) fn release(self, iface: &str) -> Result<(), Error> {
+        match self {
+            Self::Link { fd, .. } => {
+                drop(fd);
+                Ok(())
+            }
+            Self::Filter { priority } => tc_filter::delete(iface, priority),
+        }
+    }
+}
+
+/// Where a new attachment is pinned (None: no pins), and the test hook a move calls at its steps
+/// ([`crate::test_hook::sigkill_at`]; a start passes [`no_step`]).
+#[derive(Clone, Copy)]
+pub(super) struct Pin<'a> {
+    pub(super) at: Option<&'a Path>,
+    pub(super) step: fn(&str),
+}
+
+/// The steps of a start, which no test hook stops at.
+pub(super) fn no_step(_: &str) {}
 
 impl Limiter {
     /// Attaches to `iface` at XDP in `mode` ([`Limiter::attach_as`]).
     pub fn attach(&mut self, iface: &str, mode: ModeRequest) -> Result<Attached, Error> {
-        self.attach_as(iface, &Placement { hook: HookRequest::Xdp, mode, tcx: TcxPlace::First })
+        self.attach_as(iface, &Placement { hook: HookRequest::Xdp, mode, ..Placement::default() })
     }
 
-    /// Attaches to `iface` as `want` says. With pins: a move a predecessor did not finish is
-    /// undone first ([`handover`](super::handover)); a pinned predecessor's link gets this
-    /// program swapped in atomically (its hook, XDP mode and tcx place stay), then an explicit
-    /// hook other than that link's is moved to ([`Limiter::move_to`]); otherwise a new link is
-    /// made and pinned. A program loaded in place of one it could not adopt
-    /// ([`Limiter::replaces_incompatible`]) then pins its own maps where the predecessor's were.
+    /// Attaches to `iface` as `want` says. With pins: what a move cut short left is repaired
+    /// first (`moves`); a pinned predecessor's attachment gets this program swapped in
+    /// atomically (its hook, XDP mode, tc API and place stay), then an explicit hook other than
+    /// that one is moved to ([`Limiter::move_to`]); otherwise a new attachment is made and pinned.
+    /// A program loaded in place of one it could not adopt ([`Limiter::replaces_incompatible`])
+    /// then pins its own maps where the predecessor's were.
     pub fn attach_as(&mut self, iface: &str, want: &Placement) -> Result<Attached, Error> {
-        let undone = self.undo_move()?;
+        let repaired = self.repair(iface)?;
         let mut attached = self.attach_link(iface, want)?;
         if self.stale.is_some() {
             self.pin_maps()?;
         }
         // The mode the link was made in, or found in: never what a move cut short recorded.
         self.record_mode(attached.mode)?;
-        attached.lingering = self.end_handover(iface, undone)?;
-        attached.undone = undone.map(|(hook, _)| hook);
+        let released = repaired.as_ref().and_then(|r| r.released);
+        attached.lingering = self.end_handover(iface, released)?;
+        attached.repaired = repaired.map(|r| r.said);
         match want.hook.explicit() {
             Some(hook) if hook != attached.mode.hook() => {
-                let why = format!("asked for (--attach {hook})");
-                let moved = self.move_to(hook, want, why)?;
-                Ok(Attached { replaced: attached.replaced, undone: attached.undone, ..moved })
+                let moved = self.move_to(hook, want, TcReason::Asked)?;
+                Ok(Attached { replaced: attached.replaced, repaired: attached.repaired, ..moved })
             }
             _ => Ok(attached),
         }
-    }
-
-    /// A move cut short between pinning its new link beside the old one and renaming it over
-    /// it left two links pinned: the new one goes, so the program stays where its link is.
-    /// Returns that link's hook and program, to wait for it to leave.
-    fn undo_move(&self) -> Result<Option<(Hook, u32)>, Error> {
-        let Some(pins) = &self.pins else { return Ok(None) };
-        let next = pins.link_next();
-        if !next.exists() {
-            return Ok(None);
-        }
-        let found = pinned_link(&next).ok();
-        remove_pin(&next, "removing the unfinished move's")?;
-        Ok(found)
     }
 
     fn attach_link(&mut self, iface: &str, want: &Placement) -> Result<Attached, Error> {
@@ -84,76 +110,95 @@ impl Limiter {
         if let Some(pins) = self.pins.clone() {
             let path = pins.link();
             if path.exists() {
-                let (hook, link) = open_pinned(&path)?;
+                let pinned = Pinned::open(&path)?;
+                let hook = match &pinned {
+                    Pinned::Link { hook, .. } => *hook,
+                    Pinned::Filter { .. } => Hook::Tc,
+                };
                 self.load_hook(hook)?;
-                match self.swap_into(&path, hook, link) {
-                    Ok(fd) => return self.took_over(iface, hook, fd),
-                    // Defunct: its interface went away (re-created since?). A new link, at the
-                    // same hook unless another is asked for.
-                    Err(_) => {
+                let swapped = match pinned {
+                    Pinned::Link { hook, fd } => self.swap_into(&path, hook, fd).map(|fd| Held::Link { hook, fd }).ok(),
+                    Pinned::Filter { program } => {
+                        self.swap_filter(iface, &pins, program)?.map(|priority| Held::Filter { priority })
+                    }
+                };
+                match swapped {
+                    Some(held) => return self.took_over(iface, held),
+                    // Defunct: its interface went away (re-created since?), or its filter was
+                    // deleted. A new attachment, at the same hook unless another is asked for.
+                    None => {
                         remove_pin(&path, "removing the stale")?;
                         defunct = Some(hook);
                     }
                 }
             }
         }
-        let (fd, attached) = self.attach_new(iface, want, defunct)?;
-        let fd = match &self.pins {
-            None => fd,
-            Some(pins) => {
-                let path = pins.link();
-                FdLink::from(fd.pin(&path).map_err(|error| Error::PinLink { path: path.clone(), error })?)
-            }
-        };
-        self.link =
-            Some(Link { iface: iface.into(), hook: attached.mode.hook(), fd, why_tcx: attached.why_tcx.clone() });
+        let path = self.pins.as_ref().map(PinDir::link);
+        let (held, attached) = self.attach_new(iface, want, defunct, Pin { at: path.as_deref(), step: no_step })?;
+        self.set_link(iface, held, &attached);
         Ok(attached)
     }
 
-    /// The pinned predecessor's link now runs this program: its hook and mode are the link's.
-    fn took_over(&mut self, iface: &str, hook: Hook, fd: FdLink) -> Result<Attached, Error> {
-        let (mode, mode_unknown, why_tcx) = match hook {
-            Hook::Tcx => (AttachMode::Tcx, None, Some("kept at tcx ingress, where the pinned limiter was".to_string())),
-            Hook::Xdp => match self.attach_mode() {
-                Ok(recorded) if self.stale.is_none() && recorded.hook() == Hook::Xdp => (recorded, None, None),
+    pub(super) fn set_link(&mut self, iface: &str, held: Held, attached: &Attached) {
+        let (why_tc, api_reason) = (attached.why_tc.clone(), attached.api_reason.clone());
+        self.link = Some(Link { iface: iface.into(), held, why_tc, api_reason });
+    }
+
+    /// The pinned predecessor's attachment now runs this program: its hook and mode are its own.
+    fn took_over(&mut self, iface: &str, held: Held) -> Result<Attached, Error> {
+        let (mode, mode_unknown, why_tc, api_reason) = match &held {
+            Held::Filter { .. } => {
+                (AttachMode::Netlink, None, Some(TcReason::Kept), Some(tc_api::no_tcx().unwrap_or(ApiReason::Kept)))
+            }
+            Held::Link { hook: Hook::Tc, .. } => (AttachMode::Tcx, None, Some(TcReason::Kept), None),
+            Held::Link { hook: Hook::Xdp, .. } => match self.attach_mode() {
+                Ok(recorded) if self.stale.is_none() && recorded.hook() == Hook::Xdp => (recorded, None, None, None),
                 // The predecessor's config is not readable as ours: ask the kernel.
                 _ => match xdp_program(iface) {
-                    Ok(Some(p)) if p.mode == "skb" => (AttachMode::Skb, None, None),
-                    Ok(_) => (AttachMode::Native, None, None),
-                    Err(e) => (AttachMode::Native, Some(e.to_string()), None),
+                    Ok(Some(p)) if p.mode == "skb" => (AttachMode::Skb, None, None, None),
+                    Ok(_) => (AttachMode::Native, None, None, None),
+                    Err(e) => (AttachMode::Native, Some(e.to_string()), None, None),
                 },
             },
         };
-        self.link = Some(Link { iface: iface.into(), hook, fd, why_tcx: why_tcx.clone() });
-        Ok(Attached { replaced: true, mode_unknown, why_tcx, ..Attached::new(mode) })
+        let attached = Attached { replaced: true, mode_unknown, why_tc, api_reason, ..Attached::new(mode) };
+        self.set_link(iface, held, &attached);
+        Ok(attached)
     }
 
-    /// A new link (not pinned yet) at the hook `want` asks for; under auto, at tcx if `keep` (the
-    /// hook of a pinned link whose interface went away) says so, else XDP when it is free, tcx
-    /// when another program holds it (or XDP refuses the program).
-    fn attach_new(&mut self, iface: &str, want: &Placement, keep: Option<Hook>) -> Result<(FdLink, Attached), Error> {
+    /// A new attachment (pinned as `pin` says) at the hook `want` asks for; under auto, at tc
+    /// ingress if `keep` (the hook of a pinned attachment that went away) says so, else XDP when
+    /// it is free, tc ingress when another program holds it (or XDP refuses the program, unless
+    /// `--mode native` asked for native or nothing).
+    pub(super) fn attach_new(
+        &mut self,
+        iface: &str,
+        want: &Placement,
+        keep: Option<Hook>,
+        pin: Pin<'_>,
+    ) -> Result<(Held, Attached), Error> {
         match (want.hook, keep) {
-            (HookRequest::Xdp, _) => self.attach_xdp(iface, want.mode),
-            (HookRequest::Tcx, _) => self.attach_tcx(iface, &want.tcx, "asked for (--attach tcx)".into()),
-            (HookRequest::Auto, Some(Hook::Tcx)) => {
-                self.attach_tcx(iface, &want.tcx, "kept at tcx ingress, where the pinned limiter was".into())
-            }
+            (HookRequest::Xdp, _) => self.attach_xdp(iface, want.mode, pin),
+            (HookRequest::Tc, _) => self.attach_tc(iface, want, TcReason::Asked, pin),
+            (HookRequest::Auto, Some(Hook::Tc)) => self.attach_tc(iface, want, TcReason::Kept, pin),
             (HookRequest::Auto, Some(Hook::Xdp) | None) => {
                 // Another program holds XDP: it is left alone, the limiter judges after it.
                 if let Ok(Some(holder)) = xdp_program(iface) {
-                    return self.attach_tcx(iface, &want.tcx, format!("another program holds XDP ({holder})"));
+                    return self.attach_tc(iface, want, TcReason::XdpHeld(holder.to_string()), pin);
                 }
-                match self.attach_xdp(iface, want.mode) {
+                match self.attach_xdp(iface, want.mode, pin) {
                     Ok(attached) => Ok(attached),
                     Err(xdp) => {
                         let why = match &xdp {
-                            Error::Occupied { holder, .. } => format!("another program holds XDP ({holder})"),
-                            other => format!("XDP refused the program ({})", chain(other)),
+                            Error::Occupied { holder, .. } => TcReason::XdpHeld(holder.to_string()),
+                            // Native or nothing: slower at tc ingress is not what was asked.
+                            _ if want.mode == ModeRequest::Native => return Err(xdp),
+                            other => TcReason::XdpRefused(chain(other)),
                         };
-                        self.attach_tcx(iface, &want.tcx, why).map_err(|tcx| Error::NoHook {
+                        self.attach_tc(iface, want, why, pin).map_err(|tc| Error::NoHook {
                             iface: iface.into(),
                             xdp: chain(&xdp),
-                            tcx: chain(&tcx),
+                            tc: chain(&tc),
                         })
                     }
                 }
@@ -161,7 +206,12 @@ impl Limiter {
         }
     }
 
-    fn attach_xdp(&mut self, iface: &str, mode: ModeRequest) -> Result<(FdLink, Attached), Error> {
+    pub(super) fn attach_xdp(
+        &mut self,
+        iface: &str,
+        mode: ModeRequest,
+        pin: Pin<'_>,
+    ) -> Result<(Held, Attached), Error> {
         self.load_hook(Hook::Xdp)?;
         let (id, attached) = self.attach_xdp_in(iface, mode).map_err(|e| match xdp_program(iface) {
             // Most often another tool's program (or a limiter under another --pin-dir): say which.
@@ -170,11 +220,13 @@ impl Limiter {
         })?;
         let program = self.xdp_mut()?;
         let link = program.take_link(id).map_err(|source| Error::Attach {
+            hook: Hook::Xdp,
             iface: iface.into(),
             mode: attached.mode.as_str(),
             source,
         })?;
-        Ok((FdLink::try_from(link).map_err(Error::NotBpfLink)?, attached))
+        let fd = FdLink::try_from(link).map_err(Error::NotBpfLink)?;
+        Ok((pin_link(Hook::Xdp, fd, pin)?, attached))
     }
 
     fn attach_xdp_in(&mut self, iface: &str, mode: ModeRequest) -> Result<(XdpLinkId, Attached), Error> {
@@ -189,41 +241,90 @@ impl Limiter {
             Err(native_err) if mode == ModeRequest::Auto => {
                 let reason = chain(&native_err);
                 let id = program.attach(iface, XdpMode::Skb).map_err(|source| Error::Attach {
+                    hook: Hook::Xdp,
                     iface: iface.into(),
                     mode: "skb",
                     source,
                 })?;
                 Ok((id, Attached { fallback: Some(reason), ..Attached::new(AttachMode::Skb) }))
             }
-            Err(source) => Err(Error::Attach { iface: iface.into(), mode: first.as_str(), source }),
+            Err(source) => Err(Error::Attach { hook: Hook::Xdp, iface: iface.into(), mode: first.as_str(), source }),
         }
     }
 
-    fn attach_tcx(&mut self, iface: &str, place: &TcxPlace, why: String) -> Result<(FdLink, Attached), Error> {
-        self.load_hook(Hook::Tcx)?;
+    /// At tc ingress, through the API `want.tc_api` gives on this kernel ([`tc_api::choose`]).
+    pub(super) fn attach_tc(
+        &mut self,
+        iface: &str,
+        want: &Placement,
+        why: TcReason,
+        pin: Pin<'_>,
+    ) -> Result<(Held, Attached), Error> {
+        self.load_hook(Hook::Tc)?;
+        let (api, api_reason) = tc_api::choose(want.tc_api);
+        let (held, mode) = match api {
+            TcApi::Tcx => (self.attach_tcx(iface, &want.tcx, pin)?, AttachMode::Tcx),
+            TcApi::Netlink => (self.attach_filter(iface, &want.tcx, pin)?, AttachMode::Netlink),
+        };
+        Ok((held, Attached { why_tc: Some(why), api_reason, ..Attached::new(mode) }))
+    }
+
+    fn attach_tcx(&mut self, iface: &str, place: &TcxPlace, pin: Pin<'_>) -> Result<Held, Error> {
         let order = tcx::link_order(iface, place)?;
-        let failed = |source| Error::Attach { iface: iface.into(), mode: "tcx", source };
+        let failed = |source| match tc_api::no_tcx() {
+            Some(why) => Error::NoTcx { iface: iface.into(), why: why.to_string() },
+            None => Error::Attach { hook: Hook::Tc, iface: iface.into(), mode: "tcx", source },
+        };
         let program = self.tcx_mut()?;
         let id = program
             .attach_with_options(iface, TcAttachType::Ingress, TcAttachOptions::TcxOrder(order))
             .map_err(failed)?;
         let link = program.take_link(id).map_err(failed)?;
-        let fd = FdLink::try_from(link).map_err(Error::NotBpfLink)?;
-        Ok((fd, Attached { why_tcx: Some(why), ..Attached::new(AttachMode::Tcx) }))
+        pin_link(Hook::Tc, FdLink::try_from(link).map_err(Error::NotBpfLink)?, pin)
+    }
+
+    /// A filter at tc ingress, at the priority `place` gives ([`tc_filter::priority_for`]), on a
+    /// clsact qdisc (added if missing). Its program is pinned first: a daemon killed between the
+    /// two steps leaves a pin naming a filter that is not there (the next start attaches anew),
+    /// never a filter nothing names.
+    fn attach_filter(&mut self, iface: &str, place: &TcxPlace, pin: Pin<'_>) -> Result<Held, Error> {
+        let priority = tc_filter::priority_for(iface, place)?;
+        tc_filter::ensure_clsact(iface)?;
+        if let Some(path) = pin.at {
+            self.tcx_mut()?.pin(path).map_err(|error| Error::PinLink { path: path.to_path_buf(), error })?;
+            (pin.step)("move-pinned");
+        }
+        let failed = |source| Error::Attach { hook: Hook::Tc, iface: iface.into(), mode: "netlink", source };
+        let program = self.tcx_mut()?;
+        let options = NlOptions { priority, handle: HANDLE.into(), classid: None };
+        let attached = program
+            .attach_with_options(iface, TcAttachType::Ingress, TcAttachOptions::Netlink(options))
+            .and_then(|id| program.take_link(id));
+        match attached {
+            Ok(link) => tc_filter::keep(link),
+            Err(source) => {
+                if let Some(path) = pin.at {
+                    remove_pin(path, "removing the pin of a filter not made")?;
+                }
+                return Err(failed(source));
+            }
+        }
+        (pin.step)("move-attached");
+        Ok(Held::Filter { priority })
     }
 
     /// Swaps this program into the pinned link `link` of `hook` (BPF_LINK_UPDATE: the hook, its
     /// mode and its place stay); the link is then held here too.
     fn swap_into(&mut self, path: &Path, hook: Hook, link: FdLink) -> Result<FdLink, Error> {
         let invalid = |error| Error::PinnedLinkInvalid { path: path.to_path_buf(), error };
-        let replace = |source| Error::Attach { iface: "(pinned link)".into(), mode: "replace", source };
+        let replace = |source| Error::Attach { hook, iface: "(pinned link)".into(), mode: "replace", source };
         match hook {
             Hook::Xdp => {
                 let program = self.xdp_mut()?;
                 let id = program.attach_to_link(XdpLink::try_from(link).map_err(invalid)?).map_err(replace)?;
                 FdLink::try_from(program.take_link(id).map_err(replace)?).map_err(invalid)
             }
-            Hook::Tcx => {
+            Hook::Tc => {
                 let program = self.tcx_mut()?;
                 let id =
                     program.attach_to_link(SchedClassifierLink::try_from(link).map_err(invalid)?).map_err(replace)?;
@@ -232,107 +333,33 @@ impl Limiter {
         }
     }
 
-    /// Moves the program to `hook` without a gap: verified for it first (the slow step, while
-    /// one hook judges); then, under [`Config::HANDOVER`] (both hooks hold it, each packet is
-    /// judged once), attached there, the new link pinned in place of the old one, the old one
-    /// released; the flag is cleared once the old hook has left. Already at `hook`: nothing
-    /// changes (`moved_from` is None). On a failure the program stays where it was.
-    pub fn move_to(&mut self, hook: Hook, want: &Placement, why: String) -> Result<Attached, Error> {
-        let Some(link) = &self.link else { return Err(Error::NotAttached) };
-        let from = self.attach_mode()?;
-        if link.hook == hook {
-            return Ok(Attached { why_tcx: link.why_tcx.clone(), ..Attached::new(from) });
-        }
-        let iface = link.iface.clone();
-        self.load_hook(hook)?;
-        self.set_handover(true)?;
-        // What the XDP program judged before it saw the flag passes tc ingress before tc judges.
-        std::thread::sleep(IN_FLIGHT);
-        sigkill_at("move-flagged");
-        let moved = self.switch_link(&iface, hook, want, why, from);
-        // The link let go of: the old one, or on a failure the new one (if it was made).
-        let released = if moved.is_ok() { from.hook() } else { hook };
-        let ended = self.end_handover(&iface, self.hook_program_id(released).ok().map(|p| (released, p)));
-        let mut attached = moved?;
-        attached.lingering = ended?;
-        Ok(attached)
-    }
-
-    /// The steps of [`Limiter::move_to`] that change the hooks: attached at `hook`, the mode
-    /// recorded, the new link pinned over the old one ([`pin_over`]), the old one released.
-    fn switch_link(
-        &mut self,
-        iface: &str,
-        hook: Hook,
-        want: &Placement,
-        why: String,
-        from: AttachMode,
-    ) -> Result<Attached, Error> {
-        let (fd, mut attached) = match hook {
-            Hook::Xdp => self.attach_xdp(iface, want.mode)?,
-            Hook::Tcx => self.attach_tcx(iface, &want.tcx, why)?,
+    /// Swaps this program into the limiter's filter at tc ingress of `iface` (the one running
+    /// `program`, the pinned one, or a program using the pinned maps), in place: the same priority
+    /// and handle, so no packet goes unjudged. Its priority; None if no such filter is there.
+    fn swap_filter(&mut self, iface: &str, pins: &PinDir, program: u32) -> Result<Option<u16>, Error> {
+        let config = config_map_id(pins);
+        let ours = |f: &tc_filter::TcFilter| {
+            f.handle == HANDLE && (f.program_id() == Some(program) || config.is_some_and(|c| f.uses_map(c)))
         };
-        sigkill_at("move-attached");
-        // Recorded before the pin names the new link, and put back if pinning fails.
-        self.record_mode(attached.mode)?;
-        let fd = match &self.pins {
-            Some(pins) => pin_over(pins, fd).inspect_err(|_| {
-                // Best effort: the error said is the pin's.
-                let _ = self.record_mode(from);
-            })?,
-            None => fd,
+        let Some(found) = tc_filter::filters(iface)?.into_iter().find(ours) else { return Ok(None) };
+        let replace = |source| Error::Attach { hook: Hook::Tc, iface: iface.into(), mode: "netlink replace", source };
+        let classifier = self.tcx_mut()?;
+        // Built where it is used: dropped, the link would delete the filter.
+        let id = match SchedClassifierLink::attached(iface, TcAttachType::Ingress, found.priority, HANDLE.into(), None)
+        {
+            Ok(link) => classifier.attach_to_link(link).map_err(replace)?,
+            Err(_) => return Ok(None),
         };
-        sigkill_at("move-renamed");
-        let old = self.link.replace(Link { iface: iface.into(), hook, fd, why_tcx: attached.why_tcx.clone() });
-        // Closing the old link's last descriptor (its pin is gone) releases it.
-        drop(old);
-        sigkill_at("move-released");
-        attached.moved_from = Some(from);
-        Ok(attached)
-    }
-
-    /// Attaches again after the interface was re-created (the old link died with it), at the
-    /// hook it was at; at tcx, first if the program it was placed against is not there (yet).
-    /// On a failure the dead link is kept, for the next try.
-    pub fn reattach(&mut self, want: &Placement) -> Result<Attached, Error> {
-        let Some(link) = &self.link else { return Err(Error::NotAttached) };
-        let (iface, hook) = (link.iface.clone(), link.hook);
-        if let Some(pins) = &self.pins {
-            remove_pin(&pins.link(), "removing the defunct")?;
-        }
-        let why_tcx = link.why_tcx.clone();
-        // Auto may go to tcx if another program took XDP on the new interface first.
-        let want = Placement {
-            hook: match (hook, want.hook) {
-                (Hook::Xdp, HookRequest::Auto) => HookRequest::Auto,
-                (Hook::Xdp, _) => HookRequest::Xdp,
-                (Hook::Tcx, _) => HookRequest::Tcx,
-            },
-            ..want.clone()
-        };
-        let (fd, mut attached) = match self.attach_new(&iface, &want, None) {
-            Err(e @ (Error::NoSuchTcxProgram { .. } | Error::AmbiguousTcxProgram { .. })) => {
-                let first = Placement { tcx: TcxPlace::First, ..want.clone() };
-                let (fd, mut attached) = self.attach_new(&iface, &first, None)?;
-                attached.fallback = Some(format!("attached first at tcx ingress: {e}"));
-                (fd, attached)
-            }
-            other => other?,
-        };
-        let fd = match &self.pins {
-            None => fd,
-            Some(pins) => {
-                let path = pins.link();
-                FdLink::from(fd.pin(&path).map_err(|error| Error::PinLink { path: path.clone(), error })?)
-            }
-        };
-        if attached.mode == AttachMode::Tcx && hook == Hook::Tcx {
-            attached.why_tcx = why_tcx.or(attached.why_tcx);
-        }
-        let hook = attached.mode.hook();
-        self.link = Some(Link { iface, hook, fd, why_tcx: attached.why_tcx.clone() });
-        self.record_mode(attached.mode)?;
-        Ok(attached)
+        tc_filter::keep(classifier.take_link(id).map_err(replace)?);
+        // The pin names the program the filter runs now: pinned beside, renamed over.
+        let next = pins.link_next();
+        classifier.pin(&next).map_err(|error| Error::PinLink { path: next.clone(), error })?;
+        std::fs::rename(&next, pins.link()).map_err(|error| Error::PinFile {
+            doing: "renaming the new program's pin over",
+            path: pins.link(),
+            error,
+        })?;
+        Ok(Some(found.priority))
     }
 
     /// Detaches from the interface and removes the pins: the next start begins afresh.
@@ -341,11 +368,15 @@ impl Limiter {
         let Some(link) = self.link.take() else {
             return Ok(None);
         };
-        // Unpinning first: then closing our descriptor destroys the link.
+        // A filter goes first (a pin naming none is harmless); a link is unpinned first, then
+        // closing our descriptor destroys it.
+        if let Held::Filter { priority } = link.held {
+            tc_filter::delete(&link.iface, priority)?;
+        }
         if let Some(pins) = &self.pins {
             remove_pin(&pins.link(), "removing")?;
         }
-        drop(link.fd);
+        drop(link.held);
         if let Some(pins) = &self.pins {
             pins.remove()?;
         }
@@ -354,21 +385,44 @@ impl Limiter {
 
     /// The hook the program is attached at, if it is.
     pub fn hook(&self) -> Option<Hook> {
-        self.link.as_ref().map(|l| l.hook)
+        self.link.as_ref().map(|l| l.held.hook())
     }
 
-    /// Why the program runs at tcx ingress, when it does.
-    pub fn why_tcx(&self) -> Option<&str> {
-        self.link.as_ref().and_then(|l| l.why_tcx.as_deref())
+    /// Why the program runs at tc ingress, when it does.
+    pub fn why_tc(&self) -> Option<&TcReason> {
+        self.link.as_ref().and_then(|l| l.why_tc.as_ref())
     }
 
-    fn record_mode(&mut self, mode: AttachMode) -> Result<(), Error> {
+    /// Why it runs there through netlink rather than tcx, when it does.
+    pub fn api_reason(&self) -> Option<&ApiReason> {
+        self.link.as_ref().and_then(|l| l.api_reason.as_ref())
+    }
+
+    /// The limiter's filter at tc ingress, if it is attached through one and the filter is not
+    /// there running its program any more (deleted by another tool: `tc qdisc del ... clsact`):
+    /// what is at its priority instead, in words. None while it is there, or unknown.
+    pub fn filter_gone(&self) -> Option<String> {
+        let link = self.link.as_ref()?;
+        let Held::Filter { priority } = link.held else { return None };
+        let program = self.hook_program_id(Hook::Tc).ok()?;
+        let filters = tc_filter::dump(&link.iface).ok()?;
+        match filters.iter().find(|f| f.priority == priority && f.handle == HANDLE) {
+            Some(f) if f.program == Some(program) => None,
+            Some(other) => Some(match other.program {
+                Some(id) => format!("priority {priority} handle {HANDLE:#x} runs program id {id}"),
+                None => format!("priority {priority} handle {HANDLE:#x} runs no BPF program"),
+            }),
+            None => Some(format!("nothing at priority {priority} handle {HANDLE:#x}")),
+        }
+    }
+
+    pub(super) fn record_mode(&mut self, mode: AttachMode) -> Result<(), Error> {
         let mut config = self.read_config()?;
         config.flags = (config.flags & !(Config::ATTACHED_SKB | Config::ATTACHED_TCX))
             | match mode {
                 AttachMode::Native => 0,
                 AttachMode::Skb => Config::ATTACHED_SKB,
-                AttachMode::Tcx => Config::ATTACHED_TCX,
+                AttachMode::Tcx | AttachMode::Netlink => Config::ATTACHED_TCX,
             };
         self.store_config(&config)
     }
@@ -384,61 +438,34 @@ impl Limiter {
         Ok(())
     }
 
-    /// How the program is attached: at its link's hook; at XDP, in the mode recorded in the
-    /// kernel's config when the link was made (so it survives reattaching and adoption). Not
-    /// attached (yet): as recorded.
+    /// How the program is attached: at tc ingress, as its attachment is (a tcx link or a
+    /// filter); at XDP, in the mode recorded in the kernel's config when the link was made (so it
+    /// survives reattaching and adoption). Not attached (yet): as recorded.
     pub fn attach_mode(&self) -> Result<AttachMode, Error> {
         let flags = self.read_config()?.flags;
-        let hook = self.hook().unwrap_or(if flags & Config::ATTACHED_TCX != 0 { Hook::Tcx } else { Hook::Xdp });
-        Ok(match hook {
-            Hook::Tcx => AttachMode::Tcx,
-            Hook::Xdp if flags & Config::ATTACHED_SKB != 0 => AttachMode::Skb,
-            Hook::Xdp => AttachMode::Native,
+        let xdp = if flags & Config::ATTACHED_SKB != 0 { AttachMode::Skb } else { AttachMode::Native };
+        Ok(match self.link.as_ref().map(|l| &l.held) {
+            Some(Held::Filter { .. }) => AttachMode::Netlink,
+            Some(Held::Link { hook: Hook::Tc, .. }) => AttachMode::Tcx,
+            Some(Held::Link { hook: Hook::Xdp, .. }) => xdp,
+            None if flags & Config::ATTACHED_TCX != 0 => AttachMode::Tcx,
+            None => xdp,
         })
     }
 }
 
-/// The link pinned at `path`, and its hook (read from the kernel's link info).
-fn open_pinned(path: &Path) -> Result<(Hook, FdLink), Error> {
-    let opening = |error| Error::OpenPinnedLink { path: path.to_path_buf(), error };
-    let link = FdLink::from(PinnedLink::from_pin(path).map_err(opening)?);
-    let hook = match link.info().and_then(|i| i.link_type()).map_err(opening)? {
-        LinkType::Xdp => Hook::Xdp,
-        LinkType::Tcx => Hook::Tcx,
-        other => return Err(Error::PinnedLinkType { path: path.to_path_buf(), found: format!("{other:?}") }),
+/// A new link at `hook`, pinned where `pin` says (between the two steps, the daemon alone holds
+/// it: killed there, it goes with the daemon).
+fn pin_link(hook: Hook, fd: FdLink, pin: Pin<'_>) -> Result<Held, Error> {
+    (pin.step)("move-attached");
+    let fd = match pin.at {
+        None => fd,
+        Some(path) => FdLink::from(fd.pin(path).map_err(|error| Error::PinLink { path: path.to_path_buf(), error })?),
     };
-    Ok((hook, link))
-}
-
-/// The hook and program id of the link pinned at `path`, the descriptor closed again (a held
-/// descriptor would keep the link alive past its unpinning).
-pub(super) fn pinned_link(path: &Path) -> Result<(Hook, u32), Error> {
-    let (hook, link) = open_pinned(path)?;
-    let info = link.info().map_err(|error| Error::OpenPinnedLink { path: path.to_path_buf(), error })?;
-    Ok((hook, info.program_id()))
-}
-
-/// Pins `link` in place of the link pinned in `pins`: under a temporary name first, then renamed
-/// over it, so the pin always names a live link. The old link's pin goes; a descriptor keeps it.
-fn pin_over(pins: &PinDir, link: FdLink) -> Result<FdLink, Error> {
-    let (next, path) = (pins.link_next(), pins.link());
-    // On a failure the new link is dropped with its descriptor: it detaches, the old stays.
-    let pinned = link.pin(&next).map_err(|error| Error::PinLink { path: next.clone(), error })?;
-    sigkill_at("move-pinned");
-    if let Err(error) = std::fs::rename(&next, &path) {
-        let _ = std::fs::remove_file(&next);
-        return Err(Error::PinFile { doing: "renaming the new link over", path, error });
+    if pin.at.is_some() {
+        (pin.step)("move-pinned");
     }
-    Ok(FdLink::from(pinned))
-}
-
-/// Removes a pin, if it is there.
-fn remove_pin(path: &Path, doing: &'static str) -> Result<(), Error> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(error) => Err(Error::PinFile { doing, path: path.to_path_buf(), error }),
-    }
+    Ok(Held::Link { hook, fd })
 }
 
 /// An error and its causes, each after a colon, in one line.

@@ -10,7 +10,10 @@ use aya::{
 };
 use limiter_common::maps::{LAYOUT_VERSION, MAX_BUCKETS, MIN_BUCKETS};
 
-use super::pins::{BPFFS, Owner, XdpProgram};
+use super::{
+    Hook,
+    pins::{BPFFS, Owner, XdpProgram},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -38,8 +41,9 @@ pub enum Error {
     },
     #[error("interface '{0}' does not exist (see `ip link`)")]
     NoSuchInterface(String),
-    #[error("attaching to {iface} in {mode} mode failed: {source}")]
+    #[error("attaching to {iface} at {} in {mode} mode failed: {source}", hook.name())]
     Attach {
+        hook: Hook,
         iface: String,
         mode: &'static str,
         #[source]
@@ -83,6 +87,8 @@ pub enum Error {
     PinnedLinkInvalid { path: PathBuf, error: LinkError },
     #[error("{path} is a {found} link, not an XDP or tcx one: not the limiter's; `limiter-ctl detach` removes it")]
     PinnedLinkType { path: PathBuf, found: String },
+    #[error("{path}: a pinned program that cannot be read ({error}); `limiter-ctl detach` removes it")]
+    PinnedProgram { path: PathBuf, error: Box<ProgramError> },
     #[error("the link is not a bpf_link ({0}); this kernel cannot pin it")]
     NotBpfLink(LinkError),
     #[error("pinning {path}: {error}")]
@@ -119,7 +125,7 @@ pub enum Error {
          {iface} --pin-dir DIR`) [{source}]"
     )]
     Occupied { iface: String, holder: Box<XdpProgram>, source: Box<Error> },
-    // tc ingress (tcx).
+    // tc ingress through tcx.
     #[error("listing the programs at tc ingress of {iface} failed: {source}")]
     TcxQuery {
         iface: String,
@@ -133,8 +139,33 @@ pub enum Error {
     NoSuchTcxProgram { iface: String, prog: String, chain: String },
     #[error("'{prog}' names several programs at tc ingress of {iface} ({ids}): name one by its id")]
     AmbiguousTcxProgram { iface: String, prog: String, ids: String },
-    #[error("neither XDP nor tc ingress of {iface} took the program: at XDP, {xdp}; at tcx, {tcx}")]
-    NoHook { iface: String, xdp: String, tcx: String },
+    #[error("neither XDP nor tc ingress of {iface} took the program: at XDP, {xdp}; at tc ingress, {tc}")]
+    NoHook { iface: String, xdp: String, tc: String },
+    #[error(
+        "attaching at tc ingress of {iface} through tcx failed: {why}. `--tc-api auto` (the default) or `netlink` \
+         attaches through a filter on the clsact qdisc instead"
+    )]
+    NoTcx { iface: String, why: String },
+    // tc ingress through netlink (a filter on the clsact qdisc).
+    #[error("listing the filters at tc ingress of {iface} (netlink) failed: {error}")]
+    TcFilterQuery { iface: String, error: io::Error },
+    #[error("adding the clsact qdisc to {iface} (for the limiter's tc filter) failed: {source}")]
+    Clsact {
+        iface: String,
+        #[source]
+        source: aya::programs::tc::TcError,
+    },
+    #[error(
+        "priority {priority} at tc ingress of {iface}: {why}; nothing changed. Name another neighbour with \
+         --tcx-before/--tcx-after (`tc filter show dev {iface} ingress` lists the filters), or move that filter"
+    )]
+    TcPriority { iface: String, priority: u16, why: String },
+    #[error(
+        "'{prog}' runs at tcx on {iface}, and tcx runs before every tc filter: the limiter's filter (netlink) cannot \
+         run before it; nothing changed. --tcx-after it (or nothing) is where a filter runs anyway; `--tc-api tcx` \
+         attaches through tcx, where the order is free"
+    )]
+    TcxBeforeFilter { iface: String, prog: String },
     // What this build's own maps should never do.
     #[error("internal error: {0} is not a per-CPU array")]
     NotPerCpu(&'static str),
@@ -153,9 +184,16 @@ pub enum Error {
 }
 
 impl Error {
-    /// Bad input (a tcx program named that is not there): nothing was changed.
+    /// Bad input (a program named at tc ingress that is not there, a place there that cannot be
+    /// had): nothing was changed.
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, Self::NoSuchTcxProgram { .. } | Self::AmbiguousTcxProgram { .. })
+        matches!(
+            self,
+            Self::NoSuchTcxProgram { .. }
+                | Self::AmbiguousTcxProgram { .. }
+                | Self::TcPriority { .. }
+                | Self::TcxBeforeFilter { .. }
+        )
     }
 
     /// The kernel cannot run the limiter at all ([`Error::KernelLacks`]).

@@ -7,15 +7,16 @@
 //! cleared once the hook let go of has left (its link is freed a moment after its last
 //! reference).
 //!
-//! The next start repairs what a move cut short left: the new link, pinned beside the old one
-//! (`link_next`) before it was renamed over it, is removed (the move is undone: the program
-//! stays where its link was), and once it has left its hook the flag is cleared.
+//! The next start repairs what a move cut short left (`moves`): the new attachment, pinned
+//! beside the old one (`link_next`) before it was renamed over it, is removed (the move is
+//! undone: the program stays where its link was), a filter of the limiter's left at tc ingress
+//! beside a link is deleted, and once what was let go of has left its hook the flag is cleared.
 
 use std::time::{Duration, Instant};
 
 use limiter_common::maps::Config;
 
-use super::{Error, Hook, Limiter, pins::xdp_program, tcx};
+use super::{Error, Hook, Limiter, pins::xdp_program, tc_filter, tcx};
 
 /// How long a released link may take to leave its hook (the kernel frees it from a workqueue).
 pub(super) const RELEASE: Duration = Duration::from_secs(2);
@@ -47,9 +48,9 @@ impl Limiter {
             && !wait_left(iface, hook, program)
         {
             return Ok(Some(format!(
-                "the released {hook} link (program id {program}) is still attached to {iface}: a process holds it \
-                 (`bpftool link` shows it); both hooks run, each packet judged once (the XDP program marks what it \
-                 judged)"
+                "the released {hook} attachment (program id {program}) is still on {iface}: a process holds its link \
+                 (`bpftool link` shows it), or its filter could not be deleted (`tc filter show dev {iface} ingress`); \
+                 both hooks run, each packet judged once (the XDP program marks what it judged)"
             )));
         }
         if self.in_handover()? {
@@ -68,7 +69,10 @@ pub(super) fn wait_left(iface: &str, hook: Hook, id: u32) -> bool {
     loop {
         let there = match hook {
             Hook::Xdp => xdp_program(iface).is_ok_and(|p| p.is_some_and(|p| p.id == id)),
-            Hook::Tcx => tcx::programs(iface).is_ok_and(|chain| chain.iter().any(|p| p.id == id)),
+            Hook::Tc => {
+                tcx::programs(iface).is_ok_and(|chain| chain.iter().any(|p| p.id == id))
+                    || tc_filter::filters(iface).is_ok_and(|f| f.iter().any(|f| f.program_id() == Some(id)))
+            }
         };
         if !there {
             return true;

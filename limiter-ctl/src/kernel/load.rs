@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::test_hook::pretend_rejected;
+
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, Map, MapData, PerCpuArray, ProgramArray},
@@ -188,9 +190,13 @@ impl Limiter {
             if program.fd().is_ok() {
                 continue;
             }
+            if let Some(log) = pretend_rejected(hook) {
+                let denied = std::io::Error::from_raw_os_error(nix::libc::EACCES);
+                return Err(verifier::refusal(hook.as_str(), name, &denied, log));
+            }
             match hook {
                 Hook::Xdp => <&mut Xdp>::try_from(program).map_err(Error::Program)?.load(),
-                Hook::Tcx => <&mut SchedClassifier>::try_from(program).map_err(Error::Program)?.load(),
+                Hook::Tc => <&mut SchedClassifier>::try_from(program).map_err(Error::Program)?.load(),
             }
             .map_err(|e| verifier::rejected(hook.as_str(), name, e))?;
         }
@@ -267,6 +273,6 @@ impl Limiter {
 fn hook_programs(hook: Hook) -> (&'static str, &'static str, &'static str) {
     match hook {
         Hook::Xdp => (PROGRAM, PROGRAM_LAYERS, MAP_JUMPS),
-        Hook::Tcx => (PROGRAM_TCX, PROGRAM_LAYERS_TCX, MAP_JUMPS_TCX),
+        Hook::Tc => (PROGRAM_TCX, PROGRAM_LAYERS_TCX, MAP_JUMPS_TCX),
     }
 }

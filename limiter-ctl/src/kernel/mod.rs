@@ -1,7 +1,8 @@
 //! The kernel room: the handle on the limiter's programs and maps, [`Limiter`]. It loads the
-//! program or adopts a pinned one (`load`), pins it on bpffs (`pins`), attaches it at XDP or at
-//! tc ingress (`tcx`; `hook` says where it runs), moves it between the two and detaches it
-//! (`attach`; while both hooks hold it, each packet judged once: `handover`), finds another
+//! program or adopts a pinned one (`load`), pins it on bpffs (`pins`, `pinned`), attaches it at
+//! XDP or at tc ingress (through tcx, `tcx`, or a netlink filter, `tc_filter`, whichever the
+//! kernel has: `tc_api`; `hook` says where it runs) and detaches it (`attach`), moves it between
+//! the two (`moves`; while both hooks hold it, each packet judged once: `handover`), finds another
 //! limiter on the interface (`others`), rotates its salt (`rotate`), reads and writes its maps
 //! (`maps`), and brings the maps from one state to another, touching only what differs (`view`),
 //! in the kernel's terms
@@ -18,6 +19,7 @@
 mod attach;
 mod bans;
 pub mod compile;
+pub(crate) mod detach;
 mod error;
 pub mod features;
 mod geometry;
@@ -26,11 +28,17 @@ mod hook;
 mod host;
 mod load;
 mod maps;
+mod moves;
 mod objects;
 mod others;
+mod pinned;
 pub(crate) mod pins;
 mod refusals;
 mod rotate;
+mod rtnl;
+mod sys;
+pub(crate) mod tc_api;
+pub(crate) mod tc_filter;
 pub(crate) mod tcx;
 #[cfg(feature = "testing")]
 mod testing;
@@ -44,12 +52,13 @@ pub use error::{Error, Incompatible, MapShape};
 pub use geometry::{
     BucketCount, Geometry, GeometryRequest, HostSize, HostSizeError, auto_buckets, auto_host_buckets, bytes_text,
 };
-pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement};
+pub use hook::{AttachMode, Attached, Hook, HookRequest, ModeRequest, Placement, TcReason};
 pub use load::Limiter;
 pub use maps::BucketScan;
 pub(crate) use others::{OtherLimiter, other_limiter, take_off_advice};
 pub use refusals::{DEFAULT_SAMPLE_REFUSALS, DEFAULT_SAMPLES_PER_S, Refusals, per_cpu_budget};
 pub use rotate::draw_salt;
+pub use tc_api::{ApiReason, TcApiRequest};
 pub use tcx::{ProgRef, TcxPlace};
 pub use verifier::keep_logs_in as keep_verifier_logs_in;
 pub use view::MapView;
@@ -65,6 +74,9 @@ pub use objects::{BENCH, GEN, LIMITER, NEIGHBOUR, PROBE};
 /// Test-only: the names of the maps pinned beside the link.
 #[cfg(feature = "testing")]
 pub use pins::map_names;
+/// Test-only: whether a pin is a program's (a netlink filter's) rather than a link's.
+#[cfg(feature = "testing")]
+pub use sys::pinned_is_program;
 /// Test-only: the hook a test runs the program at (`Limiter::test_run_at`).
 #[cfg(feature = "testing")]
 pub use testing::TestHook;

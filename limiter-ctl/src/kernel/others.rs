@@ -1,8 +1,11 @@
-//! Another limiter on the interface: the limiter's program at XDP or tc ingress that is not in
-//! this pin directory's links (another daemon's, under another `--pin-dir`, running or left
-//! pinned). Beside it this daemon's program would judge every packet again, so a start that
-//! finds one refuses, saying where it is pinned and which daemon runs it. The programs in this
-//! pin directory's links are this daemon's to adopt: a restart never finds itself in the way.
+//! Another limiter on the interface: the limiter's program at XDP or tc ingress (in the tcx chain,
+//! or in a filter) that is not this pin directory's (another daemon's, under another
+//! `--pin-dir`, running or left pinned). Beside it this daemon's program would judge every
+//! packet again, so a start that finds one refuses, saying where it is pinned and which daemon
+//! runs it. This pin directory's own are the programs of its pins (`link`, and the `link_next`
+//! of a move cut short), and any filter whose program uses its pinned maps (a move cut short
+//! leaves one the next start deletes): this daemon's to adopt or repair, so a restart never finds
+//! itself in the way.
 
 use std::{
     fmt,
@@ -13,9 +16,9 @@ use limiter_common::maps::{PROGRAM, PROGRAM_TCX};
 
 use super::{
     Hook,
-    attach::pinned_link,
+    pinned::{Pinned, config_map_id},
     pins::{BPFFS, Owner, PinDir, lock_owner, xdp_program},
-    tcx,
+    tc_filter, tcx,
 };
 
 /// A limiter's program at a hook of the interface that is not this pin directory's.
@@ -23,6 +26,8 @@ use super::{
 pub struct OtherLimiter {
     pub iface: String,
     pub hook: Hook,
+    /// At tc ingress: a filter (through netlink), not a tcx link.
+    pub filter: bool,
     pub program: u32,
     /// The pin directory whose link runs it, if it was found on bpffs.
     pub dir: Option<PathBuf>,
@@ -40,14 +45,21 @@ const ENTRIES: usize = 10_000;
 /// kernel does not answer for is taken as free: attaching there says what is wrong.
 pub(crate) fn other_limiter(iface: &str, pins: &PinDir) -> Option<OtherLimiter> {
     let ours: Vec<u32> =
-        [pins.link(), pins.link_next()].iter().filter_map(|p| pinned_link(p).ok()).map(|l| l.1).collect();
-    let theirs = |hook, id, name: &str, limiter| (name == limiter && !ours.contains(&id)).then_some((hook, id));
+        [pins.link(), pins.link_next()].iter().filter_map(|p| Pinned::read(p).ok()).map(|l| l.program).collect();
+    let theirs = |hook, id, name: &str, limiter| (name == limiter && !ours.contains(&id)).then_some((hook, id, false));
     let at_xdp = xdp_program(iface).ok().flatten().and_then(|p| theirs(Hook::Xdp, p.id, p.name.as_deref()?, PROGRAM));
-    let (hook, program) = at_xdp
-        .or_else(|| tcx::programs(iface).ok()?.iter().find_map(|p| theirs(Hook::Tcx, p.id, &p.name, PROGRAM_TCX)))?;
+    let at_tcx = || tcx::programs(iface).ok()?.iter().find_map(|p| theirs(Hook::Tc, p.id, &p.name, PROGRAM_TCX));
+    let config = config_map_id(pins);
+    let in_filter = || {
+        let filters = tc_filter::filters(iface).ok()?;
+        let other = |f: &&tc_filter::TcFilter| f.is_limiter() && !config.is_some_and(|c| f.uses_map(c));
+        let id = filters.iter().find(other)?.program_id()?;
+        (!ours.contains(&id)).then_some((Hook::Tc, id, true))
+    };
+    let (hook, program, filter) = at_xdp.or_else(at_tcx).or_else(in_filter)?;
     let dir = pinned_at(program, &roots(pins));
     let owner = dir.as_deref().map_or(Owner(None), lock_owner);
-    Some(OtherLimiter { iface: iface.into(), hook, program, dir, owner })
+    Some(OtherLimiter { iface: iface.into(), hook, filter, program, dir, owner })
 }
 
 /// Where pins are looked for: bpffs's usual mount, and the root of this daemon's `--pin-dir`
@@ -60,7 +72,7 @@ fn roots(pins: &PinDir) -> Vec<PathBuf> {
     roots
 }
 
-/// The directory whose pinned link (`link`, or `link_next`) runs `program`, looked for at most
+/// The directory whose pinned attachment (`link`, or `link_next`) runs `program`, looked for at most
 /// [`DEPTH`] down from each root, at most [`ENTRIES`] entries in all.
 fn pinned_at(program: u32, roots: &[PathBuf]) -> Option<PathBuf> {
     let mut dirs: Vec<(PathBuf, usize)> = roots.iter().map(|r| (r.clone(), 0)).collect();
@@ -73,7 +85,7 @@ fn pinned_at(program: u32, roots: &[PathBuf]) -> Option<PathBuf> {
             let path = entry.path();
             if kind.is_dir() && depth < DEPTH {
                 dirs.push((path, depth + 1));
-            } else if kind.is_file() && is_link_name(&path) && pinned_link(&path).is_ok_and(|(_, id)| id == program) {
+            } else if kind.is_file() && is_link_name(&path) && Pinned::read(&path).is_ok_and(|p| p.program == program) {
                 return Some(dir);
             }
         }
@@ -88,17 +100,18 @@ fn is_link_name(path: &Path) -> bool {
 impl fmt::Display for OtherLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Self { iface, hook, program, .. } = self;
-        let at = match hook {
-            Hook::Xdp => "XDP (",
-            Hook::Tcx => "tc ingress (tcx, ",
+        let at = match (hook, self.filter) {
+            (Hook::Xdp, _) => "XDP (",
+            (Hook::Tc, false) => "tc ingress (tcx, ",
+            (Hook::Tc, true) => "tc ingress (a netlink filter, ",
         };
         write!(f, "another limiter already judges on {iface}, at {at}program id {program}), ")?;
         let Some(dir) = &self.dir else {
             return write!(
                 f,
                 "pinned outside the places looked in ({BPFFS}); nothing was changed. One limiter per interface, or \
-                 every packet is judged twice: `bpftool link` shows its link; take it off with `limiter-ctl detach \
-                 --iface {iface} --pin-dir DIR` where DIR holds it"
+                 every packet is judged twice: `bpftool link` shows its link (`tc filter show dev {iface} ingress` \
+                 its filter); take it off with `limiter-ctl detach --iface {iface} --pin-dir DIR` where DIR holds it"
             );
         };
         match self.owner.0 {

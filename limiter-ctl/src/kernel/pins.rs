@@ -1,4 +1,4 @@
-//! Where a limiter's maps and XDP link are pinned on bpffs (`<root>/<iface>/`), so the program
+//! Where a limiter's maps and its attachment are pinned on bpffs (`<root>/<iface>/`), so the program
 //! keeps enforcing when its daemon dies, and a restarted daemon can adopt it, state and all.
 //!
 //! One owner per pin directory: a daemon holds an exclusive `flock` on the directory itself for
@@ -12,7 +12,6 @@ use std::{
     mem::size_of,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
 };
 
 use aya::maps::{MapInfo, MapType};
@@ -29,7 +28,7 @@ use nix::{
     fcntl::{Flock, FlockArg},
 };
 
-use super::{Error, Geometry, Hook, Incompatible, MapShape, handover::RELEASE, host::if_index};
+use super::{Error, Geometry, Incompatible, MapShape, host::if_index};
 
 pub(crate) const DEFAULT_ROOT: &str = "/sys/fs/bpf/limiter";
 pub(super) const BPFFS: &str = "/sys/fs/bpf";
@@ -303,155 +302,6 @@ fn mount_bpffs() -> Result<(), Error> {
         .map_err(Error::MountBpffs)
 }
 
-/// How long `detach --force` waits for the owning daemon to exit after SIGTERM.
-const OWNER_EXIT: Duration = Duration::from_secs(15);
-
-/// `limiter-ctl detach`: unpins a limiter's link and maps, so the program leaves the interface.
-/// Refuses while a live daemon owns the interface (holds the pin directory's lock), naming it;
-/// with `force`, sends that daemon SIGTERM (it leaves the program attached and pinned, and
-/// exits), waits for its lock, then detaches.
-pub(crate) fn detach(root: &Path, iface: &str, force: bool) -> Result<String, Error> {
-    let pins = PinDir::new(root, iface);
-    if !pins.dir().exists() {
-        return Ok(format!("nothing pinned for {iface} under {}\n", root.display()));
-    }
-    let mut report = String::new();
-    let open = || {
-        File::open(pins.dir()).map_err(|error| Error::PinFile {
-            doing: "opening",
-            path: pins.dir().to_path_buf(),
-            error,
-        })
-    };
-    let _lock = match Flock::lock(open()?, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => lock,
-        Err((_, Errno::EWOULDBLOCK)) => {
-            let owner = lock_owner(pins.dir());
-            let Some(pid) = owner.0.filter(|_| force) else {
-                return Err(Error::DetachOwned { iface: iface.into(), dir: pins.dir().to_path_buf(), owner });
-            };
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM)
-                .map_err(|error| Error::StopOwner { pid, error })?;
-            report.push_str(&format!("stopped the daemon that owned {iface} (pid {pid})\n"));
-            wait_for_lock(pins.dir(), pid)?
-        }
-        Err((_, error)) => return Err(Error::Lock { dir: pins.dir().to_path_buf(), error }),
-    };
-    // Which hook the link is at, asked before it goes (unreadable: taken as XDP, as before tcx).
-    let at = super::attach::pinned_link(&pins.link()).ok();
-    let removed = pins.remove()?;
-    report.push_str(&format!("removed {} pins from {}\n", removed.len(), pins.dir().display()));
-    match at {
-        Some((Hook::Tcx, program)) => report.push_str(&tcx_after_release(iface, program)),
-        Some((Hook::Xdp, _)) | None => report.push_str(&xdp_after_release(iface)),
-    }
-    Ok(report)
-}
-
-/// What is at XDP once the limiter's XDP link is released, in a line.
-fn xdp_after_release(iface: &str) -> String {
-    match still_attached_after_release(iface) {
-        Ok(Some(program)) => {
-            format!(
-                "an XDP program is still attached to {iface}: another tool holds it ({program}); `bpftool net` shows it\n"
-            )
-        }
-        Ok(None) => format!("no XDP program is attached to {iface}\n"),
-        // The pins are gone all the same: only the check is missing, and the report says so.
-        Err(e) => format!(
-            "could not check whether an XDP program is still attached to {iface} (asking the kernel over netlink \
-             failed: {e}); `ip link show dev {iface}` shows it\n"
-        ),
-    }
-}
-
-/// What is at tc ingress once the limiter's tcx link (running `program`) is released, in a line:
-/// the other programs there stay, in their order.
-fn tcx_after_release(iface: &str, program: u32) -> String {
-    // Released from a workqueue, a moment after the unpin (see `still_attached_after_release`).
-    if !super::handover::wait_left(iface, Hook::Tcx, program) {
-        return format!(
-            "the limiter's program (id {program}) is still at tc ingress of {iface}: a process holds its link \
-             (`bpftool link` shows it)\n"
-        );
-    }
-    match super::tcx::programs(iface) {
-        Ok(chain) if chain.is_empty() => format!("the limiter left tc ingress of {iface}; no program is there\n"),
-        Ok(chain) => format!(
-            "the limiter left tc ingress of {iface}; the other programs there stay: {}\n",
-            super::tcx::listed(&chain)
-        ),
-        Err(e) => format!(
-            "could not check that the limiter left tc ingress of {iface} ({e}); `bpftool net show dev {iface}` shows \
-             it\n"
-        ),
-    }
-}
-
-/// The lock on `dir`, once `pid` has let go of it (within [`OWNER_EXIT`]).
-fn wait_for_lock(dir: &Path, pid: u32) -> Result<Flock<File>, Error> {
-    let start = Instant::now();
-    loop {
-        let file =
-            File::open(dir).map_err(|error| Error::PinFile { doing: "opening", path: dir.to_path_buf(), error })?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => return Ok(lock),
-            Err((_, Errno::EWOULDBLOCK)) if start.elapsed() < OWNER_EXIT => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err((_, Errno::EWOULDBLOCK)) => return Err(Error::OwnerStayed { pid, waited: OWNER_EXIT }),
-            Err((_, error)) => return Err(Error::Lock { dir: dir.to_path_buf(), error }),
-        }
-    }
-}
-
-/// `limiter-ctl detach --all`: [`detach`] for every interface pinned under `root`. Goes on past
-/// a failure; the error says how many failed and the first reason.
-pub(crate) fn detach_all(root: &Path, force: bool) -> Result<String, Error> {
-    let entries = match std::fs::read_dir(root) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Ok(format!("nothing pinned under {}\n", root.display()));
-        }
-        Err(error) => return Err(Error::PinFile { doing: "listing", path: root.to_path_buf(), error }),
-    };
-    let mut ifaces: Vec<String> = entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    ifaces.sort();
-    let (mut report, mut failed) = (String::new(), Vec::new());
-    for iface in &ifaces {
-        match detach(root, iface, force) {
-            Ok(r) => report.push_str(&r),
-            Err(e) => failed.push(e),
-        }
-    }
-    if ifaces.is_empty() {
-        report.push_str(&format!("nothing pinned under {}\n", root.display()));
-    }
-    let count = failed.len();
-    match failed.into_iter().next() {
-        None => Ok(report),
-        Some(first) => Err(Error::DetachSome { report, failed: count, of: ifaces.len(), first: Box::new(first) }),
-    }
-}
-
-/// The XDP program still attached once the kernel has had time to release ours, if any. The
-/// kernel frees an unpinned link from a workqueue, a moment after the unlink returns, so one
-/// query right away can still see it; a daemon that holds the link keeps it for good.
-fn still_attached_after_release(iface: &str) -> io::Result<Option<XdpProgram>> {
-    let start = Instant::now();
-    loop {
-        match xdp_program(iface)? {
-            Some(program) if start.elapsed() >= RELEASE => return Ok(Some(program)),
-            Some(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
-            None => return Ok(None),
-        }
-    }
-}
-
 /// An XDP program attached to an interface, as the kernel reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct XdpProgram {
@@ -487,29 +337,15 @@ pub(crate) fn xdp_program(iface: &str) -> io::Result<Option<XdpProgram>> {
 }
 
 fn query_xdp(index: u32) -> io::Result<Option<(u32, &'static str)>> {
-    use netlink_packet_core::{NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload};
     use netlink_packet_route::{
         RouteNetlinkMessage,
         link::{LinkAttribute, LinkMessage, LinkXdp, XdpAttached},
     };
-    use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
-    let mut socket = Socket::new(NETLINK_ROUTE)?;
-    socket.bind_auto()?;
-    socket.connect(&SocketAddr::new(0, 0))?;
     let mut link = LinkMessage::default();
     link.header.index = index;
-    let mut request =
-        NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(RouteNetlinkMessage::GetLink(link)));
-    request.header.flags = NLM_F_REQUEST;
-    request.header.sequence_number = 1;
-    request.finalize();
-    let mut buf = vec![0; request.buffer_len()];
-    request.serialize(&mut buf);
-    socket.send(&buf, 0)?;
-    let (reply, _) = socket.recv_from_full()?;
-    let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&reply).map_err(io::Error::other)?;
-    let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) = reply.payload else {
+    let answer = super::rtnl::ask(RouteNetlinkMessage::GetLink(link), false)?;
+    let Some(RouteNetlinkMessage::NewLink(link)) = answer.into_iter().next() else {
         return Ok(None);
     };
     let Some(xdp) = link.attributes.iter().find_map(|a| match a {

@@ -1,7 +1,8 @@
 //! tc ingress through tcx (Linux 6.6+): where the limiter judges when another program holds
 //! XDP, or when asked. Several programs share the hook, each through its own link, in an order;
 //! the limiter's place in it is a [`TcxPlace`], relative to a program named as `bpftool prog`
-//! names it ([`ProgRef`]).
+//! names it ([`ProgRef`]). (Through a netlink filter instead, the place is a priority:
+//! `tc_filter`.)
 
 use std::{fmt, str::FromStr};
 
@@ -46,6 +47,16 @@ impl FromStr for ProgRef {
     }
 }
 
+impl ProgRef {
+    /// Whether it names the program `id` named `name`.
+    pub fn names(&self, id: u32, name: &str) -> bool {
+        match self {
+            Self::Id(i) => *i == id,
+            Self::Name(n) => n == name,
+        }
+    }
+}
+
 impl fmt::Display for ProgRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -55,8 +66,9 @@ impl fmt::Display for ProgRef {
     }
 }
 
-/// Where in the tcx ingress chain the limiter's link goes when it is made (an adopted link keeps
-/// its place).
+/// Where at tc ingress the limiter goes when it is attached there (an adopted attachment keeps
+/// its place): in the tcx chain, or, through netlink, at the priority right before or after the
+/// named program's filter (`tc_filter::priority_for`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum TcxPlace {
@@ -106,13 +118,7 @@ pub(super) fn link_order(iface: &str, place: &TcxPlace) -> Result<LinkOrder, Err
         TcxPlace::After(p) => (p, false),
     };
     let chain = programs(iface)?;
-    let found: Vec<&TcxProgram> = chain
-        .iter()
-        .filter(|p| match prog {
-            ProgRef::Id(id) => p.id == *id,
-            ProgRef::Name(name) => &p.name == name,
-        })
-        .collect();
+    let found: Vec<&TcxProgram> = chain.iter().filter(|p| prog.names(p.id, &p.name)).collect();
     let id = match found.as_slice() {
         [one] => one.id,
         [] => {
@@ -126,11 +132,6 @@ pub(super) fn link_order(iface: &str, place: &TcxPlace) -> Result<LinkOrder, Err
     // SAFETY: not memory: an id the kernel listed for this chain, which it checks again on attach.
     let id = unsafe { ProgramId::new(id) };
     Ok(if before { LinkOrder::before_program_id(id) } else { LinkOrder::after_program_id(id) })
-}
-
-/// Refuses a `place` naming a program that is not at tc ingress of `iface` (or names several).
-pub(crate) fn check_place(iface: &str, place: &TcxPlace) -> Result<(), Error> {
-    link_order(iface, place).map(drop)
 }
 
 /// The chain in words, for an error: "id 12 'xdp_pass', id 13 'other'" or "nothing".

@@ -145,7 +145,7 @@ impl Limiter {
         self.ebpf.program(name).ok_or(Error::Missing { kind: "program", name })?.try_into().map_err(Error::Program)
     }
 
-    /// [`Limiter::test_run`] at `hook`: at tcx (`Limiter::load_hook(Hook::Tcx)` first), the
+    /// [`Limiter::test_run`] at `hook`: at tcx (`Limiter::load_hook(Hook::Tc)` first), the
     /// tc action is read back as the XDP action of the same meaning (TC_ACT_SHOT is XDP_DROP,
     /// TC_ACT_UNSPEC XDP_PASS); any other tc action is returned as `u32::MAX - 100 + action`,
     /// which no XDP action is, so that a test comparing the hooks sees it.

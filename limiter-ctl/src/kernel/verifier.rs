@@ -25,14 +25,18 @@ pub(super) fn rejected(hook: &'static str, program: &'static str, e: ProgramErro
     let ProgramError::LoadError { io_error, verifier_log } = e else {
         return Error::Program(e);
     };
-    let log = verifier_log.to_string();
-    let reason = match last_words(&log) {
+    refusal(hook, program, &io_error, &verifier_log.to_string())
+}
+
+/// [`rejected`], from the load's error and the verifier's log.
+pub(super) fn refusal(hook: &'static str, program: &'static str, io_error: &std::io::Error, log: &str) -> Error {
+    let reason = match last_words(log) {
         Some(words) => format!("{words} ({io_error})"),
         None => io_error.to_string(),
     };
     let saved = LOG_DIR.get().map(|dir| dir.join(format!("verifier-{program}.log"))).filter(|path| {
         // Best effort: the one line says what matters without it.
-        std::fs::write(path, &log).is_ok()
+        std::fs::write(path, log).is_ok()
     });
     Error::Rejected { hook, program, reason, saved }
 }

@@ -1,10 +1,12 @@
 //! A move between hooks cut short: the daemon SIGKILLs itself at each step of `limiter-ctl
-//! attach` (the test hook `LIMITER_TEST_SIGKILL_AT`), from tcx to XDP and from XDP to tcx.
+//! attach` (the test hook `LIMITER_TEST_SIGKILL_AT`), from tc ingress to XDP and from XDP to tc
+//! ingress, there through tcx or through a netlink filter (as on a kernel without tcx).
 //! Killed at any step, the program left behind judges each packet once, whichever hooks still
 //! hold it: a fresh source gets its burst, not half of it. The next start repairs what was left:
-//! one hook holds the program (the old one if the new link was not renamed over it yet, the new
-//! one after), no `link_next` is pinned, the hand-over flag is cleared, `stats --json` and
-//! `attach` name the hook the program is really at, and a fresh source gets its burst once.
+//! one hook holds the program (the old one if the new attachment was not renamed over it yet, the
+//! new one after), no `link_next` is pinned, no filter of the limiter's is left beside a link, the
+//! hand-over flag is cleared, `stats --json` and `attach` name the hook the program is really at,
+//! and a fresh source gets its burst once.
 
 use std::{os::unix::process::ExitStatusExt as _, path::Path, time::Duration};
 
@@ -14,7 +16,7 @@ use limiter_tests::{
     cpu::flood_cpu,
     daemon::{Daemon, Launch, Scratch, xdp_program_id},
     flood::Limits,
-    neighbour::{Neighbour, tcx_chain},
+    neighbour::{Neighbour, tc_filters, tcx_chain},
     netns::TestNet,
     require_root,
     rig::Flooding,
@@ -22,12 +24,20 @@ use limiter_tests::{
 
 use super::*;
 
-/// The steps of a move, in order, as the test hook names them: the flag set; the new hook
-/// attached (its link held by the daemon only); pinned beside the old link (`link_next`); renamed
-/// over it; the old link released.
+/// The steps of a move, as the test hook names them: the flag set; the new hook attached (a link
+/// held by the daemon only); pinned beside the old attachment (`link_next`; a filter's program is
+/// pinned before the filter is made); renamed over it; the old one released.
 const STEPS: [&str; 5] = ["move-flagged", "move-attached", "move-pinned", "move-renamed", "move-released"];
-/// From this step on, the new link is the pinned one: the program is at the new hook.
+/// From this step on, the new attachment is the pinned one: the program is at the new hook.
 const RENAMED: usize = 3;
+
+/// How the limiter attaches at tc ingress in a run.
+#[derive(Clone, Copy, PartialEq)]
+enum Api {
+    Tcx,
+    /// A netlink filter, as on a kernel without tcx ([`super::netlink::NO_TCX`]).
+    Netlink,
+}
 
 /// A policy whose burst a fresh source spends in a moment, at a rate that adds little to it.
 const BURST_ARGS: [&str; 10] =
@@ -41,7 +51,7 @@ const PACE: f64 = 20_000.0;
 fn a_move_from_tcx_to_xdp_killed_at_any_step_judges_each_packet_once() {
     require_root!();
     for (i, step) in STEPS.iter().enumerate() {
-        killed_at("tcx", "xdp", i, step);
+        killed_at("tcx", "xdp", i, step, Api::Tcx);
     }
 }
 
@@ -49,13 +59,41 @@ fn a_move_from_tcx_to_xdp_killed_at_any_step_judges_each_packet_once() {
 fn a_move_from_xdp_to_tcx_killed_at_any_step_judges_each_packet_once() {
     require_root!();
     for (i, step) in STEPS.iter().enumerate() {
-        killed_at("xdp", "tcx", i, step);
+        killed_at("xdp", "tcx", i, step, Api::Tcx);
+    }
+}
+
+#[test]
+fn a_move_from_a_netlink_filter_to_xdp_killed_at_any_step_judges_each_packet_once() {
+    require_root!();
+    for (i, step) in STEPS.iter().enumerate() {
+        killed_at("tc", "xdp", i, step, Api::Netlink);
+    }
+}
+
+#[test]
+fn a_move_from_xdp_to_a_netlink_filter_killed_at_any_step_judges_each_packet_once() {
+    require_root!();
+    for (i, step) in STEPS.iter().enumerate() {
+        killed_at("xdp", "tc", i, step, Api::Netlink);
+    }
+}
+
+/// Whether the next start says it repaired a move killed at `step` towards `to`: a `link_next`
+/// left pinned (either way); and through netlink, a filter left beside a link: made before the
+/// rename on the way to tc ingress, not yet deleted after it on the way back.
+fn repaired(step: &str, to: &str, api: Api) -> bool {
+    match (api, to) {
+        (Api::Tcx, _) => step == "move-pinned",
+        (Api::Netlink, "xdp") => ["move-pinned", "move-renamed"].contains(&step),
+        (Api::Netlink, _) => ["move-pinned", "move-attached"].contains(&step),
     }
 }
 
 /// The daemon at `from`, asked to move `to` and killed at `step` (the `i`th); then restarted.
-fn killed_at(from: &str, to: &str, i: usize, step: &str) {
+fn killed_at(from: &str, to: &str, i: usize, step: &str, api: Api) {
     let what = format!("{from} to {to}, killed at {step}");
+    let no_tcx: &[(&str, &str)] = if api == Api::Netlink { &[super::netlink::NO_TCX] } else { &[] };
     let net = TestNet::new().expect("test network");
     let scratch = Scratch::new().expect("scratch");
     let state = scratch.path().join("state");
@@ -64,10 +102,17 @@ fn killed_at(from: &str, to: &str, i: usize, step: &str) {
         BURST_ARGS.iter().chain(extra).chain(&["--state-dir", state]).map(|s| s.to_string()).collect()
     };
     let first_args = args(&["--attach", from]);
-    let launch = Launch { env: vec![("LIMITER_TEST_SIGKILL_AT".into(), step.into())], ..Launch::default() };
+    let mut env = environment(no_tcx);
+    env.push(("LIMITER_TEST_SIGKILL_AT".into(), step.into()));
+    let launch = Launch { env, ..Launch::default() };
     let mut daemon = Daemon::launch(&net.receiver, &scratch, &strs(&first_args), launch).expect("daemon");
     daemon.wait_attached(&net.receiver).unwrap_or_else(|e| panic!("{what}: {e:#}"));
-    let tally = Neighbour::tally(&net.receiver).expect("tally");
+    // A filter runs after every tcx program: what a filter lets through, a filter counts.
+    let tally = match api {
+        Api::Tcx => Neighbour::tally(&net.receiver),
+        Api::Netlink => Neighbour::filter_tally(&net.receiver),
+    }
+    .expect("tally");
 
     let out = daemon.ctl(&["attach", to]).expect("running attach");
     let status = daemon.wait_exit(Duration::from_secs(10)).expect("the daemon should die");
@@ -78,42 +123,60 @@ fn killed_at(from: &str, to: &str, i: usize, step: &str) {
     check_burst_once(&format!("{what}, before a restart"), &net, &tally, i, 0);
 
     let restart = args(&[]);
-    let mut daemon = Daemon::spawn(&net.receiver, &scratch, &strs(&restart)).expect("restart");
+    let launch = Launch { env: environment(no_tcx), ..Launch::default() };
+    let mut daemon = Daemon::launch(&net.receiver, &scratch, &strs(&restart), launch).expect("restart");
     let line = daemon.wait_adopted(&net.receiver).unwrap_or_else(|e| panic!("{what}: {e:#}"));
     let at = if i >= RENAMED { to } else { from };
+    eprintln!("{what}: restarted: {line}");
     let undone = daemon.output().contains("was cut short");
-    assert_eq!(undone, step == "move-pinned", "{what}: the start says it undid a move: {undone}\n{line}");
-    check_one_hook(&what, &net, &daemon, &pins, at);
-    let mode = if at == "xdp" { "native" } else { "tcx" };
+    let want = repaired(step, to, api);
+    assert_eq!(undone, want, "{what}: the start says it repaired a move: {undone}\n{}", daemon.output());
+    check_one_hook(&what, &net, &daemon, &pins, at, api, &tally);
+    let (hook, mode) = match (at, api) {
+        ("xdp", _) => ("xdp", "native"),
+        (_, Api::Tcx) => ("tc", "tcx"),
+        (_, Api::Netlink) => ("tc", "netlink"),
+    };
     let stats: serde_json::Value =
         serde_json::from_str(&daemon.ctl_ok(&["stats", "--json"]).expect("stats")).expect("stats --json");
     assert_eq!(stats["attach_mode"], mode, "{what}: stats --json after the restart: {stats}");
     let again = daemon.ctl_ok(&["attach", at]).expect("attach again");
-    assert!(again.contains(&format!("already at {at} ({mode})")), "{what}: attach {at} says: {again}");
+    assert!(again.contains(&format!("already at {hook} ({mode})")), "{what}: attach {at} says: {again}");
     check_burst_once(&format!("{what}, restarted"), &net, &tally, i, 1);
 }
 
-/// One hook holds the daemon's program, `at` ("xdp" or "tcx"); only its link is pinned; the
-/// hand-over flag is clear.
+/// One hook holds the daemon's program, `at` ("xdp", or tc ingress through `api`); only its
+/// attachment is pinned; beside the tally, nothing else is at tc ingress; the hand-over flag is
+/// clear.
 #[track_caller]
-fn check_one_hook(what: &str, net: &TestNet, daemon: &Daemon, pins: &Path, at: &str) {
+fn check_one_hook(what: &str, net: &TestNet, daemon: &Daemon, pins: &Path, at: &str, api: Api, tally: &Neighbour) {
     let link = daemon.link().expect("the pinned link").expect("no link pinned");
     let program = daemon.program().expect("program");
     assert_eq!(link.program, program, "{what}: the pinned link runs another program");
     let at_xdp = xdp_program_id(&net.receiver).expect("ip link");
     let chain = tcx_chain(&net.receiver).expect("tcx chain");
-    eprintln!("{what}: link {link:?}; XDP {at_xdp:?}; tcx {chain:?}");
-    match at {
-        "xdp" => {
-            assert_eq!(at_xdp, Some(program), "{what}: XDP");
-            assert_eq!(chain.len(), 1, "{what}: more than the tally at tcx: {chain:?}");
-        }
-        _ => {
+    let filters = tc_filters(&net.receiver).expect("tc filter show");
+    let in_filter: Vec<Option<u32>> = filters.iter().map(|f| f.program).collect();
+    eprintln!("{what}: link {link:?}; XDP {at_xdp:?}; tcx {chain:?}; filters {filters:?}");
+    match (at, api) {
+        ("xdp", _) => assert_eq!(at_xdp, Some(program), "{what}: XDP"),
+        (_, Api::Tcx) => {
             assert_eq!(at_xdp, None, "{what}: a program still at XDP");
             assert_eq!(chain.first(), Some(&program), "{what}: not first at tcx: {chain:?}");
-            assert_eq!(chain.len(), 2, "{what}: {chain:?}");
+        }
+        (_, Api::Netlink) => {
+            assert_eq!(at_xdp, None, "{what}: a program still at XDP");
+            assert!(link.is_filter(), "{what}: the pin is no filter's program: {link:?}");
         }
     }
+    let (want_tcx, want_filters) = match (at, api) {
+        (_, Api::Tcx) if at != "xdp" => (vec![program, tally.program], vec![]),
+        (_, Api::Tcx) => (vec![tally.program], vec![]),
+        (_, Api::Netlink) if at != "xdp" => (vec![], vec![Some(program), Some(tally.program)]),
+        (_, Api::Netlink) => (vec![], vec![Some(tally.program)]),
+    };
+    assert_eq!(chain, want_tcx, "{what}: tcx ingress");
+    assert_eq!(in_filter, want_filters, "{what}: the filters at tc ingress");
     assert!(!pins.join("link_next").exists(), "{what}: the unfinished move's link is still pinned");
     let flags = daemon.maps().expect("maps").rules.config.flags;
     assert_eq!(flags & Config::HANDOVER, 0, "{what}: the hand-over flag is still set");

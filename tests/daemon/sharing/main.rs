@@ -1,7 +1,9 @@
 //! Sharing the interface with other programs (issue 25): the limiter at tcx ingress beside
 //! Debian's xdp-filter at XDP (`xdp_filter`), beside another tcx program in a chosen order, and
-//! moved from XDP to tcx under a flood (`neighbours`); a move cut short by a SIGKILL at each of
-//! its steps (`interrupted`); and never beside another limiter (`instances`).
+//! moved from XDP to tcx under a flood (`neighbours`); at tc ingress through a netlink filter, as
+//! on a kernel without tcx (issue 38: `netlink`); at tc ingress because XDP refused the program,
+//! and why said in one line (`refused`); a move cut short by a SIGKILL at each of its
+//! steps (`interrupted`); and never beside another limiter (`instances`).
 //!
 //! What got through is counted by a tally ([`Neighbour::tally`]: a tcx program the test puts
 //! last in the chain, counting per flow what every program before it let through), not by a
@@ -13,6 +15,8 @@
 mod instances;
 mod interrupted;
 mod neighbours;
+mod netlink;
+mod refused;
 mod xdp_filter;
 
 use std::{
@@ -26,7 +30,7 @@ use limiter_common::{Gcra, maps::Counters};
 use limiter_tests::{
     bounds::{self, Judged, check_lower, check_upper},
     cpu::flood_cpu,
-    daemon::{Daemon, Scratch},
+    daemon::{Daemon, Launch, Scratch},
     flood::{Flow, L4, Limits, Report, Sources, Stream},
     neighbour::{Neighbour, tcx_names},
     netns::{End, TestNet},
@@ -52,12 +56,40 @@ pub const FLOOD: Duration = Duration::from_secs(2);
 /// A daemon started on `net`'s receiver with `extra` arguments ([`ARGS`] come first), its start
 /// line waited for, wrapped in a [`Rig`] (which owns `net` from then on).
 pub fn start_daemon(net: TestNet, extra: &[&str]) -> (Rig, String) {
+    start_daemon_with(net, extra, &[])
+}
+
+/// [`start_daemon`] with more environment (a test hook: [`netlink::NO_TCX`]).
+pub fn start_daemon_with(net: TestNet, extra: &[&str], env: &[(&str, &str)]) -> (Rig, String) {
     let scratch = Scratch::new().expect("scratch directory");
     let args: Vec<&str> = ARGS.iter().copied().chain(extra.iter().copied()).collect();
-    let mut daemon = Daemon::spawn(&net.receiver, &scratch, &args).expect("starting the daemon");
+    let launch = Launch { env: environment(env), ..Launch::default() };
+    let mut daemon = Daemon::launch(&net.receiver, &scratch, &args, launch).expect("starting the daemon");
     let line = daemon.wait_attached(&net.receiver).unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("daemon: {line}");
     (Rig { daemon, scratch, net }, line)
+}
+
+/// A daemon with [`ARGS`] and `extra` (and `env`) on `end` that must refuse to start: it exits
+/// with `code` and says why in exactly one error line, which is returned.
+#[track_caller]
+pub fn refused_start(end: &End, extra: &[&str], env: &[(&str, &str)], code: i32) -> String {
+    let scratch = Scratch::new().expect("scratch directory");
+    let args: Vec<&str> = ARGS.iter().copied().chain(extra.iter().copied()).collect();
+    let launch = Launch { env: environment(env), ..Launch::default() };
+    let mut daemon = Daemon::launch(end, &scratch, &args, launch).expect("starting the daemon");
+    let status = daemon.wait_exit(Duration::from_secs(30)).expect("the daemon should exit");
+    let out = daemon.output();
+    eprintln!("{extra:?}: {status}\n{out}");
+    assert_eq!(status.code(), Some(code), "{extra:?}: {out}");
+    let errors: Vec<&str> = out.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{extra:?}: not one error line:\n{out}");
+    errors[0].to_string()
+}
+
+/// `env` as [`Launch::env`] takes it.
+pub fn environment(env: &[(&str, &str)]) -> Vec<(String, std::ffi::OsString)> {
+    env.iter().map(|(k, v)| (k.to_string(), v.into())).collect()
 }
 
 /// The hook of the link the daemon pinned (and that link's program is the daemon's).

@@ -23,7 +23,7 @@ use limiter_tests::{
 use super::*;
 
 /// The port the neighbour drops.
-const NEIGHBOUR_PORT: u16 = 7100;
+pub(super) const NEIGHBOUR_PORT: u16 = 7100;
 /// The port a second neighbour drops.
 const SECOND_PORT: u16 = 7200;
 
@@ -71,14 +71,14 @@ fn order_streams(rig: &Rig, second: bool) -> Vec<Stream> {
 
 /// One flood of [`order_streams`], counted: what was sent, what the limiter judged, what each
 /// program saw of each flow.
-struct Ordered {
-    run: limiter_tests::rig::Run,
-    last: Instant,
-    judged: Judged,
-    flows: Vec<Flow>,
+pub(super) struct Ordered {
+    pub run: limiter_tests::rig::Run,
+    pub last: Instant,
+    pub judged: Judged,
+    pub flows: Vec<Flow>,
 }
 
-fn flood_ordered(rig: &Rig, tally: &Neighbour, second: bool) -> Ordered {
+pub(super) fn flood_ordered(rig: &Rig, tally: &Neighbour, second: bool) -> Ordered {
     let id = rig.policy_id("default");
     let streams = order_streams(rig, second);
     let before = counters(rig, id);
@@ -91,7 +91,7 @@ fn flood_ordered(rig: &Rig, tally: &Neighbour, second: bool) -> Ordered {
 /// port included; the neighbour saw exactly what the limiter admitted and dropped all of it
 /// that was to its port; the flow to its port got through to nothing, the other was held to the
 /// bound.
-fn check_limiter_first(what: &str, rig: &Rig, neighbour: &Neighbour, tally: &Neighbour) {
+pub(super) fn check_limiter_first(what: &str, rig: &Rig, neighbour: &Neighbour, tally: &Neighbour) {
     let before = neighbour.counts().expect("counts");
     let Ordered { run, last, judged, flows } = flood_ordered(rig, tally, false);
     let (to_port, other) = (flows[0], flows[1]);

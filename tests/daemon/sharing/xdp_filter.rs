@@ -114,7 +114,7 @@ fn with_xdp_filter_holding_xdp_the_daemon_takes_tcx_and_both_enforce() {
     let (net, filter) = filtered_net();
     let (rig, line) = start_daemon(net, &[]);
     let (mut rig, line) = (rig, line);
-    assert!(line.contains("hook=tcx"), "the start line does not say tcx: {line}");
+    assert!(line.contains("hook=tc mode=tcx"), "the start line does not say tcx: {line}");
     let why = rig.daemon.wait_for(|l| l.contains("judging at tc ingress"), Duration::from_secs(5));
     let why = why.unwrap_or_else(|e| panic!("no line saying why it judges at tcx: {e:#}"));
     assert!(
@@ -240,7 +240,7 @@ fn the_limiter_at_tcx_first_then_xdp_filter_loads_and_both_enforce() {
     require_root!();
     let net = TestNet::new().expect("test network");
     let (rig, line) = start_daemon(net, &["--attach", "tcx"]);
-    assert!(line.contains("hook=tcx"), "the start line does not say tcx: {line}");
+    assert!(line.contains("hook=tc mode=tcx"), "the start line does not say tcx: {line}");
     assert_eq!(pinned_hook(&rig), LinkType::Tcx);
     assert_eq!(xdp_program_id(&rig.net.receiver).expect("ip link"), None, "--attach tcx took XDP");
     let link = rig.daemon.link().expect("link").expect("pinned link");
