@@ -627,14 +627,15 @@ impl Frames {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 
     use super::*;
 
-    fn spec(dst: IpAddr) -> FrameSpec {
+    /// A frame spec between two fixed MACs to `dst`, for unit tests here and in `generator`.
+    pub(crate) fn spec(dst: IpAddr) -> FrameSpec {
         FrameSpec {
             src_mac: [2, 0, 0, 0, 0, 2],
             dst_mac: [2, 0, 0, 0, 0, 1],

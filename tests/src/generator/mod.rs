@@ -294,18 +294,7 @@ mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     use super::*;
-    use crate::flood::{DEFAULT_PAYLOAD, DEFAULT_SPORT};
-
-    fn spec(dst: IpAddr) -> FrameSpec {
-        FrameSpec {
-            src_mac: [2, 0, 0, 0, 0, 2],
-            dst_mac: [2, 0, 0, 0, 0, 1],
-            dst,
-            sport: DEFAULT_SPORT,
-            dport: 9,
-            payload: DEFAULT_PAYLOAD,
-        }
-    }
+    use crate::flood::tests::spec;
 
     #[test]
     fn the_ring_is_chosen_where_live_frames_are_refused_and_a_machine_with_neither_says_so() {
