@@ -68,7 +68,7 @@ pub enum Need {
 pub const CROWDSEC_ROOT: &str = "/var/cache/limiter-tests/crowdsec";
 
 impl Need {
-    pub const ALL: [Need; 15] = [
+    pub const ALL: [Need; 16] = [
         Need::Toolchain,
         Need::Kernel,
         Need::Package,
