@@ -5,7 +5,7 @@
 //! each start tests what it can.
 //!
 //! - With its defaults, at native XDP: a per-source policy with a host-wide aggregate, a
-//!   SYN-only policy and a ban, each on real traffic; then SIGTERM and a restart that adopts the
+//!   SYN-only policy, a ban and a salt rotation, each on real traffic; then SIGTERM and a restart that adopts the
 //!   pinned program with no gap under a paced flood, and `detach`.
 //! - In skb mode (`--attach xdp --mode skb`): a flood held to B + R t beside a source keeping to
 //!   its rate, never refused.
@@ -77,7 +77,7 @@ fn attach_mode(rig: &Rig) -> String {
 /// the rate running throughout, every frame judged and the flood held to B + R t over the whole
 /// run (no gap, no fresh burst); after a last SIGTERM, `detach` leaves nothing behind.
 #[test]
-fn the_defaults_attach_natively_enforce_layers_syn_and_bans_and_a_restart_adopts() {
+fn the_defaults_attach_natively_enforce_layers_syn_bans_and_rotation_and_a_restart_adopts() {
     require_root!();
     let state = tempfile::Builder::new().prefix("limiter-state").tempdir().expect("a state directory");
     let args = args(state.path());
@@ -86,6 +86,7 @@ fn the_defaults_attach_natively_enforce_layers_syn_and_bans_and_a_restart_adopts
     layers(&rig);
     syn_only(&rig);
     ban(&rig);
+    rotation(&rig);
     restart(&mut rig, &args);
 }
 
@@ -184,6 +185,29 @@ fn ban(rig: &Rig) {
     eprintln!("after the ban: {}", run.report);
     assert!(run.sent(&b) > 0, "the banned source sent nothing");
     assert_eq!(run.delivered(&b), run.sent(&b), "the source's frames after its ban expired");
+}
+
+/// `salt rotate` switches the program to a new salt (the kernel's config: another generation,
+/// another salt in it), and a flood after it is held to its policy's bound, every frame judged:
+/// the keys hashed with the new salt find their buckets.
+fn rotation(rig: &Rig) {
+    let pol = Pol::new("rotated", "udp:7400", 100, 10);
+    rig.set(&pol);
+    let config = || rig.daemon.maps().expect("the program's maps").rules.config;
+    let before = config();
+    rig.ctl_ok(&["salt", "rotate"]);
+    let after = config();
+    assert_ne!(after.generation, before.generation, "salt rotate: the generation did not switch");
+    assert_ne!(
+        after.salts[after.generation as usize], before.salts[before.generation as usize],
+        "salt rotate: the salt in force did not change"
+    );
+    let streams = [rig.stream(L4::Udp, 7400, "198.19.7.6")];
+    let run = rig.counted_flood(&streams, Limits::timed(FLOOD));
+    eprintln!("after a rotation: {}", run.report);
+    check_overload(&run.report, 100.0, 1);
+    rig.check_policy(&pol, &run, &[vec![flow_of(&streams[0])]]);
+    rig.ctl_ok(&["policy", "rm", "rotated"]);
 }
 
 /// SIGTERM, then a new daemon at once, with a flood paced at [`OVERLOAD`] times the rate and a
