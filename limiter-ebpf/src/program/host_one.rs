@@ -109,8 +109,7 @@ extern "C" fn host_one_judge(current: u64) -> u64 {
             value = gcra::later(current, unsafe { scope::load(old) }, now, policy.gcra.capacity, |id| claim(id, now));
         }
     }
-    let mut values = [value; MAX_ROWS];
-    values[0] = value;
+    let values = [value; MAX_ROWS];
     let (verdict, store) = decide_units(policy, &values, 1, now, s.units, |id| claim(id, now));
     s.value = value;
     s.now = now;
