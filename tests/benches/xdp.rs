@@ -25,8 +25,8 @@
 //!
 //! Run with `cargo xtask bench` (records BENCHMARKS.md) or
 //! `cargo bench -p limiter-tests --bench xdp -- [--out FILE] [--rounds N] [--only NAME_PART]...`
-//! (`--only`: just the rows whose name contains one of the parts, with the two baselines, and
-//! none of the rows compared against another).
+//! (`--only`: just the rows whose name contains one of the parts, with the two baselines and the
+//! rows the compared ones among them are measured against).
 
 use std::{fmt::Write as _, net::IpAddr, time::Instant};
 
@@ -717,11 +717,13 @@ fn main() -> anyhow::Result<()> {
     let traffic = |t: Traffic| if t == Traffic::TcpAcks { &acks } else { &frames };
 
     let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| name.contains(o.as_str()));
-    // The two baselines first, always: every ratio is to them.
+    let compared: Vec<Compared> = compared()?.into_iter().filter(|c| wanted(c.name)).collect();
+    // The two baselines first, always: every ratio is to them; then the rows asked for and
+    // those a compared row asked for is measured against.
     let mut subjects: Vec<(Subject, Traffic)> = subjects()?
         .into_iter()
         .enumerate()
-        .filter(|(i, s)| *i < 2 || wanted(s.name))
+        .filter(|(i, s)| *i < 2 || wanted(s.name) || compared.iter().any(|c| c.against == s.name))
         .map(|(_, s)| (s, Traffic::Udp))
         .collect();
     for (s, _) in subjects.iter().filter(|(s, _)| s.warm_all_sources) {
@@ -732,7 +734,6 @@ fn main() -> anyhow::Result<()> {
     // Each compared row warmed and checked here, then measured as any other row; its baseline's
     // index kept for the second table.
     let mut against = Vec::new();
-    let compared = if args.only.is_empty() { compared()? } else { Vec::new() };
     for c in compared {
         let frames = traffic(c.traffic);
         if c.warm_all_sources {

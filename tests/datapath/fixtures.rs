@@ -22,7 +22,7 @@ use limiter_ctl::{
 use limiter_tests::{
     cpu::pin_current_thread,
     frames::{self, ETH_LEN, Expect, Tag, V4, ethernet, hex, ipv6, tcp, udp},
-    kernel_programs::{Judge, Landed, Probe, XDP_DROP, XDP_PASS, errno, permissive},
+    kernel_programs::{Judge, Landed, Probe, XDP_DROP, XDP_PASS, errno, judged_alike, permissive, shortcut_builds},
     reference::{self, PROBE_KEY},
     require_root,
     verifier::{MAX_INSNS, thousands},
@@ -678,15 +678,7 @@ fn the_memo_and_the_tick_refusal_change_no_verdict() {
     for (scope, rows) in MEMO_SHAPES {
         let other = if scope == Scope::Host { Scope::Cpu } else { Scope::Host };
         let geometry = Geometry::same(TINY, rows);
-        let load = |memo, tick| {
-            let limiter = if memo && tick {
-                Limiter::load_geometry(geometry)
-            } else {
-                Limiter::load_switchable_geometry(geometry, memo, tick)
-            };
-            judging_all_by(limiter.expect("loading the limiter"), &scoped(&spec, scope))
-        };
-        let mut limiters = [load(true, true), load(true, false), load(false, false)];
+        let mut limiters = shortcut_builds(geometry, |l| judging_all_by(l, &scoped(&spec, scope)));
         let (mut refused, mut admitted) = (0u64, 0u64);
         for step in 0..400 {
             if step == 200 {
@@ -696,12 +688,7 @@ fn the_memo_and_the_tick_refusal_change_no_verdict() {
             }
             let frame = datagram(rng.random_range(0..12u16));
             for _ in 0..rng.random_range(1..=6) {
-                let verdicts = limiters.each_ref().map(|l| l.test_run(&frame).expect("test run"));
-                assert!(
-                    verdicts.iter().all(|&v| v == verdicts[0]),
-                    "{scope:?}, {rows} rows, step {step}: shipped, no tick refusal, no memo: {verdicts:?}"
-                );
-                match verdicts[0] {
+                match judged_alike(&limiters, &frame, || format!("{scope:?}, {rows} rows, step {step}")) {
                     XDP_PASS => admitted += 1,
                     v => {
                         assert_eq!(v, XDP_DROP);
@@ -738,15 +725,7 @@ fn the_memo_changes_no_verdict_through_edits_removals_and_rotations() {
     for (scope, rows) in MEMO_SHAPES {
         let geometry = Geometry::same(TINY, rows);
         let first = scoped(&PolicyDef::any(Rate { count: 1, period_ns: hour }, 3), scope);
-        let load = |memo, tick| {
-            let limiter = if memo && tick {
-                Limiter::load_geometry(geometry)
-            } else {
-                Limiter::load_switchable_geometry(geometry, memo, tick)
-            };
-            judging_all_by(limiter.expect("loading the limiter"), &first)
-        };
-        let mut limiters = [load(true, true), load(true, false), load(false, false)];
+        let mut limiters = shortcut_builds(geometry, |l| judging_all_by(l, &first));
         let (mut refused, mut passed, mut events, mut rotations) = (0u64, 0u64, Vec::new(), 0u8);
         for step in 0..600 {
             if step % 50 == 49 {
@@ -778,13 +757,8 @@ fn the_memo_changes_no_verdict_through_edits_removals_and_rotations() {
             }
             let frame = datagram(rng.random_range(0..12u16));
             for _ in 0..rng.random_range(1..=6) {
-                let verdicts = limiters.each_ref().map(|l| l.test_run(&frame).expect("test run"));
-                assert!(
-                    verdicts.iter().all(|&v| v == verdicts[0]),
-                    "{scope:?}, {rows} rows, step {step} after events {events:?}: shipped, no tick refusal, no memo: \
-                     {verdicts:?}"
-                );
-                if verdicts[0] == XDP_DROP { refused += 1 } else { passed += 1 }
+                let what = || format!("{scope:?}, {rows} rows, step {step} after events {events:?}");
+                if judged_alike(&limiters, &frame, what) == XDP_DROP { refused += 1 } else { passed += 1 }
             }
         }
         eprintln!("{scope:?}, {rows} rows, events {events:?}: {passed} passed, {refused} refused alike");

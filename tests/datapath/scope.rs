@@ -408,11 +408,19 @@ fn one_key_flat_out_on_two_cpus_keeps_to_one_bound() {
     require_root!();
     let Some(cpus) = two_cpus_for("one_key_flat_out_on_two_cpus_keeps_to_one_bound") else { return };
     for host_rows in HOST_ROWS {
-        flat_out_on_two_cpus(cpus, host_rows);
+        // Lost races that became refusals would fail every attempt; a VM whose CPUs both stall
+        // for a while (the runs then come in at a fifth of their rate) offers nothing meanwhile
+        // and fails one. The upper bound and the counts hold on every attempt.
+        let mut short = Vec::new();
+        while let Err(shortfall) = flat_out_on_two_cpus(cpus, host_rows) {
+            short.push(shortfall);
+            assert!(short.len() < 3, "{host_rows} host rows, three attempts: {short:#?}");
+        }
     }
 }
 
-fn flat_out_on_two_cpus(cpus: [usize; 2], host_rows: u32) {
+/// One attempt: Err (what it admitted against what it should) when it admitted less than 90%.
+fn flat_out_on_two_cpus(cpus: [usize; 2], host_rows: u32) -> Result<(), String> {
     const RUN: Duration = Duration::from_millis(700);
     const RUNS_PER_CALL: u32 = 20_000;
     // Tolerance 20 ms: longer than a tick, so the tick refusal's late end slips no admission.
@@ -440,14 +448,15 @@ fn flat_out_on_two_cpus(cpus: [usize; 2], host_rows: u32) {
     check_upper_over(&format!("{host_rows} host rows, both CPUs"), total, &gcra, 1, elapsed);
     // All of the bound, or all that was offered on a machine too slow to offer it.
     let least = gcra.bound(limiter_tests::bounds::nanos(RUN)).min(runs.iter().sum());
-    assert!(
-        total * 10 >= least * 9,
-        "{host_rows} host rows: admitted {total} < 90% of {least} over {RUN:?} of two CPUs offering {runs:?}: lost \
-         races became refusals"
-    );
     assert!(admitted.iter().all(|&a| a > 0), "{host_rows} host rows: a CPU admitted nothing: {admitted:?}");
     assert_eq!(judged, runs.iter().sum::<u64>(), "{host_rows} host rows: every run judged under the policy");
     assert_eq!(errors, 0, "{host_rows} host rows: the limiter's own faults");
+    if total * 10 >= least * 9 {
+        return Ok(());
+    }
+    Err(format!(
+        "admitted {total} < 90% of {least} over {RUN:?} of two CPUs offering {runs:?}: lost races became refusals"
+    ))
 }
 
 /// Keys sharing host rows, judged on two CPUs at once (BPF_PROG_TEST_RUN on each CPU in step, the

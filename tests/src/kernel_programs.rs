@@ -20,7 +20,7 @@ use limiter_common::{
 use limiter_ctl::{
     Hook, Limiter,
     config::{KeySpec, PolicyDef, Rate},
-    kernel::{TestHook, compile},
+    kernel::{Geometry, TestHook, compile},
     objects,
 };
 
@@ -236,4 +236,25 @@ impl Judge {
             _ => bail!("action {action}, {total} packets counted; before {before:?}, after {now:?}"),
         }
     }
+}
+
+/// The three builds the shortcut tests compare, each set up by `set_up`: the shipped program
+/// (every shortcut on), the test build with the tick refusal off, and with the key memo off.
+pub fn shortcut_builds(geometry: Geometry, set_up: impl Fn(Limiter) -> Limiter) -> [Limiter; 3] {
+    [(true, true), (true, false), (false, false)].map(|(memo, tick)| {
+        let limiter = if memo && tick {
+            Limiter::load_geometry(geometry)
+        } else {
+            Limiter::load_switchable_geometry(geometry, memo, tick)
+        };
+        set_up(limiter.expect("loading the limiter"))
+    })
+}
+
+/// `frame` judged by each of the [`shortcut_builds`]: their one verdict. Panics, saying `what`
+/// was being judged, when they differ.
+pub fn judged_alike(builds: &[Limiter; 3], frame: &[u8], what: impl FnOnce() -> String) -> u32 {
+    let verdicts = builds.each_ref().map(|l| l.test_run(frame).expect("test run"));
+    assert!(verdicts.iter().all(|&v| v == verdicts[0]), "{}: shipped, no tick refusal, no memo: {verdicts:?}", what());
+    verdicts[0]
 }

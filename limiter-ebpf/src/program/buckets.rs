@@ -270,6 +270,42 @@ pub(super) fn host_index(cfg: &Config, generation: usize, hash: u64) -> u32 {
     base + row0_index(hash, cfg.host_mask)
 }
 
+/// The rows a key memo of this scope records and checks (`memo::refusal_stands`): the host
+/// array's (one, or `host_rows::ROWS`), or the per-CPU array's.
+#[inline(always)]
+pub(super) fn memo_rows(cfg: &Config, host: bool) -> usize {
+    match host {
+        true if cfg.host_rows > 1 => host_rows::ROWS,
+        true => 1,
+        false => row_shape(cfg).0,
+    }
+}
+
+/// The current generation's rows of the key of `hash` under `policy`'s scope, as they are now
+/// (the rest 0); None on a failed lookup. For the layered route's memo (`layer_memo`).
+#[inline(always)]
+pub(super) fn key_rows(cfg: &Config, policy: &Policy, hash: u64) -> Option<[u64; MAX_ROWS]> {
+    let generation = (cfg.generation & 1) as usize;
+    if policy.flags & Policy::SCOPE_HOST == 0 {
+        let (rows, row_len) = row_shape(cfg);
+        return read_rows(&bucket_rows(cfg, generation, hash, rows, row_len), rows);
+    }
+    let mut values = [0; MAX_ROWS];
+    if cfg.host_rows > 1 {
+        let idx = host_rows::buckets_of(cfg, cfg.generation, hash);
+        let mut i = 0;
+        while i < host_rows::ROWS {
+            // SAFETY: a map value of 8 aligned bytes, valid for the program's run.
+            values[i] = unsafe { scope::load(HOST_BUCKETS.get_ptr_mut(idx[i])?) };
+            i += 1;
+        }
+    } else {
+        // SAFETY: as above.
+        values[0] = unsafe { scope::load(HOST_BUCKETS.get_ptr_mut(host_index(cfg, generation, hash))?) };
+    }
+    Some(values)
+}
+
 /// The number of rows and their length (a zero `rows` or `row_len` reads as one row of all).
 #[inline(always)]
 fn row_shape(cfg: &Config) -> (usize, u32) {

@@ -405,7 +405,7 @@ extern "C" fn host_rows_ahead_of(row: u64) -> u64 {
 /// The buckets of the key of `hash`, one in each row of `generation` (its low bit) of
 /// `HOST_BUCKETS`.
 #[inline(always)]
-fn buckets_of(cfg: &Config, generation: u32, hash: u64) -> [u32; ROWS] {
+pub(super) fn buckets_of(cfg: &Config, generation: u32, hash: u64) -> [u32; ROWS] {
     let buckets = cfg.host_mask.wrapping_add(1);
     // A row is `Config::host_row_len` long, or half the generation's buckets.
     let len = if cfg.host_row_len == 0 { buckets >> 1 } else { cfg.host_row_len };

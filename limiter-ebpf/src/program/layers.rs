@@ -18,17 +18,19 @@ use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
 };
 use limiter_common::{
-    key::key_hash,
     maps::{Config, LAYER_TASK_BYTES, MAX_CANDIDATES, MAX_LAYERS, Policy},
     rows::MAX_ROWS,
 };
 use limiter_ebpf::{
     decide::{Verdict, count, refusal},
     key::key_words,
+    memo,
     parse::Packet,
 };
 
-use super::{CONFIG, Hook, LAYER_SETS, LAYER_TASK, POLICIES, act, buckets, policy::predicates_hold};
+use super::{
+    CONFIG, Hook, LAYER_HASHES, LAYER_SETS, LAYER_TASK, POLICIES, act, buckets, layer_memo, policy::predicates_hold,
+};
 
 /// The packet handed to `limiter_layers`, and what its runs have decided so far, in this CPU's
 /// slot of `LAYER_TASK` (pinned with the other maps, so a program of the next daemon that
@@ -125,7 +127,7 @@ pub fn run<H: Hook>(ctx: &H) -> u32 {
         t.now = unsafe { bpf_ktime_get_ns() };
     }
     let n = t.n as usize;
-    let step = t.step as usize;
+    let mut step = t.step as usize;
     if n == 0 || n > MAX_LAYERS || step >= n + MAX_LAYERS {
         return act::fault();
     }
@@ -141,66 +143,92 @@ pub fn run<H: Hook>(ctx: &H) -> u32 {
         };
         let generation = (cfg.generation & 1) as usize;
         let words = key_words(&t.pkt, policy);
-        let hash = key_hash(&cfg.salts[generation], t.pkt.family, &words);
-        let v = if policy.flags & Policy::DENY != 0 {
-            refusal(policy)
-        } else if policy.flags & Policy::SCOPE_HOST != 0 {
-            match buckets::host_scope_layer(cfg, t.pkt.family, policy, &words, hash, frame_len, false) {
-                Some(v) => v,
-                None => return act::fault(),
-            }
-        } else {
-            let Some(look) = buckets::per_cpu_look(cfg, t.pkt.family, policy, &words, hash, frame_len, t.now) else {
-                return act::fault();
-            };
-            let mut written = 0;
-            let mut i = 0;
-            while i < MAX_ROWS {
-                t.rows_idx[k][i] = look.idx[i];
-                if let Some(value) = look.store[i] {
-                    t.rows_val[k][i] = value;
-                    written |= 1 << i;
-                }
-                i += 1;
-            }
-            t.rows_written[k] = written;
-            look.verdict
-        };
+        // SAFETY: a map value, valid for the program's run; only this CPU touches it.
+        let memo = LAYER_HASHES.get_ptr_mut(u32::from(policy.id)).map(|m| unsafe { &mut *m });
+        let hash = memo::hash(memo, &cfg.salts[generation], t.pkt.family, &words);
         t.hashes[k] = hash;
-        t.verdicts[k] = code(v);
-        if v == Verdict::Refuse {
-            t.refused = k as u32;
-            t.n = k as u32 + 1;
-            return settle(cfg, t);
-        }
-        if step + 1 == n {
+        if policy.flags & (Policy::SCOPE_HOST | Policy::DENY) == Policy::SCOPE_HOST && step + 1 == n && {
             order(t);
-            if t.hosts == 0 {
-                return pass(cfg, t);
-            }
-        }
-    } else {
-        // The commit of the `step - n`th host-scope layer that admitted: a layer that now
-        // refuses stops it; a dry-run one that now would refuse is counted so, and passes.
-        let j = step - n;
-        let k = t.order[j & (MAX_LAYERS - 1)] as usize & (MAX_LAYERS - 1);
-        let Some(policy) = POLICIES.get(u32::from(t.ids[k])) else {
-            return act::fault();
-        };
-        let words = key_words(&t.pkt, policy);
-        match buckets::host_scope_layer(cfg, t.pkt.family, policy, &words, t.hashes[k], frame_len, true) {
-            Some(Verdict::Refuse) => {
-                t.verdicts[k] = REFUSE;
+            t.hosts == 0
+        } {
+            // The last layer, of host scope, with no host-scope layer before it to commit: no
+            // later layer can refuse the packet, so its look is its commit, in this run (the
+            // commit's code below: one site of it for the verifier to walk).
+            t.verdicts[k] = ADMIT;
+            t.order[0] = k as u8;
+            t.hosts = 1;
+            step = n;
+        } else {
+            let v = if policy.flags & Policy::DENY != 0 {
+                refusal(policy)
+            } else if policy.flags & Policy::SCOPE_HOST != 0 {
+                match buckets::host_scope_layer(cfg, t.pkt.family, policy, &words, hash, frame_len, false) {
+                    Some(v) => v,
+                    None => return act::fault(),
+                }
+            } else {
+                let Some(look) = buckets::per_cpu_look(cfg, t.pkt.family, policy, &words, hash, frame_len, t.now)
+                else {
+                    return act::fault();
+                };
+                let mut written = 0;
+                let mut i = 0;
+                while i < MAX_ROWS {
+                    t.rows_idx[k][i] = look.idx[i];
+                    if let Some(value) = look.store[i] {
+                        t.rows_val[k][i] = value;
+                        written |= 1 << i;
+                    }
+                    i += 1;
+                }
+                t.rows_written[k] = written;
+                look.verdict
+            };
+            t.verdicts[k] = code(v);
+            if v == Verdict::Refuse {
                 t.refused = k as u32;
+                t.n = k as u32 + 1;
+                if policy.flags & Policy::DENY == 0 {
+                    layer_memo::remember(policy, hash);
+                }
                 return settle(cfg, t);
             }
-            Some(Verdict::WouldRefuse) => t.verdicts[k] = WOULD_REFUSE,
-            _ => {}
-        }
-        if j + 1 >= t.hosts as usize {
-            return pass(cfg, t);
+            if step + 1 == n {
+                order(t);
+                if t.hosts == 0 {
+                    return pass(cfg, t);
+                }
+            }
+            return next(ctx, t, step);
         }
     }
+    // The commit of the `step - n`th host-scope layer that admitted: a layer that now refuses
+    // stops it; a dry-run one that now would refuse is counted so, and passes.
+    let j = step - n;
+    let k = t.order[j & (MAX_LAYERS - 1)] as usize & (MAX_LAYERS - 1);
+    let Some(policy) = POLICIES.get(u32::from(t.ids[k])) else {
+        return act::fault();
+    };
+    let words = key_words(&t.pkt, policy);
+    match buckets::host_scope_layer(cfg, t.pkt.family, policy, &words, t.hashes[k], frame_len, true) {
+        Some(Verdict::Refuse) => {
+            t.verdicts[k] = REFUSE;
+            t.refused = k as u32;
+            layer_memo::remember(policy, t.hashes[k]);
+            return settle(cfg, t);
+        }
+        Some(Verdict::WouldRefuse) => t.verdicts[k] = WOULD_REFUSE,
+        _ => {}
+    }
+    if j + 1 >= t.hosts as usize {
+        return pass(cfg, t);
+    }
+    next(ctx, t, step)
+}
+
+/// Hands the task on to the run of its next step.
+#[inline(always)]
+fn next<H: Hook>(ctx: &H, t: &mut Task, step: usize) -> u32 {
     t.step = step as u32 + 1;
     // SAFETY: `ctx` is this program's context.
     unsafe { H::jumps().tail_call(ctx, 0) };

@@ -14,6 +14,7 @@ mod act;
 mod buckets;
 mod host_one;
 mod host_rows;
+mod layer_memo;
 mod layers;
 mod policy;
 
@@ -107,6 +108,14 @@ static LAYER_TASK: PerCpuArray<layers::Task> = PerCpuArray::with_max_entries(1, 
 /// Not pinned: a lease lost with a reload forfeits at most its units left.
 #[map]
 static LEASES: PerCpuArray<Lease> = PerCpuArray::with_max_entries(MAX_POLICIES, 0);
+/// Each CPU's last key of each layer (by policy id) and its hash: a layer's key repeated (one
+/// source's flow, or an aggregate's one key) skips SipHash (`memo::hash`). Not pinned: a cache.
+#[map]
+static LAYER_HASHES: PerCpuArray<KeyMemo> = PerCpuArray::with_max_entries(MAX_POLICIES, 0);
+/// Each CPU's last layered refusal and how long it stands (`layer_memo::LayerMemo`). Not
+/// pinned: a cache, empty after a reload.
+#[map]
+static LAYER_MEMO: PerCpuArray<layer_memo::LayerMemo> = PerCpuArray::with_max_entries(1, 0);
 /// `limiter_layers` at index 0, set by userspace after loading: where a layered packet goes.
 #[map]
 static JUMPS: ProgramArray = ProgramArray::with_max_entries(1, 0);
@@ -227,7 +236,12 @@ pub fn limiter<S: Shortcuts, H: Hook>(ctx: &H) -> u32 {
     let pkt: &limiter_ebpf::parse::Packet = unsafe { &*slot };
     let policy = match policy::select(cfg, pkt) {
         Selected::Judge(policy) => policy,
-        Selected::Layers(set) => return layers::hand_over(ctx, pkt, set, frame_len),
+        Selected::Layers(set) => {
+            if layer_memo::refused::<S>(cfg, pkt, set, frame_len) {
+                return XDP_DROP;
+            }
+            return layers::hand_over(ctx, pkt, set, frame_len);
+        }
         Selected::Done(action) => return action,
     };
     let words = key_words(pkt, policy);

@@ -95,6 +95,7 @@ pub const TARGETS: &[Target] = &[
             needs: &[],
         },
     },
+    root("layer_memo", &[Kernel]),
     root("lists", &[Kernel]),
     root("traps", &[Kernel]),
     root("fragments", &[Kernel]),
