@@ -239,13 +239,19 @@ fn per_source_and_aggregate_pair_holds_a_spoofed_flood_to_the_cap_and_one_source
     check_lower("aggregate, every CPU together", agg.total.admitted_packets, &aggregate.gcra(), steadiest);
     // Who counted what: each packet judged by `persource` first (it admits everything: each
     // source sends far under 1000/s), then by `aggregate`, which refuses what is over the cap.
-    assert_eq!(ps.total.packets() + ps.total.overruled_packets, sent, "'persource' judged every frame sent");
+    // Refusals judged in full overrule `persource`; those the aggregate's standing refusal drops
+    // (the layered memo) it does not judge.
     assert_eq!(agg.total.packets(), sent, "'aggregate' judged every frame sent (persource refused none)");
     assert_eq!(ps.total.refused_packets, 0, "'persource' refused sources far under their rate");
     assert_eq!(agg.total.admitted_packets, delivered, "'aggregate': admitted vs delivered");
     assert_eq!(ps.total.admitted_packets, delivered, "'persource': admitted vs delivered");
     assert_eq!(agg.total.refused_packets, sent - delivered, "every refusal counted under 'aggregate'");
-    assert_eq!(ps.total.overruled_packets, agg.total.refused_packets, "'persource' overruled by each refusal");
+    assert!(
+        ps.total.overruled_packets <= agg.total.refused_packets,
+        "'persource' overruled {} times, by more than the aggregate's {} refusals",
+        ps.total.overruled_packets,
+        agg.total.refused_packets
+    );
     assert_eq!(agg.total.overruled_packets, 0, "'aggregate' was never overruled (it refused them itself)");
     let unjudged = total(&after[0]).packets() - total(&before[0]).packets();
     assert_eq!(unjudged, 0, "frames passed unjudged during the spoofed flood");
@@ -326,20 +332,34 @@ fn a_refusal_charges_no_admitting_layer_and_the_first_refusing_layer_counts_it()
     let (ps, agg) = counts.expect("aggregate present");
     assert_eq!(run.delivered(&flow), 10, "phase 2: delivered (the aggregate's 30 less phase 1's 20)");
     assert_eq!(aro(&agg), (10, 90, 0), "phase 2: 'aggregate' admits its last 10 and refuses the rest");
-    assert_eq!(aro(&ps), (10, 0, 90), "phase 2: 'persource' admits B, overruled by the aggregate's refusals");
+    // Judged in full, a refusal overrules 'persource'; once the aggregate's refusal stands (the
+    // layered memo, on each CPU after its first), it drops the rest unjudged by 'persource'.
+    assert_eq!((ps.admitted_packets, ps.refused_packets), (10, 0), "phase 2: 'persource' admits B, refuses none");
+    assert!(
+        (1..=90).contains(&ps.overruled_packets),
+        "phase 2: 'persource' overruled {} times: at least by the aggregate's first refusal, at most by all 90",
+        ps.overruled_packets
+    );
+    let overruled_in_phase_2 = ps.overruled_packets;
 
-    // 3. A again: both layers would refuse; the first in order counts it.
+    // 3. A again: both layers would refuse. Judged in full, the first in order counts it
+    // ('persource': src/32 before src/0, whatever the names); the aggregate's refusal standing
+    // since phase 2 drops them first where it stands, counted under 'aggregate' (docs/DESIGN.md,
+    // "A flood through layers").
     let (run, flow, counts) = phase("phase 3", "198.19.1.1", 7);
     let (ps, agg) = counts.expect("aggregate present");
     assert_eq!(run.delivered(&flow), 0, "phase 3: delivered");
     assert_eq!(
-        aro(&ps),
-        (0, 7, 0),
-        "phase 3: the refusals belong to 'persource', the first layer in order (src/32 before src/0, whatever the \
-         names)"
+        (ps.admitted_packets, ps.overruled_packets, agg.admitted_packets, ps.refused_packets + agg.refused_packets),
+        (0, 0, 0, 7),
+        "phase 3: each of the 7 refused once, under 'persource' or 'aggregate', nothing admitted or overruled"
     );
-    assert_eq!((agg.admitted_packets, agg.refused_packets), (0, 0), "phase 3: 'aggregate' refused nothing itself");
-    check_later_overruled("phase 3: 'aggregate'", agg.overruled_packets, 7);
+    let refused_in_phase_3 = (ps.refused_packets, agg.refused_packets);
+    if agg.refused_packets == 0 {
+        check_later_overruled("phase 3: 'aggregate'", agg.overruled_packets, 7);
+    } else {
+        assert_eq!(agg.overruled_packets, 0, "phase 3: 'aggregate' refused, and was overruled by nothing");
+    }
     assert_eq!(
         agg.overruled_packets != 0,
         aggregate_judges_after_a_refusal,
@@ -349,8 +369,16 @@ fn a_refusal_charges_no_admitting_layer_and_the_first_refusing_layer_counts_it()
     // What the operator sees: stats (text and --json) and /metrics, from the kernel's totals.
     let snap = rig.snapshot();
     let (ps_total, agg_total) = (snap.total(ps_id), snap.total(agg_id));
-    assert_eq!(aro(&ps_total), (30, 87, 90), "'persource' totals after three phases");
-    assert_eq!((agg_total.admitted_packets, agg_total.refused_packets), (30, 90), "'aggregate' totals");
+    assert_eq!(
+        aro(&ps_total),
+        (30, 80 + refused_in_phase_3.0, overruled_in_phase_2),
+        "'persource' totals after three phases"
+    );
+    assert_eq!(
+        (agg_total.admitted_packets, agg_total.refused_packets),
+        (30, 90 + refused_in_phase_3.1),
+        "'aggregate' totals"
+    );
     let stats = fresh_stats(&rig);
     for (name, t) in [("persource", &ps_total), ("aggregate", &agg_total)] {
         let totals = &policy_stats(&stats, name)["totals"];
@@ -377,8 +405,9 @@ fn a_refusal_charges_no_admitting_layer_and_the_first_refusing_layer_counts_it()
             Err(e) => metrics_wrong.push(format!("{e:#} (the kernel says {})", t.overruled_packets)),
         }
     }
-    // `stats` (text): persource's 90 overruled packets, in an OVERRULED column or on a line of
-    // their own ("overruled ...: persource 90, ...").
+    // `stats` (text): persource's overruled packets, in an OVERRULED column or on a line of
+    // their own ("overruled ...: persource N, ...").
+    let overruled = overruled_in_phase_2.to_string();
     let text = rig.ctl_ok(&["stats"]);
     eprintln!("stats:\n{text}");
     let line = text.lines().find(|l| l.to_ascii_lowercase().contains("overruled"));
@@ -387,11 +416,15 @@ fn a_refusal_charges_no_admitting_layer_and_the_first_refusing_layer_counts_it()
     let in_column = column.is_some_and(|column| {
         text.lines()
             .find(|l| l.split_whitespace().next() == Some("persource"))
-            .is_some_and(|row| row.split_whitespace().nth(column) == Some("90"))
+            .is_some_and(|row| row.split_whitespace().nth(column) == Some(overruled.as_str()))
     });
-    let in_line =
-        line.replace(',', " ").split_whitespace().collect::<Vec<_>>().windows(2).any(|w| w == ["persource", "90"]);
-    assert!(in_column || in_line, "`stats` does not say persource was overruled 90 times:\n{text}");
+    let in_line = line
+        .replace(',', " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .any(|w| w == ["persource", overruled.as_str()]);
+    assert!(in_column || in_line, "`stats` does not say persource was overruled {overruled} times:\n{text}");
 
     // 4. Without the aggregate, B still has the 10 of its burst the refusals did not charge.
     rig.ctl_ok(&["policy", "rm", "aggregate"]);
@@ -965,7 +998,14 @@ fn host_scope_layers_racing_on_two_cpus_keep_dry_run_and_the_cap() {
     );
     assert_eq!(g.total.refused_packets, 0, "'guard2' refused nothing");
     assert_eq!(c.total.admitted_packets + c.total.refused_packets, total_runs, "'cap' judged every run");
-    assert_eq!(g.total.overruled_packets, c.total.refused_packets, "each of 'cap's refusals overruled 'guard2'");
+    // Each of 'cap's refusals judged in full overrules 'guard2'; its standing refusals (the
+    // layered memo) leave 'guard2' unjudged.
+    assert!(
+        g.total.overruled_packets <= c.total.refused_packets,
+        "'guard2' overruled {} times, by more than 'cap's {} refusals",
+        g.total.overruled_packets,
+        c.total.refused_packets
+    );
     assert_eq!(g.total.admitted_packets, c.total.admitted_packets, "'guard2' admitted what passed");
     assert_eq!(c.total.errors + g.total.errors, 0, "internal errors");
 }

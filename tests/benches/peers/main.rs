@@ -29,9 +29,12 @@
 //!   at tc ingress, a bare XDP_PASS at XDP as under netfilter), hashlimit-raw, nft-raw,
 //!   nft-ingress, hashlimit-input, nft-input, nothing, xdp-drop. Net costs need xdp-drop in the
 //!   run; per-dropped costs also need nothing.
-//! - `--workloads LIST`: one-source, one-source-1k, spoofed, churn (default all). Every system
-//!   enforces 5/s burst 5 per source except on one-source-1k: the one-source flood at 1000/s
-//!   burst 100 (issue 16's harness). The boundary burst and the memory sweep use 5/s burst 5.
+//! - `--workloads LIST`: one-source, one-source-1k, spoofed, churn, pair-one-source,
+//!   pair-spoofed (default all). Every system enforces 5/s burst 5 per source except on
+//!   one-source-1k: the one-source flood at 1000/s burst 100 (issue 16's harness); on the pair
+//!   workloads, beside it, a cap of 1000/s burst 1000 over every source together (the pair
+//!   OPERATIONS recommends; nftables: a `limit` rule after its meters). The boundary burst and
+//!   the memory sweep use 5/s burst 5.
 //! - `--runs N` (default 3), `--seconds S` (flood length, default 2).
 //! - `--parts LIST`: floods, burst (the boundary burst), memory (the sweep); default all.
 //! - `--quick`: a smoke run (1 run of 1 s, a short memory sweep).
@@ -76,10 +79,14 @@ const SENDER_CPU: usize = 1;
 const EXTRAS: [System; 4] =
     [System::Limiter, System::Hashlimit(Place::Raw), System::Nftables(Place::Raw), System::Nothing];
 
-/// The GCRA of a policy, as the limiter computes its bound.
+/// The GCRA of a policy (per source), as the limiter computes its bound.
 fn gcra(policy: PerSource) -> anyhow::Result<Gcra> {
-    Gcra::new(u64::from(policy.rate_per_s), 1_000_000_000, u64::from(policy.burst), 1)
-        .map_err(|e| anyhow::anyhow!("{e}"))
+    gcra_of(policy.rate_per_s, policy.burst)
+}
+
+/// The GCRA of `rate_per_s`, burst `burst`.
+fn gcra_of(rate_per_s: u32, burst: u32) -> anyhow::Result<Gcra> {
+    Gcra::new(u64::from(rate_per_s), 1_000_000_000, u64::from(burst), 1).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 fn spec(net: &TestNet, v6: bool) -> FrameSpec {
@@ -179,7 +186,17 @@ fn flood(system: System, workload: Workload, length: Duration) -> anyhow::Result
         sent: report.sent,
         offered: counts.offered,
         admitted: counts.admitted,
-        bound: if system.limits() { bound(&gcra, sources, report.sent, seconds) } else { counts.offered },
+        bound: match (system.limits(), policy.cap) {
+            (false, _) => counts.offered,
+            (true, None) => bound(&gcra, sources, report.sent, seconds),
+            // The cap is one key over every source.
+            (true, Some(cap)) => bound(&gcra, sources, report.sent, seconds).min(bound(
+                &gcra_of(cap.rate_per_s, cap.burst)?,
+                SourceRange { count: 1, ..sources },
+                report.sent,
+                seconds,
+            )),
+        },
         cpu,
         daemon: daemon.map(|d| d.total()),
         window,
@@ -373,7 +390,7 @@ fn main() -> anyhow::Result<()> {
     let mut md = String::new();
     // Which policy each part of the run enforced: a flood its workload's, the boundary burst and
     // the memory sweep POLICY. Grouped by policy, in the order of the run.
-    let mut uses: Vec<((u32, u32), Vec<String>)> = Vec::new();
+    let mut uses: Vec<(PerSource, Vec<String>)> = Vec::new();
     let parts = opts
         .workloads
         .iter()
@@ -382,20 +399,22 @@ fn main() -> anyhow::Result<()> {
         .chain((!bursts.is_empty()).then(|| (POLICY, "the boundary burst".to_string())))
         .chain((!sweep.is_empty()).then(|| (POLICY, "the memory sweep".to_string())));
     for (p, what) in parts {
-        let key = (p.rate_per_s, p.burst);
-        match uses.iter_mut().find(|(k, _)| *k == key) {
+        match uses.iter_mut().find(|(k, _)| *k == p) {
             Some((_, v)) => v.push(what),
-            None => uses.push((key, vec![what])),
+            None => uses.push((p, vec![what])),
         }
     }
     if uses.is_empty() {
-        uses.push(((POLICY.rate_per_s, POLICY.burst), Vec::new()));
+        uses.push((POLICY, Vec::new()));
     }
     let policies: Vec<String> = uses
         .iter()
-        .map(|((rate, burst), what)| {
+        .map(|(p, what)| {
             let what = if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
-            format!("{rate} packets/s per source, burst {burst}{what}")
+            let cap = p.cap.map_or(String::new(), |c| {
+                format!(" and {} packets/s burst {} over every source together (nftables: a `limit` rule after the meters; hashlimit: one without a mode)", c.rate_per_s, c.burst)
+            });
+            format!("{} packets/s per source, burst {}{cap}{what}", p.rate_per_s, p.burst)
         })
         .collect();
     writeln!(

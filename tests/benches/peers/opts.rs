@@ -8,12 +8,15 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 use limiter_tests::{
     generator::SourceRange,
-    peers::{PerSource, System},
+    peers::{Cap, PerSource, System},
 };
 
-pub(crate) const POLICY: PerSource = PerSource { rate_per_s: 5, burst: 5 };
+pub(crate) const POLICY: PerSource = PerSource { rate_per_s: 5, burst: 5, cap: None };
 /// The policy issue 16 measured the refusal cost with: one source at 1000/s, burst 100.
-pub(crate) const POLICY_1K: PerSource = PerSource { rate_per_s: 1000, burst: 100 };
+pub(crate) const POLICY_1K: PerSource = PerSource { rate_per_s: 1000, burst: 100, cap: None };
+/// The pair OPERATIONS recommends (issue 39): [`POLICY`] per source, and a cap of 1000/s burst
+/// 1000 over every source together.
+pub(crate) const PAIR: PerSource = PerSource { cap: Some(Cap { rate_per_s: 1000, burst: 1000 }), ..POLICY };
 
 /// What to run (the options in the module doc).
 #[derive(Clone, Debug)]
@@ -96,10 +99,15 @@ pub(crate) enum Workload {
     OneSource1k,
     Spoofed,
     Churn,
+    /// One source against the pair ([`PAIR`]).
+    PairOneSource,
+    /// 65,536 spoofed sources against the pair: the cap refuses most.
+    PairSpoofed,
 }
 
 impl Workload {
-    pub(crate) const ALL: [Workload; 4] = [Self::OneSource, Self::OneSource1k, Self::Spoofed, Self::Churn];
+    pub(crate) const ALL: [Workload; 6] =
+        [Self::OneSource, Self::OneSource1k, Self::Spoofed, Self::Churn, Self::PairOneSource, Self::PairSpoofed];
 
     pub(crate) fn short(self) -> &'static str {
         match self {
@@ -107,6 +115,8 @@ impl Workload {
             Self::OneSource1k => "one-source-1k",
             Self::Spoofed => "spoofed",
             Self::Churn => "churn",
+            Self::PairOneSource => "pair-one-source",
+            Self::PairSpoofed => "pair-spoofed",
         }
     }
 
@@ -116,6 +126,8 @@ impl Workload {
             Self::OneSource1k => "one source, 1000/s burst 100",
             Self::Spoofed => "65,536 spoofed sources",
             Self::Churn => "1,000,000 sources (key churn)",
+            Self::PairOneSource => "one source, per source + aggregate cap",
+            Self::PairSpoofed => "65,536 spoofed sources, per source + aggregate cap",
         }
     }
 
@@ -124,25 +136,32 @@ impl Workload {
         match self {
             Self::OneSource1k => POLICY_1K,
             Self::OneSource | Self::Spoofed | Self::Churn => POLICY,
+            Self::PairOneSource | Self::PairSpoofed => PAIR,
         }
     }
 
     /// One source flooding: nearly every packet dropped.
     pub(crate) fn one_source(self) -> bool {
-        matches!(self, Self::OneSource | Self::OneSource1k)
+        matches!(self, Self::OneSource | Self::OneSource1k | Self::PairOneSource)
     }
 
     /// The one-source flood as the claims name it, with its policy.
     pub(crate) fn claim(self) -> String {
         let p = self.policy();
-        let issue = if self == Self::OneSource1k { ", the issue's harness" } else { "" };
+        let issue = match self {
+            Self::OneSource1k => ", the issue's harness",
+            Self::PairOneSource => ", beside an aggregate cap",
+            _ => "",
+        };
         format!("one source at {}/s burst {}{issue}", p.rate_per_s, p.burst)
     }
 
     pub(crate) fn sources(self) -> SourceRange {
         match self {
-            Self::OneSource | Self::OneSource1k => SourceRange { first: v4(198, 19, 0, 1), count: 1 },
-            Self::Spoofed => SourceRange { first: v4(198, 19, 0, 0), count: 1 << 16 },
+            Self::OneSource | Self::OneSource1k | Self::PairOneSource => {
+                SourceRange { first: v4(198, 19, 0, 1), count: 1 }
+            }
+            Self::Spoofed | Self::PairSpoofed => SourceRange { first: v4(198, 19, 0, 0), count: 1 << 16 },
             Self::Churn => {
                 SourceRange { first: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2)), count: 1_000_000 }
             }

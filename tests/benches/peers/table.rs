@@ -142,6 +142,21 @@ pub(crate) fn headline(
             best_cost / limiter
         )?;
     }
+    for w in [Workload::PairOneSource, Workload::PairSpoofed] {
+        let Some(limiter) = cost(w, System::Limiter) else { continue };
+        let nft = System::ALL.into_iter().filter(|s| matches!(s, System::Nftables(_)));
+        let mut nft: Vec<(System, f64)> = nft.filter_map(|s| Some((s, cost(w, s)?))).collect();
+        nft.sort_by(|a, b| a.1.total_cmp(&b.1));
+        if let Some(&(best, best_cost)) = nft.first() {
+            writeln!(
+                md,
+                "The recommended pair (per source and an aggregate cap), *{}*, net CPU s per million dropped (median; the limiter's daemon included): the limiter {limiter:.3}, {} {best_cost:.3}; against nftables at its best placement: **{:.1}x**.\n",
+                w.name(),
+                best.name(),
+                best_cost / limiter
+            )?;
+        }
+    }
     for w in Workload::ALL.into_iter().filter(|w| w.one_source()) {
         let median =
             |s: System, f: fn(&Run) -> f64| runs.get(&(w, s)).map(|r| stats(&r.iter().map(f).collect::<Vec<_>>()));
