@@ -335,24 +335,21 @@ impl Receiver {
                 // Read from its pins, exact now (`stats` answers from a snapshot taken once a
                 // second).
                 let maps = daemon.maps()?;
-                let id = maps
-                    .rules
-                    .view
-                    .policies
-                    .iter()
-                    .find(|(_, (_, name))| name.split(|b| *b == 0).next() == Some(POLICY_NAME.as_bytes()))
-                    .map(|(id, _)| *id)
+                // The id of the daemon's policy `name` in the kernel.
+                let id_of = |name: &str| {
+                    maps.rules
+                        .view
+                        .policies
+                        .iter()
+                        .find(|(_, (_, n))| n.split(|b| *b == 0).next() == Some(name.as_bytes()))
+                        .map(|(id, _)| *id)
+                };
+                let id = id_of(POLICY_NAME)
                     .with_context(|| format!("the daemon has no policy {POLICY_NAME:?} in the kernel"))?;
                 let c = maps.total(id);
                 // A packet the cap refuses is counted there (the per-source layer counts it
                 // overruled, or nothing when the cap's standing refusal dropped it).
-                let cap = maps
-                    .rules
-                    .view
-                    .policies
-                    .iter()
-                    .find(|(_, (_, name))| name.split(|b| *b == 0).next() == Some(CAP_NAME.as_bytes()))
-                    .map_or(0, |(id, _)| maps.total(*id).refused_packets);
+                let cap = id_of(CAP_NAME).map_or(0, |id| maps.total(id).refused_packets);
                 Ok(Counts { offered: c.admitted_packets + c.refused_packets + cap, admitted: c.admitted_packets })
             }
             Self::Xdp { ebpf, system: System::XdpDrop } => {
