@@ -68,9 +68,8 @@ fn matrix(suite: &str, series: &str) {
     let guest = guest_binary();
     let tests = list_tests(&guest);
     assert!(!tests.is_empty(), "{} lists no tests", guest.display());
-    let mut script = format!(
-        "export CI=true RUST_BACKTRACE=1 LIMITER_TESTS_SLOWDOWN={SLOWDOWN}\n/lab/limiter-verify\n{LAB_TEST}"
-    );
+    let mut script =
+        format!("export CI=true RUST_BACKTRACE=1 LIMITER_TESTS_SLOWDOWN={SLOWDOWN}\n/lab/limiter-verify\n{LAB_TEST}");
     for test in &tests {
         script.push_str(&format!("lab_test {test}\n"));
     }
