@@ -38,7 +38,8 @@ fn every_page_has_the_sections_that_apply() {
     let dir = tempfile::tempdir().unwrap();
     let pages = rendered(dir.path());
     assert!(pages.len() >= 22, "only {} pages: {:?}", pages.len(), pages.keys());
-    let client = ["policy-set", "policy-list", "allow-add", "deny-rm", "stats", "top", "salt-rotate", "reload"];
+    let client =
+        ["policy-set", "policy-list", "allow-add", "deny-rm", "stats", "top", "salt-rotate", "reload", "explain"];
     for (name, text) in &pages {
         let has = sections(text);
         let want: &[&str] = match name.trim_start_matches("limiter-ctl-").trim_end_matches(".1") {

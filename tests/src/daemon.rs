@@ -611,6 +611,13 @@ impl Daemon {
         let base = (config.generation & 1) * count;
         (base..base + count).map(|i| Ok(buckets.get(&i, 0)?.iter().copied().collect())).collect()
     }
+
+    /// The TATs of both generations of the host-scope buckets (`HOST_BUCKETS`), in one read.
+    pub fn host_buckets(&self) -> anyhow::Result<Vec<u64>> {
+        let maps = program_maps(self.program()?)?;
+        let buckets: Array<_, u64> = Array::try_from(map(&maps, limiter_common::maps::MAP_HOST_BUCKETS)?)?;
+        buckets.iter().map(|v| Ok(v?)).collect()
+    }
 }
 
 /// How long a daemon being dropped gets to stop on SIGINT before SIGKILL.

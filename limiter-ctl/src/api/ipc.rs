@@ -90,6 +90,11 @@ pub(crate) enum Request {
     Top {
         limit: usize,
     },
+    /// What a packet of these fields would meet now ([`crate::api::explain`]); reads only.
+    Explain {
+        #[serde(flatten)]
+        query: crate::api::explain::Query,
+    },
     /// Move the program to `hook` without a gap (attached there first, then released where it
     /// was); at tcx, at `place` (None: where the daemon's --tcx-before/--tcx-after say).
     Attach {

@@ -8,6 +8,7 @@
 //! It may use the config room (policy names, definitions and edits travel as the file spells
 //! them) and the kernel room's attach mode request; nothing of the daemon or the CLI.
 
+pub(crate) mod explain;
 pub(crate) mod ipc;
 pub(crate) mod start;
 pub(crate) mod stats;

@@ -66,6 +66,24 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What a packet from ADDR would meet now, and until when: bans, list entries and policies.
+    ///
+    /// In the order the program judges it: the bans and allow or deny entries covering ADDR
+    /// (origin, time left); then every policy covering the packet, in judging order, each with
+    /// the key ADDR falls into (its prefix, and the destination port where the key has it) and
+    /// that key's buckets: what is spent in each row (on each CPU whose copy is not idle, for a
+    /// policy of scope cpu), when the next packet is admitted (its Retry-After) and when the
+    /// whole burst is back. The first line says whether such a packet is admitted, refused and
+    /// by which policy (on which CPUs, for scope cpu), denied or allowed by which entry, and
+    /// when it would pass again if the source sends nothing meanwhile (a refusal writes
+    /// nothing). A warning says when the key shares its bucket in every row with other sources
+    /// the daemon has seen refused lately, or that another policy wrote: it can then be
+    /// refused for their traffic (more buckets, or `salt rotate`, which moves every key).
+    ///
+    /// Reads only: no bucket, memo or counter changes. Root only (it names the buckets a source
+    /// hashes to; the salt never leaves the daemon). Without --dport, policies on ports are not
+    /// consulted. --json prints the daemon's answer, the socket's `{"op":"explain",...}`.
+    Explain(super::explain::ExplainArgs),
     /// The secret salt that hashes sources into buckets.
     #[command(subcommand)]
     Salt(SaltCommand),

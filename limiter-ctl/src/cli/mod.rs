@@ -10,6 +10,7 @@
 mod args;
 mod completions;
 mod escape;
+mod explain;
 mod logs;
 mod man;
 mod show;
@@ -175,6 +176,7 @@ pub(crate) fn main() -> Run {
         Command::Top { limit, json } => client(&cli.socket, Request::Top { limit }, |data| {
             render::<top::Report>(data, json, |report| show::top(&report))
         }),
+        Command::Explain(args) => explain::run(&cli.socket, args),
         Command::Salt(SaltCommand::Rotate) => client(&cli.socket, Request::SaltRotate, |_| Ok("salt rotated\n".into())),
         Command::Reload => client(&cli.socket, Request::Reload, |data| {
             let r: Reloaded = serde_json::from_value(data).map_err(Error::Unexpected)?;

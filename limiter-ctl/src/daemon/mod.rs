@@ -33,6 +33,7 @@
 mod bans;
 mod commit;
 mod error;
+mod explain;
 mod health;
 mod instance;
 mod listing;

@@ -114,6 +114,7 @@ impl Daemon {
             Request::Top { limit } => {
                 Response::Ok { data: serde_json::to_value(self.top.report(&self.state, limit)).unwrap_or_default() }
             }
+            Request::Explain { query } => self.explain(query),
             Request::Reload => match self.reload("limiter-ctl reload") {
                 Ok(reloaded) => Response::Ok { data: serde_json::to_value(reloaded).unwrap_or_default() },
                 // A file refused is bad input (exit 2); a kernel that refused the maps, a failure.

@@ -217,6 +217,9 @@ fn feeder_may(request: &Request) -> bool {
         | Request::SaltRotate
         | Request::Reload
         | Request::Attach { .. } => false,
+        // It names the buckets a source hashes to, which would let a non-root member of the
+        // group search for sources that share an address's buckets.
+        Request::Explain { .. } => false,
     }
 }
 

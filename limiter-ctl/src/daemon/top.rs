@@ -73,6 +73,16 @@ impl Top {
         }
     }
 
+    /// The keys refused within the window, as sampled: (policy id, prefix, destination port).
+    pub fn keys(&mut self) -> Vec<(u16, IpNet, u16)> {
+        self.expire(Instant::now());
+        let mut keys: Vec<(u16, IpNet, u16)> =
+            self.slots.iter().flat_map(|(_, counts)| counts.keys().map(|k| (k.policy, k.net, k.dport))).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     pub fn report(&mut self, state: &State, limit: usize) -> Report {
         self.expire(Instant::now());
         let mut totals: HashMap<Key, Tally> = HashMap::new();

@@ -21,6 +21,7 @@ mod bans;
 pub mod compile;
 pub(crate) mod detach;
 mod error;
+pub(crate) mod explain;
 pub mod features;
 mod geometry;
 mod handover;

@@ -111,6 +111,7 @@ pub const TARGETS: &[Target] = &[
     root("ban_rules", &[Kernel]),
     root("ban_crashes", &[Kernel]),
     root("ban_clock", &[Kernel, Faketime]),
+    root("explain", &[Kernel]),
     Target {
         name: "control",
         needs: &[Kernel],

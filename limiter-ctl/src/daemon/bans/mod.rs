@@ -142,6 +142,20 @@ impl Bans {
     }
 
     /// What `stats` and `/metrics` say of the bans, with the packets they decided.
+    /// The entries covering `addr` (each of its prefixes), longest first: network, list,
+    /// origin and time left (ns).
+    pub(super) fn covering(&self, addr: std::net::IpAddr) -> Vec<(IpNet, List, Origin, u64)> {
+        let now = clock::now_ns();
+        let longest = if addr.is_ipv4() { 32 } else { 128 };
+        (0..=longest)
+            .rev()
+            .filter_map(|len| IpNet::new(addr, len).ok().map(|n| n.trunc()))
+            .flat_map(|net| self.entries.range(net_range(net)))
+            .filter(|(_, at)| **at > now)
+            .map(|(&(net, list, origin), &at)| (net, list, origin, at - now))
+            .collect()
+    }
+
     pub(super) fn stats(&self, (dropped_packets, allowed_packets): (u64, u64)) -> BanStats {
         let by_origin = |values: &[u64; 3]| Origin::ALL.iter().map(|o| (o.to_string(), values[o.index()])).collect();
         let c = &self.counts;
