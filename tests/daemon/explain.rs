@@ -116,6 +116,14 @@ fn a_refused_source_is_named_with_its_retry_after() {
     assert_eq!(e["on_cpus"], Value::Null, "host scope refuses on every CPU");
     assert_eq!(e["warnings"], serde_json::json!([]), "a key of its own, in a million buckets");
     first_through_at(&rig, &source, at, "host scope");
+
+    // IPv6: the key is the source's prefix under the policy's IPv6 mask.
+    let source = stream(&rig, "2001:db8:10::5");
+    let (e, at) = refused(&rig, Some(&source), &["2001:db8:10::5", "--proto", "udp", "--dport", &PORT.to_string()]);
+    assert_eq!((e["verdict"].as_str(), e["by"].as_str()), (Some("refused"), Some("each")), "{e:#}");
+    let key = e["policies"][0]["key"].as_str().unwrap_or_default();
+    assert!(key.starts_with("2001:db8:10:"), "{e:#}");
+    first_through_at(&rig, &source, at, "host scope, IPv6");
 }
 
 /// A per-CPU policy: refused on the flood's CPU only, and agreed there.
