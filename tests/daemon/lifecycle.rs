@@ -459,3 +459,44 @@ fn the_bucket_arrays_are_sized_from_the_host_unless_given() {
         assert!(text.lines().any(|l| l == line), "{args:?}: `stats` lacks {line:?}:\n{text}");
     }
 }
+
+/// A VLAN's usual name has a dot (`eth0.10`), which bpffs refuses in a pin's name: the daemon
+/// pins such an interface's limiter under its name with colons for dots, a restart adopts it,
+/// and `detach --all` finds it by the interface's own name and takes it off.
+#[test]
+fn an_interface_named_with_a_dot_is_pinned_adopted_and_detached() {
+    require_root!();
+    let mut net = TestNet::new().expect("test network");
+    let dotted = format!("lmt{}.v", std::process::id());
+    let old = net.receiver.iface.clone();
+    for step in
+        [&["link", "set", &old, "down"][..], &["link", "set", &old, "name", &dotted], &["link", "set", &dotted, "up"]]
+    {
+        let mut args = vec!["-n", net.receiver.ns.as_str()];
+        args.extend_from_slice(step);
+        limiter_tests::netns::ip(args).expect("renaming the receiver's interface");
+    }
+    net.receiver.iface = dotted.clone();
+    let scratch = Scratch::new().expect("scratch");
+    let mut daemon = Daemon::start(&net.receiver, &scratch, &ARGS).expect("a daemon on the dotted interface");
+    let pins = scratch.pin_dir(&dotted);
+    assert!(pins.ends_with(dotted.replace('.', ":")) && pins.join("link").exists(), "{}", pins.display());
+    let program = daemon.program().expect("program");
+    assert_eq!(xdp_program_id(&net.receiver).expect("ip link"), Some(program));
+    daemon.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
+
+    let (mut again, line) = Daemon::adopt(&net.receiver, &scratch, &ARGS).expect("a restart adopting it");
+    eprintln!("{line}");
+    assert!(xdp_program_id(&net.receiver).expect("ip link").is_some(), "nothing attached after the restart");
+    again.interrupt(SIGNAL_TIMEOUT).expect("SIGINT");
+
+    let mut cmd =
+        limiter_tests::daemon::net_command(&net.receiver, limiter_tests::daemon::limiter_ctl_binary().expect("bin"));
+    cmd.args(["detach", "--all", "--pin-dir"]).arg(scratch.pins());
+    let out = limiter_tests::daemon::Ctl::run(&mut cmd).expect("detach --all");
+    eprintln!("{out:?}");
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains(&dotted), "detach names the interface as it is: {out:?}");
+    assert_eq!(xdp_program_id(&net.receiver).expect("ip link"), None, "{out:?}");
+    assert!(!pins.exists(), "pins left: {}", pins.display());
+}

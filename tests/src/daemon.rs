@@ -125,7 +125,7 @@ impl Scratch {
 
     /// Where a daemon on `iface` pins its link and maps: `<pins>/<iface>/`.
     pub fn pin_dir(&self, iface: &str) -> PathBuf {
-        self.pins.join(iface)
+        self.pins.join(limiter_ctl::kernel::pin_dir_name(iface))
     }
 
     /// The pinned files under [`Scratch::pin_dir`] by name, with their inode numbers (a pin

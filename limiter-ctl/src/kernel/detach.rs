@@ -169,7 +169,7 @@ pub(crate) fn detach_all(root: &Path, force: bool) -> Result<String, Error> {
     let mut ifaces: Vec<String> = entries
         .filter_map(Result::ok)
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .map(|e| super::pins::iface_of(&e.file_name().to_string_lossy()))
         .collect();
     ifaces.sort();
     let (mut report, mut failed) = (String::new(), Vec::new());

@@ -74,7 +74,7 @@ pub(crate) use host::{
 pub use objects::{BENCH, GEN, LIMITER, NEIGHBOUR, PROBE};
 /// Test-only: the names of the maps pinned beside the link.
 #[cfg(feature = "testing")]
-pub use pins::map_names;
+pub use pins::{dir_name as pin_dir_name, map_names};
 /// Test-only: whether a pin is a program's (a netlink filter's) rather than a link's.
 #[cfg(feature = "testing")]
 pub use sys::pinned_is_program;

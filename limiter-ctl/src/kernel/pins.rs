@@ -43,9 +43,21 @@ pub(crate) struct PinDir {
     dir: PathBuf,
 }
 
+/// The name of `iface`'s pin directory: bpffs refuses names with a dot, which a VLAN's usual
+/// name has (`eth0.10`), and no interface name holds a colon (the kernel refuses it), so each dot
+/// becomes a colon, one to one ([`iface_of`] reads it back).
+pub fn dir_name(iface: &str) -> String {
+    iface.replace('.', ":")
+}
+
+/// The interface whose pins a directory named `dir_name` holds.
+pub fn iface_of(dir_name: &str) -> String {
+    dir_name.replace(':', ".")
+}
+
 impl PinDir {
     pub fn new(root: &Path, iface: &str) -> Self {
-        Self { dir: root.join(iface) }
+        Self { dir: root.join(dir_name(iface)) }
     }
 
     pub fn dir(&self) -> &Path {
