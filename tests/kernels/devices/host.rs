@@ -54,14 +54,16 @@ impl HostNet {
         Ok(())
     }
 
-    /// What `taps` dropped on their way to the guest so far (their queues full, or detached).
+    /// What `taps` dropped on their way to the guest so far (their queues full, or detached):
+    /// `ip -s`, since the host's /sys shows the host's namespace only.
     fn dropped(&self, taps: &[usize]) -> anyhow::Result<u64> {
         let mut sum = 0;
         for &t in taps {
-            let path = format!("/sys/class/net/{}/statistics/tx_dropped", self.taps[t]);
-            let text = run_in(&self.ns, || std::fs::read_to_string(&path))?
-                .with_context(|| format!("reading {path} in {}", self.ns))?;
-            sum += text.trim().parse::<u64>().with_context(|| format!("{path} is not a number"))?;
+            let json = ip(["-n", &self.ns, "-j", "-s", "link", "show", "dev", &self.taps[t]])?;
+            let v: serde_json::Value = serde_json::from_str(&json).context("`ip -j -s link` is not JSON")?;
+            sum += v[0]["stats64"]["tx"]["dropped"]
+                .as_u64()
+                .with_context(|| format!("no tx dropped count for {} in {json}", self.taps[t]))?;
         }
         Ok(sum)
     }

@@ -11,7 +11,8 @@
 //!   admitted at most B + R t, at least 90% of it.
 //! - **VLANs on the parent** (`vlan`, `qinq`): frames with one tag, and with two (802.1ad, then
 //!   802.1Q), judged by their inner IP header on `eth0`, held to the same bound.
-//! - **A VLAN device** (`vlandev`): a second daemon, with its defaults, on `eth0.10`, enforcing
+//! - **A VLAN device** (`vlandev`): a second daemon, with its defaults, on `vlan10` (VLAN 10 of
+//!   `eth0`; not `eth0.10`, whose dot bpffs refuses in the daemon's pin directory), enforcing
 //!   the same bound on what arrives tagged on the parent.
 //! - **Bonds** of two more virtio NICs (one queue each, each member's interrupt on a CPU of its
 //!   own): the daemon on the bond (`--attach xdp --mode auto`) in balance-xor (`bond-xor`), then
@@ -127,7 +128,10 @@ fn devices(suite: &str, series: &str) {
                     say(&format!("devices: flood {name}: {report}, the tap dropped {dropped}"));
                     sent.insert(name.trim().to_string(), results::Sent { report, dropped });
                 }
-                Err(e) => failures.push(format!("flood {name}: {e:#}")),
+                Err(e) => {
+                    say(&format!("devices: flood {name} failed: {e:#}"));
+                    failures.push(format!("flood {name}: {e:#}"));
+                }
             }
         })
         .unwrap_or_else(|e| panic!("{} ({suite}): {e:#}", kernel.release));

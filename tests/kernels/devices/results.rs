@@ -68,25 +68,23 @@ struct Mode {
     fallback: Option<String>,
 }
 
+/// The `LAB-MODE` lines in order, each with the fallback its daemon logged (the `LAB-LOG` lines
+/// of its interface that follow it, before the next daemon's).
 fn modes(out: &Outcome) -> Vec<Mode> {
-    out.lines_after("LAB-MODE ")
-        .filter_map(|l| {
+    let mut modes: Vec<Mode> = Vec::new();
+    for line in &out.output {
+        if let Some(l) = line.strip_prefix("LAB-MODE ") {
             let fields: BTreeMap<&str, &str> = l.split_whitespace().filter_map(|w| w.split_once('=')).collect();
-            let iface = fields.get("iface")?.to_string();
-            let log = format!("{iface} ");
-            let fallback = out
-                .lines_after("LAB-LOG ")
-                .filter_map(|l| l.strip_prefix(&log))
-                .find(|l| l.contains("fell back"))
-                .map(str::to_owned);
-            Some(Mode {
-                phase: fields.get("phase")?.to_string(),
-                iface,
-                mode: fields.get("mode")?.to_string(),
-                fallback,
-            })
-        })
-        .collect()
+            let field = |k: &str| fields.get(k).map_or_else(String::new, |v| v.to_string());
+            modes.push(Mode { phase: field("phase"), iface: field("iface"), mode: field("mode"), fallback: None });
+        } else if let (Some(l), Some(last)) = (line.strip_prefix("LAB-LOG "), modes.last_mut()) {
+            let said = l.strip_prefix(&format!("{} ", last.iface));
+            if let Some(said) = said.filter(|s| s.contains("fell back")) {
+                last.fallback.get_or_insert_with(|| said.to_string());
+            }
+        }
+    }
+    modes
 }
 
 /// The floods that must spread over queues and CPUs: untagged, to the NIC's own address.
@@ -101,7 +99,7 @@ pub fn check(out: &Outcome, suite: &str, order: &[&str], sent: &BTreeMap<String,
         "devices: {} ({suite}), {:.0?} from QEMU's start to the end; policy {RATE}/s burst {BURST}, host scope\n",
         out.release, out.took
     );
-    let notes = ["LAB-CHANNELS ", "LAB-RESIZE ", "LAB-DMESG "];
+    let notes = ["LAB-CHANNELS ", "LAB-RESIZE ", "LAB-LINK ", "LAB-DMESG ", "LAB-FAILOVER "];
     for l in notes.iter().flat_map(|p| out.lines_after(p)) {
         text.push_str(&format!("  {l}\n"));
     }
@@ -146,7 +144,7 @@ pub fn check(out: &Outcome, suite: &str, order: &[&str], sent: &BTreeMap<String,
     for m in &modes {
         let what = format!("{} ({suite}), phase {}, {}", out.release, m.phase, m.iface);
         assert_ne!(m.mode, "none", "{what}: the daemon did not attach");
-        if m.iface != "eth0.10" {
+        if m.iface != "vlan10" {
             assert!(["native", "skb"].contains(&m.mode.as_str()), "{what}: --attach xdp attached at {}", m.mode);
         }
         if m.mode == "skb" {

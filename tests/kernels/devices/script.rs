@@ -13,7 +13,7 @@
 //! - `LAB-FAILOVER FROM TO`: the active-backup bond's active member switched, mid-flood.
 //!
 //! Phases: `A`, every channel in use (no spare TX queue for XDP); `B`, after `ethtool -L`, with
-//! spare queues; `C`, a second daemon on the VLAN device `eth0.10`, with its defaults; `D`, a
+//! spare queues; `C`, a second daemon on the VLAN device `vlan10`, with its defaults; `D`, a
 //! daemon on a balance-xor bond of the two other NICs; `E`, on an active-backup bond of them.
 
 use super::{BURST, RATE, host::GUEST_MACS};
@@ -45,17 +45,21 @@ CTL=/lab/target/release/limiter-ctl
 M=/lab/lab-measure
 PINS=/sys/fs/bpf/limiter
 modprobe -q 8021q
+# No bond made at load (bond0 by default): the script makes its own.
+modprobe -q bonding max_bonds=0
 for c in all default; do sysctl -qw net.ipv4.conf.$c.rp_filter=0; done
 ip link set eth0 up
 ip addr add {nic}/24 dev eth0
-ip link add link eth0 name eth0.{vlan} type vlan id {vlan}
+# Named without a dot: the daemon pins under a directory named after the interface, and bpffs
+# refuses names with dots (`eth0.10`: EPERM).
+ip link add link eth0 name vlan{vlan} type vlan id {vlan}
 ip link add link eth0 name eth0.{outer} type vlan proto 802.1ad id {outer}
 ip link add link eth0.{outer} name eth0.{outer}.{inner} type vlan id {inner}
-for i in eth0.{vlan} eth0.{outer} eth0.{outer}.{inner}; do
+for i in vlan{vlan} eth0.{outer} eth0.{outer}.{inner}; do
   ip link set $i up
-  sysctl -qw net.ipv4.conf.$i.rp_filter=0
+  echo 0 >/proc/sys/net/ipv4/conf/$i/rp_filter
 done
-ip addr add {vlan_v4}/24 dev eth0.{vlan}
+ip addr add {vlan_v4}/24 dev vlan{vlan}
 ip addr add {qinq_v4}/24 dev eth0.{outer}.{inner}
 
 channels() {{
@@ -64,19 +68,20 @@ channels() {{
 resize() {{
   if out=$(ethtool -L eth0 combined $2 2>&1); then echo "LAB-RESIZE $1 ok $out"; else echo "LAB-RESIZE $1 refused $out"; fi
 }}
-# start IFACE PHASE [DAEMON FLAGS]: a daemon on IFACE; once it serves, where it attached.
+# start IFACE PHASE [DAEMON FLAGS]: a daemon on IFACE; once it serves, where it attached. No
+# metrics endpoint: two daemons run at once, and the port is the same.
 start() {{
   iface=$1 phase=$2
   shift 2
   $CTL --socket /tmp/$iface.sock daemon --iface $iface --config /tmp/$iface.toml --pin-dir $PINS \
-    --state-dir /tmp/state-$iface "$@" >/tmp/$iface.log 2>&1 &
+    --state-dir /tmp/state-$iface --metrics off "$@" >/tmp/$iface.log 2>&1 &
   echo $! >/tmp/$iface.pid
   tries=0
   until grep -q " attached iface=" /tmp/$iface.log; do
     tries=$((tries + 1))
     if [ $tries -gt 1200 ] || ! kill -0 "$(cat /tmp/$iface.pid)" 2>/dev/null; then
-      sed "s/^/LAB-LOG $iface /" /tmp/$iface.log
       echo "LAB-MODE phase=$phase iface=$iface mode=none"
+      sed "s/^/LAB-LOG $iface /" /tmp/$iface.log
       return 1
     fi
     sleep 0.5
@@ -116,10 +121,10 @@ policy eth0 {parent}
 $M untagged {parent} $PINS/eth0 eth0
 $M vlan {parent} $PINS/eth0 eth0
 $M qinq {parent} $PINS/eth0 eth0
-start eth0.{vlan} C || exit 1
-policy eth0.{vlan} {vlan_dev}
-$M vlandev {vlan_dev} $PINS/eth0.{vlan} eth0
-stop eth0.{vlan}
+start vlan{vlan} C || exit 1
+policy vlan{vlan} {vlan_dev}
+$M vlandev {vlan_dev} $PINS/vlan{vlan} eth0
+stop vlan{vlan}
 stop eth0
 
 nic() {{
