@@ -151,7 +151,12 @@ pub fn check(out: &Outcome, suite: &str, order: &[&str], sent: &BTreeMap<String,
             assert!(m.fallback.is_some(), "{what}: in skb mode without saying why native XDP was refused");
         }
     }
-    assert_eq!(modes.len(), 5, "five daemons started (phases A to E)");
+    assert_eq!(modes.len(), 6, "six daemons started (phases A to F)");
+    // balance-alb has no XDP: native must be refused, and the daemon say so.
+    assert!(
+        modes.iter().any(|m| m.iface == "bond2" && m.mode == "skb"),
+        "on a balance-alb bond, --mode auto did not fall back to skb mode"
+    );
     let failover: Vec<&str> = out.lines_after("LAB-FAILOVER ").flat_map(str::split_whitespace).collect();
     assert!(
         matches!(failover.as_slice(), [from, to] if from != to),

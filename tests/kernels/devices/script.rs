@@ -14,7 +14,8 @@
 //!
 //! Phases: `A`, every channel in use (no spare TX queue for XDP); `B`, after `ethtool -L`, with
 //! spare queues; `C`, a second daemon on the VLAN device `vlan10`, with its defaults; `D`, a
-//! daemon on a balance-xor bond of the two other NICs; `E`, on an active-backup bond of them.
+//! daemon on a balance-xor bond of the two other NICs; `E`, on an active-backup bond of them;
+//! `F`, on a balance-alb bond of them (no XDP in that mode: attach only).
 
 use super::{BURST, RATE, host::GUEST_MACS};
 use limiter_tests::netns::mac_str;
@@ -95,10 +96,12 @@ start() {{
   dmesg | grep -i xdp | sed "s/^/LAB-DMESG $iface /"
   dmesg -C
 }}
-# policy IFACE PORT: one enforcing policy, host scope (the default), of the test's rate.
+# policy IFACE PORT: one enforcing policy, host scope (the default), of the test's rate; its
+# id in $id.
 policy() {{
   $CTL --socket /tmp/$1.sock policy set flood --match udp:$2 --rate {rate}/s --burst {burst} --key src/32,/64 \
     --enforce >/dev/null
+  id=$($CTL --socket /tmp/$1.sock policy show flood --json | grep -o '"id": *[0-9]*' | grep -o '[0-9]*$' | head -1)
 }}
 stop() {{
   kill -TERM "$(cat /tmp/$1.pid)"
@@ -110,7 +113,7 @@ resize A {queues}
 channels A
 start eth0 A --attach xdp --mode auto || exit 1
 policy eth0 {parent}
-$M mq {parent} $PINS/eth0 eth0
+$M mq {parent} $PINS/eth0 eth0 $id
 resize attached 2
 stop eth0
 $CTL detach --iface eth0 --pin-dir $PINS
@@ -118,17 +121,17 @@ resize B 2
 channels B
 start eth0 B --attach xdp --mode auto || exit 1
 policy eth0 {parent}
-$M untagged {parent} $PINS/eth0 eth0
-$M vlan {parent} $PINS/eth0 eth0
-$M qinq {parent} $PINS/eth0 eth0
+$M untagged {parent} $PINS/eth0 eth0 $id
+$M vlan {parent} $PINS/eth0 eth0 $id
+$M qinq {parent} $PINS/eth0 eth0 $id
 start vlan{vlan} C || exit 1
 policy vlan{vlan} {vlan_dev}
-$M vlandev {vlan_dev} $PINS/vlan{vlan} eth0
+$M vlandev {vlan_dev} $PINS/vlan{vlan} eth0 $id
 stop vlan{vlan}
 stop eth0
 
 nic() {{
-  for d in /sys/class/net/*; do [ "$(cat $d/address)" = "$1" ] && echo "${{d##*/}}"; done
+  for d in /sys/class/net/*; do [ "$(cat $d/address 2>/dev/null)" = "$1" ] && echo "${{d##*/}}"; done
 }}
 # pin_irq NIC MASK: the NIC's receive interrupt on the CPUs of MASK.
 pin_irq() {{
@@ -152,14 +155,14 @@ pin_irq $m2 2
 bond bond0 mode balance-xor xmit_hash_policy layer3+4
 start bond0 D --attach xdp --mode auto || exit 1
 policy bond0 {bond_port}
-$M bond-xor {bond_port} $PINS/bond0 $m1,$m2
+$M bond-xor {bond_port} $PINS/bond0 $m1,$m2 $id
 stop bond0
 $CTL detach --iface bond0 --pin-dir $PINS
 ip link del bond0
 bond bond1 mode active-backup
 start bond1 E --attach xdp --mode auto || exit 1
 policy bond1 {bond_port}
-$M bond-ab {bond_port} $PINS/bond1 $m1,$m2 &
+$M bond-ab {bond_port} $PINS/bond1 $m1,$m2 $id &
 measure=$!
 # Once the flood is under way (the first member has received a third of it), the second member
 # becomes the active one, as a failover makes it.
@@ -174,6 +177,12 @@ ip link set dev bond1 type bond active_slave $m2
 echo "LAB-FAILOVER $active $(cat /sys/class/net/bond1/bonding/active_slave)"
 wait $measure
 stop bond1
+$CTL detach --iface bond1 --pin-dir $PINS
+ip link del bond1
+# A mode the bond has no XDP for: the daemon must fall back, saying why.
+bond bond2 mode balance-alb
+start bond2 F --attach xdp --mode auto || exit 1
+stop bond2
 "#,
         nic = v4(NIC_V4),
         vlan = VLAN_ID,
