@@ -79,7 +79,9 @@ impl HostNet {
             let sockets = taps.iter().map(|t| PacketSocket::open(t)).collect::<anyhow::Result<_>>()?;
             let mut tx = Tagged { members: sockets, next: 0, tags, buf: Vec::new() };
             let steer = Steer { per_sec: Some(per_sec), stop: None };
-            frames.send_steered(&mut tx, &Limits::timed(duration).on_cpu(flood_cpu()), &steer)
+            // Bounded in packets (what the pace sends in `duration`) and in time.
+            let packets = (per_sec * duration.as_secs_f64()).ceil() as u64 + 1;
+            frames.send_steered(&mut tx, &Limits::counted(packets, duration).on_cpu(flood_cpu()), &steer)
         })??;
         Ok((report, self.dropped(&flood.taps)?.saturating_sub(dropped)))
     }
@@ -173,5 +175,38 @@ impl<T: Transmit> Transmit for Tagged<T> {
 
     fn sender(&self) -> Option<&'static str> {
         self.members.first().and_then(Transmit::sender)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in tap: what it was given to send.
+    #[derive(Default)]
+    struct Sink(Vec<Vec<u8>>);
+
+    impl Transmit for Sink {
+        fn transmit(&mut self, frame: &[u8]) -> io::Result<()> {
+            self.0.push(frame.to_vec());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn tags_go_after_the_macs_and_frames_alternate_over_the_members() {
+        let flood = Flood::new(Ipv4Addr::new(198, 18, 20, 9), [198, 18, 18, 1], 7600, &[(0x88a8, 20), (0x8100, 30)]);
+        let mut tx = Tagged { members: vec![Sink::default(), Sink::default()], next: 0, tags: flood.tags, buf: vec![] };
+        let frame: Vec<u8> = (0u8..40).collect();
+        for _ in 0..3 {
+            tx.transmit(&frame).expect("a stand-in never refuses");
+        }
+        let (a, b) = (&tx.members[0].0, &tx.members[1].0);
+        assert_eq!((a.len(), b.len()), (2, 1), "frames in turn over the members");
+        let sent = &a[0];
+        assert_eq!(sent.len(), frame.len() + 8);
+        assert_eq!(&sent[..12], &frame[..12], "the MACs first");
+        assert_eq!(&sent[12..20], &[0x88, 0xa8, 0, 20, 0x81, 0x00, 0, 30], "802.1ad 20, then 802.1Q 30");
+        assert_eq!(&sent[20..], &frame[12..], "then the frame's EtherType and the rest");
     }
 }

@@ -209,3 +209,22 @@ pub fn check(out: &Outcome, suite: &str, order: &[&str], sent: &BTreeMap<String,
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_line_reads_back() {
+        let line = "name=bond-ab admitted=499 refused=5502 errors=0 unjudged=0 delivered=240 window_us=2007000 \
+                    cpus=3001/3000 queues=3001/3000";
+        let (name, m) = Measured::parse(line).expect("a whole line");
+        assert_eq!(name, "bond-ab");
+        assert_eq!((m.admitted, m.judged(), m.delivered), (499, 6001, 240));
+        assert_eq!(m.window, Duration::from_millis(2007));
+        assert_eq!((m.cpus, m.queues), (vec![3001, 3000], vec![3001, 3000]));
+        let (_, none) = Measured::parse(&line.replace("queues=3001/3000", "queues=")).expect("no queue counts");
+        assert!(none.queues.is_empty());
+        assert!(Measured::parse("name=mq admitted=1").is_none(), "a line cut short");
+    }
+}
