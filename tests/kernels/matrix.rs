@@ -8,8 +8,13 @@
 //! programs to the same bar. Below the minimum, bullseye's 5.10: the daemon refuses to start in
 //! one line naming the kernel and what it lacks, with exit status [`TOO_OLD`].
 //!
+//! The devices operators have (a multiqueue virtio_net NIC, VLANs) are tested in [`devices`],
+//! one more boot per kernel (Debian 12's 6.1 and the newest).
+//!
 //! Each test prints its kernel's results, rows to paste into docs/DESIGN.md (kernel, program,
 //! processed instructions) and the scenario's tests with their times, before it asserts.
+
+mod devices;
 
 use std::{
     path::{Path, PathBuf},

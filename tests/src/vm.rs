@@ -116,6 +116,9 @@ pub struct Vm {
     pub qemu_args: Vec<OsString>,
     /// More kernel command line parameters.
     pub append: Vec<String>,
+    /// A network namespace (under /run/netns) QEMU runs in: the taps it creates are made there,
+    /// out of the host's way, and go with QEMU.
+    pub netns: Option<String>,
 }
 
 /// How long a VM may run after `run` ended (the init syncs and powers off).
@@ -132,12 +135,17 @@ impl Vm {
             timeout: Duration::from_secs(15 * 60),
             qemu_args: Vec::new(),
             append: Vec::new(),
+            netns: None,
         }
     }
 
     /// The QEMU command for a boot with the payload image `payload`.
     fn command(&self, payload: &Path) -> Command {
-        let mut cmd = Command::new("qemu-system-x86_64");
+        // `ip netns exec` execs QEMU: the child's pid is QEMU's own, which `Console` kills.
+        let mut cmd = match &self.netns {
+            Some(ns) => crate::netns::netns_command(ns, "qemu-system-x86_64"),
+            None => Command::new("qemu-system-x86_64"),
+        };
         cmd.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-no-reboot", "-nic", "none"]);
         cmd.args(["-display", "none", "-monitor", "none", "-serial", "stdio"]);
         cmd.args(["-m", &self.memory_mb.to_string(), "-smp", &self.cpus.to_string()]);
@@ -162,6 +170,14 @@ impl Vm {
     /// [`Vm::timeout`]): the console and what the markers said. Fails if QEMU does not start,
     /// the boot overruns its time, or the VM ends without `LAB-EXIT` (its console tail said).
     pub fn run(&self, payload: &Payload) -> anyhow::Result<Outcome> {
+        self.run_watching(payload, |_| {})
+    }
+
+    /// [`Vm::run`], calling `on_line` with each console line as it comes (QEMU's own tagged
+    /// `qemu: `): the host can act on what the guest says while it runs (a guest's `LAB-SEND`
+    /// asking for a flood from the tap's side). The console is read on other threads, so a
+    /// slow `on_line` delays only what the host sees, never the guest.
+    pub fn run_watching(&self, payload: &Payload, mut on_line: impl FnMut(&str)) -> anyhow::Result<Outcome> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{PREFIX}{}-vm-", std::process::id()))
             .tempdir()
@@ -185,7 +201,10 @@ impl Vm {
         let mut exit = None;
         while exit.is_none() {
             match console.next(deadline) {
-                Next::Line(line) => exit = line.strip_prefix("LAB-EXIT status=").map(|s| s.trim().parse::<i32>()),
+                Next::Line(line) => {
+                    on_line(&line);
+                    exit = line.strip_prefix("LAB-EXIT status=").map(|s| s.trim().parse::<i32>());
+                }
                 Next::Ended => bail!("the VM ended without LAB-EXIT:\n{}", console.tail()),
                 Next::TimedOut => {
                     console.kill();
