@@ -11,8 +11,8 @@
 //!   admitted at most B + R t, at least 90% of it.
 //! - **VLANs on the parent** (`vlan`, `qinq`): frames with one tag, and with two (802.1ad, then
 //!   802.1Q), judged by their inner IP header on `eth0`, held to the same bound.
-//! - **A VLAN device** (`vlandev`): a second daemon, with its defaults, on `vlan10` (VLAN 10 of
-//!   `eth0`; not `eth0.10`, whose dot bpffs refuses in the daemon's pin directory), enforcing
+//! - **A VLAN device** (`vlandev`): a second daemon, with its defaults, on `eth0.10` (VLAN 10 of
+//!   `eth0`, pinned under `eth0:10`), enforcing
 //!   the same bound on what arrives tagged on the parent.
 //! - **Bonds** of two more virtio NICs (one queue each, each member's interrupt on a CPU of its
 //!   own): the daemon on the bond (`--attach xdp --mode auto`) in balance-xor (`bond-xor`), then
@@ -77,8 +77,23 @@ fn floods() -> BTreeMap<&'static str, Flood> {
     ])
 }
 
-/// Boots `suite`'s kernel with the NIC and the script, floods on each `LAB-SEND`, then checks.
+/// [`boot`], once more when it failed only because a stall of the emulated CPUs left too little
+/// of a flood to measure its lower bound ("the machine was too busy"): that failure is the
+/// machine's, and says nothing of the limiter (as the matrix does for its scenario tests). Any
+/// other failure, and a second stall, stand.
 fn devices(suite: &str, series: &str) {
+    let first = std::panic::catch_unwind(|| boot(suite, series));
+    let Err(panic) = first else { return };
+    let message = panic.downcast_ref::<String>().map(String::as_str).or_else(|| panic.downcast_ref::<&str>().copied());
+    if !message.is_some_and(|m| m.contains("the machine was too busy")) {
+        std::panic::resume_unwind(panic);
+    }
+    say(&format!("devices ({suite}): the emulated CPUs stalled too long to measure the lower bound; once more"));
+    boot(suite, series);
+}
+
+/// Boots `suite`'s kernel with the NIC and the script, floods on each `LAB-SEND`, then checks.
+fn boot(suite: &str, series: &str) {
     let lab = Lab::open().unwrap_or_else(|e| panic!("{e:#}"));
     let kernel = super::kernel_of(&lab, suite, series);
     let net = HostNet::new().unwrap_or_else(|e| panic!("the host's namespace: {e:#}"));

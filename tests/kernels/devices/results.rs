@@ -144,7 +144,7 @@ pub fn check(out: &Outcome, suite: &str, order: &[&str], sent: &BTreeMap<String,
     for m in &modes {
         let what = format!("{} ({suite}), phase {}, {}", out.release, m.phase, m.iface);
         assert_ne!(m.mode, "none", "{what}: the daemon did not attach");
-        if m.iface != "vlan10" {
+        if m.iface != "eth0.10" {
             assert!(["native", "skb"].contains(&m.mode.as_str()), "{what}: --attach xdp attached at {}", m.mode);
         }
         if m.mode == "skb" {

@@ -13,7 +13,7 @@
 //! - `LAB-FAILOVER FROM TO`: the active-backup bond's active member switched, mid-flood.
 //!
 //! Phases: `A`, every channel in use (no spare TX queue for XDP); `B`, after `ethtool -L`, with
-//! spare queues; `C`, a second daemon on the VLAN device `vlan10`, with its defaults; `D`, a
+//! spare queues; `C`, a second daemon on the VLAN device `eth0.10`, with its defaults; `D`, a
 //! daemon on a balance-xor bond of the two other NICs; `E`, on an active-backup bond of them;
 //! `F`, on a balance-alb bond of them (no XDP in that mode: attach only).
 
@@ -51,16 +51,15 @@ modprobe -q bonding max_bonds=0
 for c in all default; do sysctl -qw net.ipv4.conf.$c.rp_filter=0; done
 ip link set eth0 up
 ip addr add {nic}/24 dev eth0
-# Named without a dot: the daemon pins under a directory named after the interface, and bpffs
-# refuses names with dots (`eth0.10`: EPERM).
-ip link add link eth0 name vlan{vlan} type vlan id {vlan}
+# The usual name, with a dot: the daemon pins it under `eth0:{vlan}` (bpffs refuses dots).
+ip link add link eth0 name eth0.{vlan} type vlan id {vlan}
 ip link add link eth0 name eth0.{outer} type vlan proto 802.1ad id {outer}
 ip link add link eth0.{outer} name eth0.{outer}.{inner} type vlan id {inner}
-for i in vlan{vlan} eth0.{outer} eth0.{outer}.{inner}; do
+for i in eth0.{vlan} eth0.{outer} eth0.{outer}.{inner}; do
   ip link set $i up
   echo 0 >/proc/sys/net/ipv4/conf/$i/rp_filter
 done
-ip addr add {vlan_v4}/24 dev vlan{vlan}
+ip addr add {vlan_v4}/24 dev eth0.{vlan}
 ip addr add {qinq_v4}/24 dev eth0.{outer}.{inner}
 
 channels() {{
@@ -124,10 +123,10 @@ policy eth0 {parent}
 $M untagged {parent} $PINS/eth0 eth0 $id
 $M vlan {parent} $PINS/eth0 eth0 $id
 $M qinq {parent} $PINS/eth0 eth0 $id
-start vlan{vlan} C || exit 1
-policy vlan{vlan} {vlan_dev}
-$M vlandev {vlan_dev} $PINS/vlan{vlan} eth0 $id
-stop vlan{vlan}
+start eth0.{vlan} C || exit 1
+policy eth0.{vlan} {vlan_dev}
+$M vlandev {vlan_dev} $PINS/eth0:{vlan} eth0 $id
+stop eth0.{vlan}
 stop eth0
 
 nic() {{
