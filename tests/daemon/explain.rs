@@ -76,15 +76,31 @@ fn first_through_at(rig: &Rig, probe: &Stream, at: Instant, what: &str) {
     let flow = flow_of(probe);
     let first = run.captured.seen.iter().find(|s| s.flow == flow).map(|s| s.at);
     let first = first.unwrap_or_else(|| panic!("{what}: nothing passed by 300 ms after the moment given"));
-    let off = if first >= at { first - at } else { at - first };
+    // A stall of the sender over the moment sends nothing until it ends: the first frame is due
+    // then. (Stalls are timed from the flood's own start, after `started`: never later than
+    // they were.)
+    let due = run
+        .report
+        .stalls
+        .each
+        .iter()
+        .map(|&(from, len)| (started + from, started + from + len))
+        .filter(|&(from, to)| from <= at && at < to)
+        .map(|(_, to)| to)
+        .fold(at, Instant::max);
+    let off = |a: Instant, b: Instant| if a >= b { a - b } else { b - a };
     eprintln!(
-        "{what}: first through {:?} from the moment explain gave ({})",
-        off,
-        if first >= at { "after" } else { "before" }
+        "{what}: first through {:?} from the moment explain gave ({}); due {:?} after it",
+        off(first, at),
+        if first >= at { "after" } else { "before" },
+        due - at
     );
     assert!(
-        off <= AGREE,
-        "{what}: the first frame through arrived {off:?} from the moment explain gave (sent: {})",
+        first + AGREE >= at && first <= due + AGREE,
+        "{what}: the first frame through arrived {:?} from the moment explain gave, {:?} from when a frame was \
+         due (sent: {})",
+        off(first, at),
+        off(first, due),
         run.report
     );
 }
@@ -205,7 +221,10 @@ fn a_ban_is_named_until_its_expiry_and_an_allowed_source_passes() {
 #[test]
 fn a_key_sharing_every_row_with_flooders_gets_a_warning() {
     require_root!();
-    let rig = Rig::start(&["--host-buckets", "16", "--host-rows", "2", "--sample-refusals", "1"]).expect("the rig");
+    // Every refusal sampled, without the budget: each flooder's key is seen.
+    let rig =
+        Rig::start(&["--host-buckets", "16", "--host-rows", "2", "--sample-refusals", "1", "--samples-per-s", "0"])
+            .expect("the rig");
     rig.ctl_ok(&["policy", "set", "each", "--match", &format!("udp:{PORT}"), "--rate", "1/s", "--burst", "3"]);
     let spoofed = rig.udp(Sources::Spoofed { prefix: "198.19.20.0/24".parse().expect("prefix"), count: 64 }, PORT);
     rig.flood(std::slice::from_ref(&spoofed), Limits::timed(Duration::from_millis(300)), None).expect("the flood");

@@ -4,7 +4,7 @@ use std::{fmt::Write as _, net::IpAddr, path::Path, process::ExitCode};
 
 use clap::Args;
 
-use super::{Error, client, escape, fail, render};
+use super::{Error, client, escape, fail, render, show};
 use crate::api::{
     explain::{Explanation, PolicyLook, Proto, Query, Verdict},
     ipc::Request,
@@ -79,7 +79,8 @@ fn text(e: &Explanation) -> String {
         s.push_str("\nlist entries covering it (longest first):\n");
         for entry in &e.entries {
             let origin = entry.origin.map_or("config file", |o| o.as_str());
-            let left = entry.expires_in_ms.map_or("permanent".to_string(), |ms| format!("{} left", human(ms)));
+            let left =
+                entry.expires_in_ms.map_or("permanent".to_string(), |ms| format!("{} left", show::time_left(ms)));
             let _ = writeln!(s, "  {} {}  ({origin}, {left})", entry.list.as_str(), entry.cidr);
         }
     }
@@ -147,15 +148,4 @@ fn policy(s: &mut String, n: usize, p: &PolicyLook) {
 
 fn list(cpus: &[usize]) -> String {
     cpus.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
-}
-
-/// `4m 10s`, `350 ms`.
-fn human(ms: u64) -> String {
-    let secs = ms / 1000;
-    match secs {
-        0 => format!("{ms} ms"),
-        1..60 => format!("{secs}s"),
-        60..3600 => format!("{}m {}s", secs / 60, secs % 60),
-        _ => format!("{}h {}m", secs / 3600, secs % 3600 / 60),
-    }
 }

@@ -119,8 +119,7 @@ pub(super) fn list(
         row(out, net, "config", &"-")?;
     }
     for b in bans {
-        let left = humantime::format_duration(std::time::Duration::from_secs(b.expires_in_ms.div_ceil(1000)));
-        row(out, &b.cidr, b.origin.as_str(), &left)?;
+        row(out, &b.cidr, b.origin.as_str(), &time_left(b.expires_in_ms))?;
     }
     Ok(())
 }
@@ -141,6 +140,11 @@ struct Listed {
 }
 
 /// `allow|deny list --json`: an array of [`Listed`], written as the entries come.
+/// A ban's time left, in whole seconds rounded up (`59m 58s`), as `list` and `explain` say it.
+pub(super) fn time_left(ms: u64) -> humantime::FormattedDuration {
+    humantime::format_duration(std::time::Duration::from_secs(ms.div_ceil(1000)))
+}
+
 pub(super) fn list_json(
     out: &mut impl Write,
     permanent: &[IpNet],

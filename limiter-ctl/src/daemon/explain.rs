@@ -17,11 +17,8 @@ use crate::{
         explain::{Buckets, Entry, Explanation, PolicyLook, Proto, Query, RowLook, Verdict, ms},
         ipc::Response,
     },
-    config::List,
-    kernel::{
-        compile,
-        explain::{Layer, Look, Probe, Reading},
-    },
+    config::{List, Scope},
+    kernel::explain::{Layer, Look, Probe, Reading},
 };
 
 impl Daemon {
@@ -141,7 +138,7 @@ impl Daemon {
     fn shared(&mut self, layer: &Layer, name: &dyn Fn(u16) -> String) -> Option<String> {
         let host = layer.policy.flags & Policy::SCOPE_HOST != 0;
         let same_scope: BTreeMap<u16, bool> =
-            self.state.policies().map(|e| (e.id, compile::entry(e).flags & Policy::SCOPE_HOST != 0)).collect();
+            self.state.policies().map(|e| (e.id, e.def.scope == Scope::Host)).collect();
         let mut keys = vec![layer.key];
         let mut labels = Vec::new();
         for (policy, net, dport) in self.top.keys() {

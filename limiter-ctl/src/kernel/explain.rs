@@ -116,7 +116,7 @@ impl Limiter {
             layers: Vec::new(),
             passed_over: Vec::new(),
             buckets: geometry.buckets,
-            host_buckets: cfg.host_mask.wrapping_add(1),
+            host_buckets: geometry.host_buckets,
             rotating: now_ns < cfg.grace_until_ns,
         };
         let mut route = self.route(&cfg, probe)?;
