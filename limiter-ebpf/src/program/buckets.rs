@@ -41,8 +41,10 @@ pub fn per_cpu<S: Shortcuts>(cfg: &Config, family: u8, policy: &Policy, words: &
 }
 
 /// A host-scope layer (`program::layers`), its key's `hash` under the current salt; written
-/// only when `commit`.
+/// only when `commit`. `now`: the layers' clock, read when their judgement began, which a lease
+/// is held to (a clock read costs more than the rest of a leased admission).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub fn host_scope_layer(
     cfg: &Config,
     family: u8,
@@ -51,9 +53,10 @@ pub fn host_scope_layer(
     hash: u64,
     len: u64,
     commit: bool,
+    now: u64,
 ) -> Option<Verdict> {
     if policy.lease > 1 {
-        return leased(cfg, family, policy, words, hash, len, commit);
+        return leased(cfg, family, policy, words, hash, len, commit, now);
     }
     host_layer(cfg, family, policy, words, hash, len, commit)
 }
@@ -61,8 +64,11 @@ pub fn host_scope_layer(
 /// An aggregate with a lease (`limiter_common::maps::Lease`): a unit of this CPU's lease for the
 /// key admits without touching the shared bucket (spent only when `commit`); with none left, the
 /// look judges the shared bucket for one unit, and the commit reserves `policy.lease` units at
-/// once (else one, as without a lease).
+/// once (else one, as without a lease). The lease is held to the layers' clock `now`: it is
+/// taken out until `now + LEASE_NS` and spent while a later packet's `now` is before that.
+/// The shared bucket is judged on its own clock, read after it (`scope`).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn leased(
     cfg: &Config,
     family: u8,
@@ -71,11 +77,11 @@ fn leased(
     hash: u64,
     len: u64,
     commit: bool,
+    now: u64,
 ) -> Option<Verdict> {
     let lease = LEASES.get_ptr_mut(u32::from(policy.id))?;
     // SAFETY: a map value, valid for the program's run; only this CPU touches it.
     let lease = unsafe { &mut *lease };
-    let now = unsafe { bpf_ktime_get_ns() };
     if lease.units > 0 && lease.hash == hash && lease.emission == policy.gcra.emission && now < lease.until_ns {
         if commit {
             lease.units -= 1;

@@ -162,7 +162,7 @@ pub fn run<H: Hook>(ctx: &H) -> u32 {
             let v = if policy.flags & Policy::DENY != 0 {
                 refusal(policy)
             } else if policy.flags & Policy::SCOPE_HOST != 0 {
-                match buckets::host_scope_layer(cfg, t.pkt.family, policy, &words, hash, frame_len, false) {
+                match buckets::host_scope_layer(cfg, t.pkt.family, policy, &words, hash, frame_len, false, t.now) {
                     Some(v) => v,
                     None => return act::fault(),
                 }
@@ -210,7 +210,7 @@ pub fn run<H: Hook>(ctx: &H) -> u32 {
         return act::fault();
     };
     let words = key_words(&t.pkt, policy);
-    match buckets::host_scope_layer(cfg, t.pkt.family, policy, &words, t.hashes[k], frame_len, true) {
+    match buckets::host_scope_layer(cfg, t.pkt.family, policy, &words, t.hashes[k], frame_len, true, t.now) {
         Some(Verdict::Refuse) => {
             t.verdicts[k] = REFUSE;
             t.refused = k as u32;
