@@ -22,8 +22,9 @@ const BARE: u16 = 5002;
 /// What one transfer sends, at most, and for how long at most.
 const BYTES: u64 = 128 << 20;
 const LIMIT: Duration = Duration::from_secs(10);
-/// Transfers on each port, alternated so that a busy spell of the shared machine costs both.
-const ROUNDS: usize = 3;
+/// Transfers on each port, alternated so that a busy spell of the shared machine costs both;
+/// their medians are compared (one fast or slow spell moves a best of three by 15% here).
+const ROUNDS: usize = 7;
 
 /// One TCP bulk transfer from the sender to `port` on the receiver, over IPv4: the bytes the
 /// receiver read and the time it took.
@@ -35,8 +36,8 @@ fn mb_per_sec((bytes, took): (u64, Duration)) -> f64 {
     bytes as f64 / took.as_secs_f64() / 1e6
 }
 
-/// A bulk transfer from one address under a 10/s SYN-only policy on its port runs at 90% or more
-/// of the speed of one to a port under no policy: only its SYN meets the policy, every other
+/// Bulk transfers from one address under a 10/s SYN-only policy on their port run at 90% or more
+/// of the speed of those to a port under no policy (medians): only its SYN meets the policy, every other
 /// segment passes unmatched. (Under `tcp:PORT` at 1000/s, without `,syn`, such a transfer did not
 /// finish in 60 s: issue 24.)
 #[test]
@@ -58,7 +59,11 @@ fn a_bulk_transfer_under_a_syn_only_policy_keeps_its_speed() {
     }
     let after = rig.daemon.all_counters().expect("counters");
     let speeds = |runs: &[(u64, Duration)]| runs.iter().map(|&r| mb_per_sec(r)).collect::<Vec<f64>>();
-    let best = |runs: &[(u64, Duration)]| speeds(runs).into_iter().fold(0.0, f64::max);
+    let median = |runs: &[(u64, Duration)]| {
+        let mut s = speeds(runs);
+        s.sort_by(f64::total_cmp);
+        s[s.len() / 2]
+    };
     eprintln!("no policy: {:?} MB/s; under 'opens': {:?} MB/s", speeds(&bare), speeds(&under));
     for (what, runs) in [("no policy", &bare), ("SYN-only", &under)] {
         for (read, took) in runs {
@@ -66,10 +71,10 @@ fn a_bulk_transfer_under_a_syn_only_policy_keeps_its_speed() {
         }
     }
     assert!(
-        best(&under) >= 0.9 * best(&bare),
-        "under a 10/s SYN-only policy the best transfer ran at {:.0} MB/s, under 90% of {:.0} MB/s without it",
-        best(&under),
-        best(&bare)
+        median(&under) >= 0.9 * median(&bare),
+        "under a 10/s SYN-only policy the median transfer ran at {:.0} MB/s, under 90% of {:.0} MB/s without it",
+        median(&under),
+        median(&bare)
     );
 
     // What the policy judged: each connection's SYN (a resent one at most once more), all of it
