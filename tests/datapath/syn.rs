@@ -37,8 +37,8 @@ fn mb_per_sec((bytes, took): (u64, Duration)) -> f64 {
 }
 
 /// Bulk transfers from one address under a 10/s SYN-only policy on their port run at 90% or more
-/// of the speed of those to a port under no policy (medians): only its SYN meets the policy, every other
-/// segment passes unmatched. (Under `tcp:PORT` at 1000/s, without `,syn`, such a transfer did not
+/// of the speed of those to a port under no policy (medians): only their SYNs meet the policy,
+/// every other segment passes unmatched. (Under `tcp:PORT` at 1000/s, without `,syn`, such a transfer did not
 /// finish in 60 s: issue 24.)
 #[test]
 fn a_bulk_transfer_under_a_syn_only_policy_keeps_its_speed() {

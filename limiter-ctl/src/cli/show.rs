@@ -139,12 +139,12 @@ struct Listed {
     origin: &'static str,
 }
 
-/// `allow|deny list --json`: an array of [`Listed`], written as the entries come.
 /// A ban's time left, in whole seconds rounded up (`59m 58s`), as `list` and `explain` say it.
 pub(super) fn time_left(ms: u64) -> humantime::FormattedDuration {
     humantime::format_duration(std::time::Duration::from_secs(ms.div_ceil(1000)))
 }
 
+/// `allow|deny list --json`: an array of [`Listed`], written as the entries come.
 pub(super) fn list_json(
     out: &mut impl Write,
     permanent: &[IpNet],
