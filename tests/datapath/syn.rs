@@ -23,7 +23,8 @@ const BARE: u16 = 5002;
 const BYTES: u64 = 128 << 20;
 const LIMIT: Duration = Duration::from_secs(10);
 /// Transfers on each port, alternated so that a busy spell of the shared machine costs both;
-/// their medians are compared (one fast or slow spell moves a best of three by 15% here).
+/// their medians are compared, at 80%: on this shared machine a transfer runs at 450-715 MB/s
+/// from one run to the next, and medians of seven still came 12% apart with nothing judged.
 const ROUNDS: usize = 7;
 
 /// One TCP bulk transfer from the sender to `port` on the receiver, over IPv4: the bytes the
@@ -36,7 +37,7 @@ fn mb_per_sec((bytes, took): (u64, Duration)) -> f64 {
     bytes as f64 / took.as_secs_f64() / 1e6
 }
 
-/// Bulk transfers from one address under a 10/s SYN-only policy on their port run at 90% or more
+/// Bulk transfers from one address under a 10/s SYN-only policy on their port run at 80% or more
 /// of the speed of those to a port under no policy (medians): only their SYNs meet the policy,
 /// every other segment passes unmatched. (Under `tcp:PORT` at 1000/s, without `,syn`, such a transfer did not
 /// finish in 60 s: issue 24.)
@@ -71,8 +72,8 @@ fn a_bulk_transfer_under_a_syn_only_policy_keeps_its_speed() {
         }
     }
     assert!(
-        median(&under) >= 0.9 * median(&bare),
-        "under a 10/s SYN-only policy the median transfer ran at {:.0} MB/s, under 90% of {:.0} MB/s without it",
+        median(&under) >= 0.8 * median(&bare),
+        "under a 10/s SYN-only policy the median transfer ran at {:.0} MB/s, under 80% of {:.0} MB/s without it",
         median(&under),
         median(&bare)
     );
