@@ -84,7 +84,7 @@ fn first_through_at(rig: &Rig, probe: &Stream, at: Instant, what: &str) {
         .stalls
         .each
         .iter()
-        .map(|&(from, len)| (started + from, started + from + len))
+        .map(|s| (started + s.from, started + s.end()))
         .filter(|&(from, to)| from <= at && at < to)
         .map(|(_, to)| to)
         .fold(at, Instant::max);

@@ -120,9 +120,10 @@ fn matrix(suite: &str, series: &str) {
 
 /// The guest's runner of one scenario test: it prints `LAB-TEST NAME status=N seconds=S`. A
 /// test that failed only because a stall of the emulated CPUs left too little of a flood to
-/// measure its lower bound ([`limiter_tests::bounds`]: "the machine was too busy") runs once
-/// more, saying so: that failure is the machine's, and says nothing of the limiter. Any other
-/// failure, and a second stall, stand.
+/// measure its lower bound, or made a steady source's catch-up outrun its burst
+/// ([`limiter_tests::bounds`]: "the machine was too busy"), runs once more, saying so: that
+/// failure is the machine's, and says nothing of the limiter. Any other failure, and a second
+/// stall, stand.
 const LAB_TEST: &str = r#"lab_test() {
   start=$(date +%s)
   for try in 1 2; do

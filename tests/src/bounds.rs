@@ -11,7 +11,11 @@
 //! The lower bound asks for 90% of one CPU's bound over the flood's own
 //! duration (as measured, whatever the machine's speed), less what the sender's own stalls can
 //! have cost ([`stall_cost`]): the flood offers far more than the rate ([`MIN_OVERLOAD`]), so
-//! the limiter must admit close to its full allowance of the time the flood was actually offered.
+//! the limiter must admit close to its full allowance of the time the flood was actually offered,
+//! and of the frames it actually offered between two stalls ([`offered_allowance`]).
+//!
+//! A source kept to a share of the rate loses nothing ([`check_steady`]), unless its paced
+//! sender, stalled, caught up in a burst larger than the bucket's.
 //!
 //! Every failure says what was measured and the bound it broke, and which side is at fault: an
 //! upper bound broken is the limiter's; a flood too slow or too stalled to test a lower bound is
@@ -202,30 +206,93 @@ fn lower(what: &str, got: u64, full: u64, least: u64, duration: Duration, flood:
 }
 
 /// What a bucket of `gcra`, fresh at the flood's start, admits over the flood's duration if
-/// arrivals of `weight` units never let up except during the sender's stalls (in units).
+/// arrivals of `weight` units never let up except during the sender's stalls, and never
+/// outnumber the frames the sender sent between two stalls (in units). A sender that offered
+/// less than the rate between its stalls (an emulated CPU run in spells) offered no more.
 pub fn offered_allowance(gcra: &Gcra, flood: &Report, weight: u64) -> u64 {
     let units = |d: Duration| u128::from(nanos(d)) << CLOCK_SHIFT;
     let end = units(flood.duration());
     let (cost, capacity) = (u128::from(gcra.cost(weight)), u128::from(gcra.capacity));
-    let stalls: Vec<(u128, u128)> =
-        flood.stalls.each.iter().map(|&(at, len)| (units(at), units(at) + units(len))).collect();
-    let (mut tat, mut now, mut next, mut admitted) = (0u128, 0u128, 0usize, 0u64);
+    let stalls: Vec<(u128, u128)> = flood.stalls.each.iter().map(|s| (units(s.from), units(s.end()))).collect();
+    // Frames sent before each stall, then in all: interval `i` runs from stall `i - 1` to stall `i`.
+    let sent_by: Vec<u64> = flood.stalls.each.iter().map(|s| s.sent_before).chain([flood.sent]).collect();
+    let frames = |i: usize| sent_by[i] - if i == 0 { 0 } else { sent_by[i - 1].min(sent_by[i]) };
+    let (mut tat, mut now, mut next, mut taken, mut admitted) = (0u128, 0u128, 0usize, 0u64, 0u64);
     loop {
         // Admitted once ahead + cost fits the capacity: ahead = tat - now.
         let mut t = (tat + cost).saturating_sub(capacity).max(now);
         while next < stalls.len() && stalls[next].1 <= t {
-            next += 1;
+            (next, taken) = (next + 1, 0);
         }
         if next < stalls.len() && stalls[next].0 <= t {
-            t = stalls[next].1;
+            (t, next, taken) = (stalls[next].1, next + 1, 0);
         }
         if t > end {
             return admitted;
         }
+        if taken >= frames(next) {
+            // This interval's frames are all admitted: the next arrive when the next stall ends.
+            if next == stalls.len() {
+                return admitted;
+            }
+            (now, next, taken) = (stalls[next].1, next + 1, 0);
+            continue;
+        }
         tat = tat.max(t) + cost;
         now = t;
+        taken += 1;
         admitted += weight;
     }
+}
+
+/// A source that kept to a share of `gcra`'s rate lost nothing: `got` of the frames of its
+/// `steady` flood came through. If some did not, but the flood did not keep to the rate either (a
+/// paced sender sends at once what fell due while it stalled, and a long stall's catch-up can
+/// outrun the burst: see [`first_over`]), the machine stalled the source, and the failure says so.
+#[track_caller]
+pub fn check_steady(what: &str, got: u64, gcra: &Gcra, steady: &Report) {
+    if got == steady.sent {
+        return;
+    }
+    let lost = steady.sent.saturating_sub(got);
+    if let Some((k, late)) = first_over(gcra, steady) {
+        panic!(
+            "{what}: {lost} of the steady source's {} frames were refused, but it did not keep to the rate: its \
+             sender stalled and caught up at once, offering frame {k} {late:?} before the bucket allowed \
+             ({steady}): the machine was too busy to test this",
+            steady.sent
+        );
+    }
+    panic!(
+        "{what}: the source keeping to its share of the rate had {lost} of its {} frames refused, though its \
+         sends, stalls and catch-ups included, kept to the rate ({steady}): the limiter refused what its rate allows \
+         (got {got})",
+        steady.sent
+    );
+}
+
+/// The first frame of a paced `flood` that a bucket of `gcra`, fresh at its start, would have
+/// refused, and how early it came, if the frames were sent as early as they can have been: each
+/// when due at its pace, but none during a stall, and those due in one at its end. `None` for a
+/// flood that was not paced.
+pub fn first_over(gcra: &Gcra, flood: &Report) -> Option<(u64, Duration)> {
+    let pace = flood.paced?;
+    let units = |d: Duration| u128::from(nanos(d)) << CLOCK_SHIFT;
+    let (cost, capacity) = (u128::from(gcra.cost(1)), u128::from(gcra.capacity));
+    let (mut tat, mut stall) = (0u128, 0usize);
+    for k in 0..flood.sent {
+        while stall < flood.stalls.count() && flood.stalls.each[stall].sent_before <= k {
+            stall += 1;
+        }
+        let resumed = stall.checked_sub(1).map_or(0, |s| units(flood.stalls.each[s].end()));
+        let t = units(Duration::from_secs_f64(k as f64 / pace)).max(resumed);
+        let allowed = (tat + cost).saturating_sub(capacity);
+        if allowed > t {
+            return Some((k, Duration::from_nanos(((allowed - t) >> CLOCK_SHIFT) as u64)));
+        }
+        tat = tat.max(t) + cost;
+    }
+    None
 }
 
 /// The most a bucket of `gcra`, kept full by an overload, can have lost to the sender's stalls
@@ -238,7 +305,7 @@ pub fn stall_cost(gcra: &Gcra, flood: &Report, weight: u64) -> u64 {
         .stalls
         .each
         .iter()
-        .map(|&(_, g)| u128::from(nanos(g)) << CLOCK_SHIFT)
+        .map(|s| u128::from(nanos(s.len)) << CLOCK_SHIFT)
         .map(|g| g.saturating_sub(credit))
         .sum();
     if delay == 0 {
@@ -277,16 +344,20 @@ pub fn window(report: &Report, last: Option<Instant>) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flood::Stalls;
+    use crate::flood::{Stall, Stalls};
 
     fn flood(ms: u64, stalls: &[(u64, u64)]) -> Report {
         let start = Instant::now();
         let d = Duration::from_millis;
+        // Frames enough between stalls that only the rate and the stalls limit the allowance.
+        let many = 1_000_000;
+        let each =
+            stalls.iter().zip(1..).map(|(&(at, len), i)| Stall { from: d(at), len: d(len), sent_before: i * many });
         Report {
-            sent: 1,
+            sent: (stalls.len() as u64 + 1) * many,
             first: Some(start),
             last: Some(start + d(ms)),
-            stalls: Stalls { each: stalls.iter().map(|&(at, len)| (d(at), d(len))).collect() },
+            stalls: Stalls { each: each.collect() },
             ..Report::default()
         }
     }
@@ -316,6 +387,73 @@ mod tests {
         assert_eq!(stall_cost(&gcra, &flood(1000, &[(500, 150)]), 1), 26 + 1, "52 ms past the credit");
         let late = offered_allowance(&gcra, &flood(1000, &[(500, 150)]), 1);
         assert!(late < whole && late + 27 >= whole, "{late} of {whole}");
+    }
+
+    /// A sender run in spells (an emulated CPU's): `spells` of (frames sent, then a stall of ms).
+    fn spells(ms: u64, spells: &[(u64, u64)], paced: Option<f64>) -> Report {
+        let start = Instant::now();
+        let (mut at, mut sent, mut each) = (Duration::ZERO, 0, Vec::new());
+        for &(frames, stall) in spells {
+            // The frames go out in a millisecond, then the stall.
+            (at, sent) = (at + Duration::from_millis(1), sent + frames);
+            each.push(Stall { from: at, len: Duration::from_millis(stall), sent_before: sent });
+            at += Duration::from_millis(stall);
+        }
+        let last = Some(start + Duration::from_millis(ms));
+        Report { sent, first: Some(start), last, stalls: Stalls { each }, paced, ..Report::default() }
+    }
+
+    #[test]
+    fn a_sender_in_spells_is_allowed_no_more_than_it_sent_between_stalls() {
+        // 200/s burst 50: 60 frames at once, then 10 frames after each of 15 stalls of 75 ms.
+        let gcra = Gcra::new(200, 1_000_000_000, 50, 1).unwrap();
+        let mut runs = vec![(60, 75)];
+        runs.extend([(10, 75); 15]);
+        let flood = spells(1216, &runs, None);
+        // The first spell gets the burst (50 at once), each later one its 10: the bucket refills
+        // 15 in a stall, more than a spell spends.
+        assert_eq!(gcra.bound(0), 50);
+        assert_eq!(offered_allowance(&gcra, &flood, 1), 50 + 150);
+        // A sender that kept up between the same stalls would have had 15 a stall.
+        let many: Vec<(u64, u64)> = runs.iter().map(|&(_, stall)| (1000, stall)).collect();
+        assert!(offered_allowance(&gcra, &spells(1216, &many, None), 1) >= 50 + 15 * 15);
+    }
+
+    /// A source paced at 100/s for 2 s that stalled `stall` ms after its 20th frame, then caught
+    /// up (every frame due by then sent at once).
+    fn paced(stall: u64) -> Report {
+        let mut report = spells(2000, &[], Some(100.0));
+        report.sent = 200;
+        let from = Duration::from_millis(200);
+        report.stalls.each = vec![Stall { from, len: Duration::from_millis(stall), sent_before: 20 }];
+        report
+    }
+
+    #[test]
+    fn a_paced_sender_keeps_to_the_rate_unless_a_stall_s_catch_up_outruns_the_burst() {
+        // 200/s burst 50.
+        let gcra = Gcra::new(200, 1_000_000_000, 50, 1).unwrap();
+        assert_eq!(first_over(&gcra, &paced(0)), None);
+        // Stalled 400 ms: the 41 frames due by its end go at once, within the burst.
+        assert_eq!(first_over(&gcra, &paced(400)), None);
+        check_steady("kept the rate", 200, &gcra, &paced(400));
+        // Stalled 700 ms: 71 at once; the bucket, full, takes 50 of them.
+        let (k, early) = first_over(&gcra, &paced(700)).expect("71 frames at once outrun a burst of 50");
+        assert_eq!((k, early), (20 + 50, Duration::from_millis(5)));
+    }
+
+    #[test]
+    #[should_panic(expected = "the machine was too busy")]
+    fn a_steady_source_stalled_past_its_burst_is_the_machine_s_fault() {
+        let gcra = Gcra::new(200, 1_000_000_000, 50, 1).unwrap();
+        check_steady("stalled", 179, &gcra, &paced(700));
+    }
+
+    #[test]
+    #[should_panic(expected = "the limiter refused what its rate allows")]
+    fn a_steady_source_that_kept_the_rate_and_lost_frames_is_the_limiter_s_fault() {
+        let gcra = Gcra::new(200, 1_000_000_000, 50, 1).unwrap();
+        check_steady("kept the rate", 199, &gcra, &paced(400));
     }
 
     /// 100 admitted over 1 s at 100/s burst 1: over one CPU's bound (101 with the first), within

@@ -320,18 +320,35 @@ pub const STALL: Duration = Duration::from_micros(200);
 /// The sender's stalls ([`STALL`]) during a flood.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stalls {
-    /// When each one began (from the flood's start) and how long it lasted (beyond the pace, if
-    /// paced), in order.
-    pub each: Vec<(Duration, Duration)>,
+    /// Each one, in order.
+    pub each: Vec<Stall>,
+}
+
+/// One stall of the sender: nothing was sent from `from` for `len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// When it began, from the flood's start.
+    pub from: Duration,
+    /// How long it lasted (beyond the pace, if paced).
+    pub len: Duration,
+    /// The frames sent before it: between two stalls the sender sent only so many, however
+    /// long the time between them.
+    pub sent_before: u64,
+}
+
+impl Stall {
+    pub fn end(&self) -> Duration {
+        self.from + self.len
+    }
 }
 
 impl Stalls {
     /// Accounts a gap of `gap` between two sends that were due `due` apart, the second one sent
-    /// `at` (from the flood's start).
-    pub fn gap(&mut self, at: Duration, gap: Duration, due: Duration) {
+    /// `at` (from the flood's start) after `sent_before` others.
+    pub fn gap(&mut self, at: Duration, gap: Duration, due: Duration, sent_before: u64) {
         let excess = gap.saturating_sub(due);
         if excess > STALL {
-            self.each.push((at.saturating_sub(excess), excess));
+            self.each.push(Stall { from: at.saturating_sub(excess), len: excess, sent_before });
         }
     }
 
@@ -340,11 +357,11 @@ impl Stalls {
     }
 
     pub fn total(&self) -> Duration {
-        self.each.iter().map(|(_, len)| *len).sum()
+        self.each.iter().map(|s| s.len).sum()
     }
 
     pub fn longest(&self) -> Duration {
-        self.each.iter().map(|(_, len)| *len).max().unwrap_or_default()
+        self.each.iter().map(|s| s.len).max().unwrap_or_default()
     }
 }
 
@@ -605,7 +622,7 @@ impl Frames {
                 Ok(()) => {
                     // The first frame's gap runs from the start: a sender slow to begin stalled.
                     let due = if report.sent == 0 { Duration::ZERO } else { due_gap };
-                    report.stalls.gap(now - start, now - previous, due);
+                    report.stalls.gap(now - start, now - previous, due, report.sent);
                     previous = now;
                     report.sent += 1;
                 }
@@ -786,11 +803,12 @@ pub(crate) mod tests {
 
         let mut stalls = Stalls::default();
         let ms = Duration::from_millis;
-        stalls.gap(ms(1), Duration::from_micros(50), Duration::ZERO);
-        stalls.gap(ms(10), ms(3), Duration::ZERO);
-        stalls.gap(ms(30), Duration::from_micros(10_100), ms(10));
-        stalls.gap(ms(40), ms(5), ms(1));
-        assert_eq!(stalls.each, vec![(ms(7), ms(3)), (ms(36), ms(4))], "gaps beyond the pace longer than {STALL:?}");
+        stalls.gap(ms(1), Duration::from_micros(50), Duration::ZERO, 1);
+        stalls.gap(ms(10), ms(3), Duration::ZERO, 2);
+        stalls.gap(ms(30), Duration::from_micros(10_100), ms(10), 3);
+        stalls.gap(ms(40), ms(5), ms(1), 4);
+        let stall = |from, len, sent_before| Stall { from: ms(from), len: ms(len), sent_before };
+        assert_eq!(stalls.each, vec![stall(7, 3, 2), stall(36, 4, 4)], "gaps beyond the pace longer than {STALL:?}");
         assert_eq!((stalls.count(), stalls.total(), stalls.longest()), (2, ms(7), ms(4)));
     }
 
