@@ -474,7 +474,7 @@ pub fn check_hand_over_with_fresh(
         steady.duration()
     );
     let across = format!("{what}: the source keeping to half the rate, across the hand-over");
-    bounds::check_steady(&across, steady_delivered, limit, &steady);
+    bounds::check_steady(&across, steady_delivered, limit, steady);
     bounds::check_lower(&format!("{what}: the flood over the whole run"), delivered, limit, &run.report);
     let end = run.report.last.expect("a flood records its end");
     let t = end.saturating_duration_since(handed_over);
