@@ -48,11 +48,19 @@ pub const fn row_len(buckets: u32, rows: u32) -> u32 {
     if rows <= 1 { buckets } else { buckets / rows }
 }
 
-/// Row `row`'s bucket (an index into the generation's `rows x len` buckets) for a key hash.
+/// Row `row`'s bucket (an index into the generation's `rows x len` buckets) for a key hash:
+/// the place of the hash's high bits in the row, moved on by the slot in its low bits
+/// (`key::key_hash`), wrapping to the row's start. Rows shorter than a slot group ignore the slot.
 #[inline(always)]
 pub fn row_index(hash: u64, row: usize, len: u32) -> u32 {
-    let h = (hash.wrapping_mul(MIX[row & (MAX_ROWS - 1)]) >> 32) as u32;
-    (row as u32) * len + ((u64::from(h) * u64::from(len)) >> 32) as u32
+    let slot_mask = (1u64 << crate::key::SLOT_BITS) - 1;
+    let h = ((hash & !slot_mask).wrapping_mul(MIX[row & (MAX_ROWS - 1)]) >> 32) as u32;
+    let slot = if u64::from(len) > slot_mask { (hash & slot_mask) as u32 } else { 0 };
+    let mut at = ((u64::from(h) * u64::from(len)) >> 32) as u32 + slot;
+    if at >= len {
+        at -= len;
+    }
+    (row as u32) * len + at
 }
 
 /// The buckets of a key hash in each of `rows` rows of `len` (entries past `rows` are 0).
