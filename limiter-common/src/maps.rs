@@ -92,7 +92,7 @@ pub const REFUSALS_BYTES: u32 = 256 * 1024;
 
 /// Bumped whenever a shared struct or map changes meaning; pinned maps of another version are
 /// not adopted.
-pub const LAYOUT_VERSION: u64 = 9;
+pub const LAYOUT_VERSION: u64 = 10;
 pub const POLICY_NAME_LEN: usize = 32;
 
 /// ACL values: allowed sources bypass limiting; denied ones are always dropped.
