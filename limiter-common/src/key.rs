@@ -121,7 +121,7 @@ pub fn key_hash(salt: &SipInit, family: u8, words: &[u64; 3]) -> u64 {
 
 /// `hash` with `policy`'s slot in its low bits.
 #[inline(always)]
-fn with_slot(hash: u64, policy: u16) -> u64 {
+pub fn with_slot(hash: u64, policy: u16) -> u64 {
     (hash & !u64::from(SLOT_MASK)) | u64::from(policy & SLOT_MASK)
 }
 

@@ -18,6 +18,7 @@
 use limiter_common::{
     Gcra,
     gcra::{self, CLOCK_SHIFT, TICK},
+    key::with_slot,
     rows::{MAX_ROWS, judge_rows, row_indexes},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -98,7 +99,8 @@ impl World {
     fn new(seed: u64, start: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         let rows = rng.random_range(1..=MAX_ROWS);
-        let len = rng.random_range(1..=6u32);
+        // Rows of 8 or more move a key by its policy's slot (`key::with_slot`): ids 1-4 are one group.
+        let len = rng.random_range(1..=10u32);
         let mut w = World {
             rows,
             len,
@@ -122,7 +124,12 @@ impl World {
         }
         for _ in 0..w.rng.random_range(3..=8) {
             let policy = w.rng.random_range(0..n);
-            let hash = [w.rng.random(), w.rng.random()];
+            // Half the time, another key's source under this policy: hashed alike but for the slot.
+            let hash = match w.keys.len() {
+                0 => [w.rng.random(), w.rng.random()],
+                n if w.rng.random_bool(0.5) => w.keys[w.rng.random_range(0..n)].hash,
+                _ => [w.rng.random(), w.rng.random()],
+            };
             let keeps_to_rate = w.rng.random_bool(0.5);
             w.keys.push(Key { policy, hash, keeps_to_rate, next: start, log: Vec::new() });
         }
@@ -184,8 +191,11 @@ impl World {
             _ => {
                 if self.now >= self.grace_until {
                     self.generation ^= 1;
+                    // A new salt: keys of one source still hash alike (a keyed mix of the old hash).
+                    let salt: u64 = self.rng.random();
                     for k in 0..self.keys.len() {
-                        self.keys[k].hash[self.generation] = self.rng.random();
+                        let old = self.keys[k].hash[self.generation ^ 1] ^ salt;
+                        self.keys[k].hash[self.generation] = old.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (old >> 29);
                     }
                     self.grace_until = self.now + self.longest_window + SEC;
                 }
@@ -232,9 +242,10 @@ impl World {
             let s = slots.get(usize::from(o)).copied().unwrap_or_default();
             gcra::claim(s.active.map_or(0, |g| g.capacity), s.hold_until, now)
         };
-        let current = self.indexes(self.generation, self.keys[k].hash[self.generation]);
+        let hash = self.keys[k].hash.map(|h| with_slot(h, u16::from(id)));
+        let current = self.indexes(self.generation, hash[self.generation]);
         let grace = now < self.grace_until;
-        let old = self.indexes(self.generation ^ 1, self.keys[k].hash[self.generation ^ 1]);
+        let old = self.indexes(self.generation ^ 1, hash[self.generation ^ 1]);
         let mut values = [0u64; MAX_ROWS];
         let mut truth = [0u64; MAX_ROWS];
         for r in 0..self.rows {

@@ -216,11 +216,10 @@ pub fn offered_allowance(gcra: &Gcra, flood: &Report, weight: u64) -> u64 {
     let stalls: Vec<(u128, u128)> = flood.stalls.each.iter().map(|s| (units(s.from), units(s.end()))).collect();
     // Frames sent before each stall, then in all: interval `i` runs from stall `i - 1` to stall `i`.
     let sent_by: Vec<u64> = flood.stalls.each.iter().map(|s| s.sent_before).chain([flood.sent]).collect();
-    let frames = |i: usize| sent_by[i] - if i == 0 { 0 } else { sent_by[i - 1].min(sent_by[i]) };
+    let frames = |i: usize| sent_by[i] - if i == 0 { 0 } else { sent_by[i - 1] };
     let (mut tat, mut now, mut next, mut taken, mut admitted) = (0u128, 0u128, 0usize, 0u64, 0u64);
     loop {
-        // Admitted once ahead + cost fits the capacity: ahead = tat - now.
-        let mut t = (tat + cost).saturating_sub(capacity).max(now);
+        let mut t = earliest(tat, cost, capacity).max(now);
         while next < stalls.len() && stalls[next].1 <= t {
             (next, taken) = (next + 1, 0);
         }
@@ -243,6 +242,12 @@ pub fn offered_allowance(gcra: &Gcra, flood: &Report, weight: u64) -> u64 {
         taken += 1;
         admitted += weight;
     }
+}
+
+/// The earliest an arrival of `cost` fits a bucket at `tat` of `capacity` (clock units): once
+/// `tat - now + cost <= capacity`.
+fn earliest(tat: u128, cost: u128, capacity: u128) -> u128 {
+    (tat + cost).saturating_sub(capacity)
 }
 
 /// A source that kept to a share of `gcra`'s rate lost nothing: `got` of the frames of its
@@ -286,7 +291,7 @@ pub fn first_over(gcra: &Gcra, flood: &Report) -> Option<(u64, Duration)> {
         }
         let resumed = stall.checked_sub(1).map_or(0, |s| units(flood.stalls.each[s].end()));
         let t = units(Duration::from_secs_f64(k as f64 / pace)).max(resumed);
-        let allowed = (tat + cost).saturating_sub(capacity);
+        let allowed = earliest(tat, cost, capacity);
         if allowed > t {
             return Some((k, Duration::from_nanos(((allowed - t) >> CLOCK_SHIFT) as u64)));
         }
