@@ -51,6 +51,9 @@ pub const PROGRAM_LAYERS_TCX: &str = "limiter_lay_tcx";
 /// host-scope buckets need (BPF atomics, Linux 5.12). A kernel that refuses it cannot run the
 /// limiter, and the daemon says so.
 pub const PROBE_CAS: &str = "limiter_cas";
+/// The limiter's global (read-only data, set at load): 0 where the kernel refuses
+/// `bpf_xdp_adjust_meta` to XDP programs, so the program never calls it.
+pub const GLOBAL_MARK_IN_META: &str = "MARK_IN_META";
 pub const MAP_CONFIG: &str = "CONFIG";
 pub const MAP_POLICIES: &str = "POLICIES";
 pub const MAP_PORT_POLICY: &str = "PORT_POLICY";

@@ -10,7 +10,8 @@
 use aya::{
     Ebpf,
     maps::MapType,
-    programs::{ProgramError, Xdp},
+    programs::{ProgramError, ProgramType, Xdp},
+    sys::BpfHelper,
 };
 use limiter_common::maps::PROBE_CAS;
 
@@ -48,6 +49,28 @@ pub(super) fn require_programs(ebpf: &mut Ebpf) -> Result<(), Error> {
         }
         Err(other) => Err(Error::Program(other)),
     }
+}
+
+/// Whether XDP programs may call `bpf_xdp_adjust_meta`, which the hand-over's mark needs (the
+/// packet's metadata: `program::mark_judged`). Some kernels refuse it ("program of this type
+/// cannot use helper"), though they run XDP; the limiter then loads without the call, and
+/// during a move between hooks both judge what XDP passed (the strict side). Probed once per
+/// process; a probe that cannot run counts as offered (the load then says what is wrong).
+pub fn xdp_metadata() -> bool {
+    static OFFERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFFERED.get_or_init(|| {
+        let offered =
+            aya::sys::is_helper_supported(ProgramType::Xdp, BpfHelper::BPF_FUNC_xdp_adjust_meta).unwrap_or(true);
+        if !offered {
+            tracing::info!(
+                kernel = %release(),
+                "this kernel refuses bpf_xdp_adjust_meta to XDP programs: loaded without the hand-over's \
+                 mark, so while a move between XDP and tc has both hooks hold the limiter, both judge what XDP \
+                 passes (the strict side)"
+            );
+        }
+        offered
+    })
 }
 
 fn lacks(lacks: &'static str, since: &'static str, detail: String) -> Error {

@@ -10,8 +10,8 @@ use aya::{
     programs::{SchedClassifier, Xdp},
 };
 use limiter_common::maps::{
-    Config, GENERATIONS, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_HOST_BUCKETS, MAP_JUMPS, MAP_JUMPS_TCX,
-    MAP_LAYOUT, PROGRAM, PROGRAM_LAYERS, PROGRAM_LAYERS_TCX, PROGRAM_TCX,
+    Config, GENERATIONS, GLOBAL_MARK_IN_META, LAYOUT_VERSION, MAP_BUCKETS, MAP_CONFIG, MAP_HOST_BUCKETS, MAP_JUMPS,
+    MAP_JUMPS_TCX, MAP_LAYOUT, PROGRAM, PROGRAM_LAYERS, PROGRAM_LAYERS_TCX, PROGRAM_TCX,
 };
 
 use super::{
@@ -104,6 +104,7 @@ impl Limiter {
             loader.map_pin_path(name, path);
         }
         features::require_maps()?;
+        loader.override_global(GLOBAL_MARK_IN_META, if features::xdp_metadata() { &1u8 } else { &0u8 }, true);
         let mut ebpf = loader.load(object).map_err(Error::Load)?;
         if let Err(lacks) = features::require_programs(&mut ebpf) {
             // The load pinned fresh maps for a limiter that will not run: take them back, so a

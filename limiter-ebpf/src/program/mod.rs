@@ -183,10 +183,21 @@ pub fn mark_in_handover(ctx: &XdpContext) {
     }
 }
 
+/// 0 when the kernel refuses `bpf_xdp_adjust_meta` to XDP programs (some do: the loader probes
+/// and sets it, `MARK_IN_META`): the program then never calls it, as if every driver kept no
+/// metadata. Read-only data, so the verifier drops the untaken branch, helper call and all.
+#[unsafe(no_mangle)]
+static MARK_IN_META: u8 = 1;
+
 /// [`JUDGED_MARK`] in four bytes of metadata before the frame. A driver that keeps no metadata
-/// refuses the room: the packet is then judged at tc ingress too, the strict side.
+/// refuses the room (or the kernel the helper, [`MARK_IN_META`]): the packet is then judged at
+/// tc ingress too, the strict side.
 #[inline(always)]
 fn mark_judged(ctx: &XdpContext) {
+    // SAFETY: a plain read of the loader's constant.
+    if unsafe { core::ptr::read_volatile(&MARK_IN_META) } == 0 {
+        return;
+    }
     // SAFETY: the helper checks the room it makes; the packet pointers are read after it.
     if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(MARK_LEN as i32)) } != 0 {
         return;
