@@ -1,9 +1,10 @@
 //! What a ban may be, whoever asks (the CLI, fail2ban's origin, the CrowdSec bouncer's, a tool
 //! on the socket): no ban covers an address the config file allows, none is broader than IPv4
 //! /8 or IPv6 /32, and the refused entries of a batch are named, counted and logged once per
-//! origin while the rest apply; the config file itself may still deny what it allows. An
-//! IPv4-mapped network bans its IPv4 source; durations are read exactly or refused; a saved
-//! file is judged like live input; `deny rm` names the origin that holds a ban.
+//! origin while the rest apply (and said by the CrowdSec bouncer, for its feed); the config
+//! file itself may still deny what it allows. An IPv4-mapped network bans its IPv4 source;
+//! durations are read exactly or refused; a saved file is judged like live input; `deny rm`
+//! names the origin that holds a ban.
 //!
 //! Through the real `limiter-ctl` (daemon and CLI) on the shared rig, real traffic on the veth
 //! pair, the daemon's state directory in the test's own ([`BanRig`]).
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use limiter_tests::{
     ban_rig::{BanRig, deny_list, kernel_bans, kernel_v4_nets, probes, raw_request},
+    crowdsec::{Answer, StandIn, decision, stand_in_key, start_bouncer},
     observe::fresh_stats,
     require_root,
     rig::Rig,
@@ -118,6 +120,46 @@ fn no_ban_covers_the_allow_list_or_everyone() {
     // Restarted with a saved ban the allow list covers: refused at restore as well.
     rig.restart_kept();
     assert!(!listed(&rig).iter().any(|(c, _)| c == "198.18.200.2/32"));
+}
+
+/// A feed reaching for everyone or the allow list is said where the feed's operator looks: the
+/// CrowdSec bouncer (the release binary, against a stand-in LAPI) is given `0.0.0.0/0`, the
+/// allow-listed address and an acceptable ban in one full set. The daemon applies the one and
+/// counts the two; the bouncer logs one WARN line naming how many its rules left out and the
+/// first with its reason, and says the batch applied.
+#[test]
+fn the_bouncer_says_which_bans_the_rules_left_out() {
+    require_root!();
+    let rig = BanRig::start();
+    rig.ctl_ok(&["allow", "add", "198.18.200.2/32"]);
+    let lapi = StandIn::start(
+        vec![Answer::stream(
+            &[
+                decision(1, "Range", "0.0.0.0/0", r#""1h""#),
+                decision(2, "Ip", "198.18.200.2", r#""1h""#),
+                decision(3, "Ip", "198.18.200.7", r#""1h""#),
+            ],
+            &[],
+        )],
+        vec![Answer::stream(&[], &[])],
+    )
+    .expect("the stand-in LAPI");
+    let (_dir, key_file) = stand_in_key().expect("the stand-in's key");
+    let mut bouncer = start_bouncer(&rig.scratch.socket(), &lapi.url(), &key_file).expect("the bouncer");
+    let since = std::time::Instant::now() - Duration::from_secs(60);
+    let (_, said) = bouncer
+        .wait_line(since, |l| l.contains("left out"), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(said.contains("WARN"), "{said}");
+    assert!(said.contains("left out 2 ban(s)") && said.contains("left_out=2") && said.contains("of=3"), "{said}");
+    assert!(said.contains("0.0.0.0/0") && said.contains("broader"), "the first, with its reason: {said}");
+    bouncer
+        .wait_line(since, |l| l.contains("bans applied"), Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(listed(&rig), [("198.18.200.7/32".to_string(), "crowdsec".to_string())]);
+    assert_eq!(fresh_stats(&rig)["bans"]["refused"]["crowdsec"], 2);
+    let lines = bouncer.output();
+    assert_eq!(lines.lines().filter(|l| l.contains("left out")).count(), 1, "said once per batch:\n{lines}");
 }
 
 /// An IPv4-mapped address or range given to `deny add` or the socket bans its IPv4 source:

@@ -22,18 +22,16 @@ use std::{
 
 use limiter_tests::{
     bans::Watch,
-    crowdsec::{Answer, Lapi, StandIn, decision},
+    crowdsec::{self, Answer, Lapi, StandIn, decision},
     daemon::limiter_ctl_binary,
     require_root,
     rig::Rig,
     service::Service,
 };
 
-/// The bouncer, as an operator runs it: the default poll interval (1 s).
+/// The bouncer, as an operator runs it, against the rig's daemon.
 fn start_bouncer(rig: &Rig, lapi_url: &str, key_file: &Path) -> Service {
-    let mut cmd = Command::new(limiter_ctl_binary().expect("the release limiter-ctl"));
-    cmd.arg("--socket").arg(rig.scratch.socket()).args(["crowdsec", "--lapi", lapi_url, "--key-file"]).arg(key_file);
-    Service::spawn("limiter-ctl crowdsec", &mut cmd).expect("starting the bouncer")
+    crowdsec::start_bouncer(&rig.scratch.socket(), lapi_url, key_file).expect("starting the bouncer")
 }
 
 /// A bouncer registered with Debian's LAPI (`cscli bouncers add`), its key file, and the bouncer
@@ -49,12 +47,8 @@ fn bouncer_of(rig: &Rig, lapi: &Lapi) -> (PathBuf, Service) {
     (key_file, bouncer)
 }
 
-/// A key file for a stand-in LAPI (which takes any), in a directory of its own.
 fn stand_in_key() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let key_file = dir.path().join("key");
-    std::fs::write(&key_file, "0123456789abcdef\n").expect("writing the key");
-    (dir, key_file)
+    crowdsec::stand_in_key().expect("the stand-in's key file")
 }
 
 /// `cscli ARGS...`: when it was started (the decision is made at some point of its run, so

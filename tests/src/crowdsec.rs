@@ -244,6 +244,22 @@ impl Answer {
     }
 }
 
+/// The bouncer, as an operator runs it (`limiter-ctl crowdsec`, the release binary, the default
+/// poll interval of 1 s), against the daemon at `socket`.
+pub fn start_bouncer(socket: &Path, lapi_url: &str, key_file: &Path) -> anyhow::Result<Service> {
+    let mut cmd = Command::new(crate::daemon::limiter_ctl_binary()?);
+    cmd.arg("--socket").arg(socket).args(["crowdsec", "--lapi", lapi_url, "--key-file"]).arg(key_file);
+    Service::spawn("limiter-ctl crowdsec", &mut cmd)
+}
+
+/// A key file for a [`StandIn`] (which takes any), in a directory of its own.
+pub fn stand_in_key() -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::tempdir().context("a temp dir for the key")?;
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "0123456789abcdef\n").context("writing the key")?;
+    Ok((dir, key_file))
+}
+
 /// A decision as the LAPI writes it, with its `duration` as given (a Go duration in quotes, or
 /// any other JSON).
 pub fn decision(id: u64, scope: &str, value: &str, duration: &str) -> String {

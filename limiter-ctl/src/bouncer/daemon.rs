@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 use ipnet::IpNet;
 
 use crate::{
-    api::ipc::{Request, Response},
+    api::ipc::{BanRefused, Request, Response},
     client::{self, BanCallError},
     config::{List, Origin},
 };
@@ -30,10 +30,13 @@ pub(crate) struct DaemonSink {
 impl Sink for DaemonSink {
     fn add(&mut self, entries: &[(IpNet, Duration)]) -> Result<(), String> {
         let socket = self.socket.clone();
+        // Applied without these: the daemon's rules (allow list, floor) left them out.
+        let mut left_out = Vec::new();
         let refused = bisect(entries, &mut |part: &[(IpNet, Duration)]| {
-            client::ban_add(&socket, List::Deny, Origin::Crowdsec, part).map(drop)
+            client::ban_add(&socket, List::Deny, Origin::Crowdsec, part).map(|added| left_out.extend(added.refused))
         })?;
         report_refused("add", &refused, entries.len());
+        report_left_out(&left_out, entries.len());
         Ok(())
     }
 
@@ -105,5 +108,21 @@ fn bisect<T>(
 fn report_refused(what: &str, refused: &Option<(String, usize)>, of: usize) {
     if let Some((why, n)) = refused {
         tracing::warn!(refused = n, of, "the daemon refused {n} ban {what}(s), dropped (first: {why})");
+    }
+}
+
+/// Bans the daemon's rules left out of an add it applied: said, so an operator sees a feed
+/// that reaches for the allow list or past the floor (the daemon says so once per origin, and
+/// counts them: `limiter_bans_refused_total`).
+fn report_left_out(left_out: &[BanRefused], of: usize) {
+    if let Some(first) = left_out.first() {
+        let n = left_out.len();
+        tracing::warn!(
+            left_out = n,
+            of,
+            "the daemon's ban rules left out {n} ban(s) (first: {}: {})",
+            first.cidr,
+            first.reason
+        );
     }
 }
