@@ -177,7 +177,23 @@ impl Vm {
     /// `qemu: `): the host can act on what the guest says while it runs (a guest's `LAB-SEND`
     /// asking for a flood from the tap's side). The console is read on other threads, so a
     /// slow `on_line` delays only what the host sees, never the guest.
+    ///
+    /// A kernel that panics before the lab's init begins (no `LAB-BEGIN`) boots once more, said
+    /// on the console: under software emulation a guest kernel sometimes faults while it patches
+    /// its own code at boot (an `int3` in `ktime_get`, seen with 7.3), before anything of the
+    /// limiter ran. A second such panic stands.
     pub fn run_watching(&self, payload: &Payload, mut on_line: impl FnMut(&str)) -> anyhow::Result<Outcome> {
+        match self.boot(payload, &mut on_line) {
+            Err(e) if e.downcast_ref::<PanickedAtBoot>().is_some() => {
+                say(&format!("[vm {}] {e:#}; booting once more", self.kernel.release));
+                self.boot(payload, &mut on_line)
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// One boot of [`Vm::run_watching`].
+    fn boot(&self, payload: &Payload, on_line: &mut impl FnMut(&str)) -> anyhow::Result<Outcome> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{PREFIX}{}-vm-", std::process::id()))
             .tempdir()
@@ -205,6 +221,9 @@ impl Vm {
                     on_line(&line);
                     exit = line.strip_prefix("LAB-EXIT status=").map(|s| s.trim().parse::<i32>());
                 }
+                Next::Ended if console.panicked_at_boot() => {
+                    return Err(PanickedAtBoot(console.tail()).into());
+                }
                 Next::Ended => bail!("the VM ended without LAB-EXIT:\n{}", console.tail()),
                 Next::TimedOut => {
                     console.kill();
@@ -222,6 +241,18 @@ impl Vm {
         Outcome::read(std::mem::take(&mut console.seen), status, ran)
     }
 }
+
+/// The guest's kernel panicked before the lab's init began: its console's tail.
+#[derive(Debug)]
+struct PanickedAtBoot(String);
+
+impl std::fmt::Display for PanickedAtBoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the guest's kernel panicked before the lab began:\n{}", self.0)
+    }
+}
+
+impl std::error::Error for PanickedAtBoot {}
 
 /// A disk for QEMU: `-drive file=PATH,if=virtio,format=raw,OPTION`.
 fn drive(path: &Path, option: &str) -> OsString {
@@ -263,6 +294,12 @@ impl Console {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
+    }
+
+    /// Whether the kernel panicked before the lab's init began.
+    fn panicked_at_boot(&self) -> bool {
+        let begun = self.seen.iter().any(|l| l.starts_with("LAB-BEGIN "));
+        !begun && self.seen.iter().any(|l| l.contains("Kernel panic - not syncing"))
     }
 
     /// The last lines, for an error.
