@@ -123,12 +123,11 @@ fn boot(suite: &str, series: &str) {
     let floods = floods();
     let mut sent = BTreeMap::new();
     let mut failures = Vec::new();
-    let mut tap_up = false;
     let out = vm
         .run_watching(&payload, |line| {
-            // QEMU made the taps before the kernel booted; they are brought up before any flood.
-            if !tap_up && line.starts_with("LAB-BEGIN ") {
-                tap_up = true;
+            // QEMU made the taps before the kernel booted; they are brought up before any flood
+            // (at each boot: a guest the emulator faulted boots once more, with new taps).
+            if line.starts_with("LAB-BEGIN ") {
                 if let Err(e) = net.taps_up() {
                     failures.push(format!("bringing the taps up: {e:#}"));
                 }
