@@ -147,7 +147,11 @@ pub struct LayerSet {
     /// ones (0: none; a policy id; or `LAYERED` and a set). Established traffic beside a SYN-only
     /// policy so meets only what judges it, on the one-policy path when that is one policy.
     pub not_syn: u16,
-    pub _pad: [u16; 3],
+    /// How many of the candidates judge every packet of the route, when none has a predicate
+    /// (SYN-only, source port, destination): the program takes them without reading each
+    /// policy. 0: it reads each candidate and checks its predicates.
+    pub plain: u16,
+    pub _pad: [u16; 2],
 }
 
 /// A route (in `PORT_POLICY` or `Config::class_policy`) with this bit set names a layer set

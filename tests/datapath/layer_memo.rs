@@ -4,7 +4,8 @@
 //! tick refusal off, and with the memo off (no layered refusal memo: every packet judged by every
 //! layer) judge the same frames through the same layers, edits and rotations, and must give
 //! every frame the same verdict, the same admissions under every layer and the same refusals
-//! in all.
+//! in all. A plain layer set (no predicate among its candidates) takes its layers unread, and
+//! stops as soon as one of them gains a predicate.
 
 use etherparse::EtherType;
 use limiter_common::{SipKey, maps::Counters};
@@ -165,5 +166,56 @@ fn the_layered_shortcuts_change_no_verdict_and_no_count() {
             overruled(shipped),
             overruled(no_memo)
         );
+    }
+}
+
+/// A plain layer set (no candidate with a predicate: `LayerSet::plain`) takes its candidates
+/// without reading their policies. A layer of such a set edited to gain a predicate (a source
+/// port range, then a destination) judges only what its predicate holds from the next packet
+/// on, and every packet again once the predicate is gone; the layer beside it judges all along.
+#[test]
+fn a_plain_layer_gaining_a_predicate_judges_only_what_it_holds() {
+    require_root!();
+    pin_current_thread(CPU).expect("pinning the test thread");
+    let def = |name: &str, key: &str| PolicyDef {
+        name: name.parse().expect("name"),
+        matches: "udp:53".parse().expect("match"),
+        key: key.parse().expect("key"),
+        // Room for every frame of the test: nothing is refused.
+        ..PolicyDef::any(Rate { count: 1, period_ns: 1_000_000_000 }, 100)
+    };
+    let (source, cap) = (def("source", "src/32,/64"), def("cap", "src/0,/0"));
+    let with = |source: &PolicyDef| {
+        [source.clone(), cap.clone()].into_iter().fold(State::default(), |s, d| s.with_policy(d).expect("a layer"))
+    };
+    let edits = [
+        ("plain", source.clone(), true),
+        ("sport 1000-1999", PolicyDef { sport: "1000-1999".parse().expect("ports"), ..source.clone() }, false),
+        ("plain again", source.clone(), true),
+        ("another destination", PolicyDef { dst: "198.18.0.1/32".parse().expect("dst"), ..source.clone() }, false),
+        ("plain once more", source.clone(), true),
+    ];
+    let mut limiter = Limiter::load_geometry(Geometry::same(1 << 10, 1)).expect("loading the limiter");
+    limiter.set_salt(SipKey { k0: 1, k1: 2 }).expect("salt");
+    let mut state = State::default();
+    let id = |s: &State, name: &str| usize::from(s.policy(&name.parse().expect("name")).expect("a policy").id);
+    let admitted = |l: &Limiter, id: usize| l.counters().expect("counters")[id].admitted_packets;
+    for (what, def, plain) in edits {
+        let next = with(&def);
+        limiter.sync(&state, &next).expect("editing the layers");
+        state = next;
+        let view = limiter_ctl::kernel::MapView::of(&state);
+        assert!(view.routes.sets.iter().all(|set| (set.plain != 0) == plain), "{what}: sets {:?}", view.routes.sets);
+        let (s, c) = (id(&state, "source"), id(&state, "cap"));
+        for sport in [40000, 1500] {
+            let before = (admitted(&limiter, s), admitted(&limiter, c));
+            let frame = ethernet(&[], EtherType::IPV4, &V4::from(frames::v4(1, 10)).datagram(&udp(sport, 53, 16)));
+            for _ in 0..5 {
+                assert_eq!(limiter.test_run(&frame).expect("test run"), XDP_PASS, "{what}: sport {sport}");
+            }
+            let judged = plain || (sport == 1500 && def.dst.is_any());
+            let after = (admitted(&limiter, s), admitted(&limiter, c));
+            assert_eq!(after, (before.0 + if judged { 5 } else { 0 }, before.1 + 5), "{what}: sport {sport}");
+        }
     }
 }

@@ -2,12 +2,14 @@
 //! ([`policy`], [`record`]) and the routing of packets to them ([`routes`]). What each field of
 //! a policy means to the XDP program is said here, and only here.
 
+use std::collections::BTreeMap;
+
 use limiter_common::{
     Gcra,
     gcra::GcraError,
     key::prefix_mask_words,
     maps::{
-        CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, Config, LAYERED, LEASE_NS, LayerSet, MAX_LEASE,
+        CLASS_OTHER, CLASS_TCP, CLASS_UDP, CLASSES, Config, LAYERED, LEASE_NS, LayerSet, MAX_LAYERS, MAX_LEASE,
         PORT_POLICY_ENTRIES, Policy,
     },
 };
@@ -169,18 +171,8 @@ impl Routes {
 pub fn routes(state: &State) -> Routes {
     let layering = state.layering();
     let mut sets: Vec<LayerSet> = Vec::new();
-    // A policy with a source port or destination predicate judges through a layer set even
-    // alone: the program's one-policy path checks only SYN-only.
-    // So does an aggregate with a lease, and a policy of rate 0: only the layers' program
-    // keeps leases and denies outright.
-    let alone = |id: u16| {
-        state
-            .policies()
-            .find(|e| e.id == id)
-            .is_some_and(|e| e.def.sport.is_any() && e.def.dst.is_any() && lease(&e.def) == 0 && e.def.rate.count != 0)
-    };
-    let syn_only = |id: u16| state.policies().find(|e| e.id == id).is_some_and(|e| e.def.matches.syn);
-    let mut route = |ids: &[u16]| -> u16 { route_of(ids, &alone, &syn_only, &mut sets) };
+    let records: BTreeMap<u16, Policy> = state.policies().map(|e| (e.id, entry(e))).collect();
+    let mut route = |ids: &[u16]| -> u16 { route_of(ids, &records, &mut sets) };
     let mut class_policy = [0u16; CLASSES];
     for (class, ids) in layering.classes.iter().enumerate() {
         class_policy[class] = route(ids);
@@ -196,17 +188,20 @@ pub fn routes(state: &State) -> Routes {
     Routes { ports, class_policy, sets }
 }
 
-/// The route of the candidates `ids`: none, one policy judging alone, or a layer set (shared by
-/// identical lists), whose `not_syn` route is that of the candidates without the SYN-only ones.
-fn route_of(
-    ids: &[u16],
-    alone: &impl Fn(u16) -> bool,
-    syn_only: &impl Fn(u16) -> bool,
-    sets: &mut Vec<LayerSet>,
-) -> u16 {
+/// The route of the candidates `ids`, by their kernel records: none, one policy judging alone,
+/// or a layer set (shared by identical lists), whose `not_syn` route is that of the candidates
+/// without the SYN-only ones, and which is `plain` when none of them has a predicate.
+fn route_of(ids: &[u16], records: &BTreeMap<u16, Policy>, sets: &mut Vec<LayerSet>) -> u16 {
+    let flags = |id: &u16| records.get(id).map_or(0, |p| p.flags);
+    // The program's one-policy path checks only SYN-only: a policy with a source port or
+    // destination predicate judges through a layer set even alone, and so does an aggregate
+    // with a lease and a policy of rate 0 (only the layers' program keeps leases and denies).
+    let alone = |id: &u16| {
+        records.get(id).is_some_and(|p| p.flags & (Policy::SPORT | Policy::DST | Policy::DENY) == 0 && p.lease == 0)
+    };
     match ids {
         [] => 0,
-        [one] if alone(*one) => *one,
+        [one] if alone(one) => *one,
         many => {
             let mut set = LayerSet::default();
             for (slot, id) in set.ids.iter_mut().zip(many) {
@@ -215,11 +210,14 @@ fn route_of(
             if let Some(index) = sets.iter().position(|s| s.ids == set.ids) {
                 return LAYERED | index as u16;
             }
+            if many.len() <= MAX_LAYERS && many.iter().all(|id| flags(id) & Policy::PREDICATES == 0) {
+                set.plain = many.len() as u16;
+            }
             let index = sets.len();
             sets.push(set);
-            let rest: Vec<u16> = many.iter().copied().filter(|&id| !syn_only(id)).collect();
+            let rest: Vec<u16> = many.iter().copied().filter(|id| flags(id) & Policy::SYN_ONLY == 0).collect();
             sets[index].not_syn =
-                if rest.len() == many.len() { LAYERED | index as u16 } else { route_of(&rest, alone, syn_only, sets) };
+                if rest.len() == many.len() { LAYERED | index as u16 } else { route_of(&rest, records, sets) };
             LAYERED | index as u16
         }
     }
@@ -314,6 +312,36 @@ mod tests {
         assert_ne!(flags("opens") & Policy::SYN_ONLY, 0);
         assert_ne!(flags("tcp-opens") & Policy::SYN_ONLY, 0);
         assert_eq!(flags("any") & Policy::SYN_ONLY, 0);
+    }
+
+    /// A set is plain (its candidates taken unread) exactly when none of them has a predicate;
+    /// a set beside a SYN-only policy is not, and its route for the rest may be.
+    #[test]
+    fn sets_without_predicates_are_plain() {
+        let s = with(&[("any", "any"), ("udp", "udp"), ("dns", "udp:53"), ("opens", "tcp,syn"), ("web", "tcp:80")]);
+        let r = routes(&s);
+        let set = |route: u16| {
+            assert_ne!(route & LAYERED, 0, "a set");
+            r.sets[usize::from(route & !LAYERED)]
+        };
+        let dns = set(r.ports[(CLASS_UDP << 16) | 53]);
+        assert_eq!(usize::from(dns.plain), r.candidates(r.ports[(CLASS_UDP << 16) | 53]).len());
+        assert_eq!(dns.plain, 3);
+        let tcp = set(r.class_policy[CLASS_TCP]);
+        assert_eq!(tcp.plain, 0, "a SYN-only candidate: each candidate read");
+        let web = set(r.ports[(CLASS_TCP << 16) | 80]);
+        assert_eq!(web.plain, 0);
+        assert_eq!(set(web.not_syn).plain, 2, "without the SYN-only policy, web and any are plain");
+        // A source port predicate makes its sets read each candidate, and leaves the others.
+        let refl = s
+            .with_policy(PolicyDef {
+                sport: "123".parse().unwrap(),
+                ..s.policy(&"dns".parse().unwrap()).unwrap().def.clone()
+            })
+            .unwrap();
+        let r2 = routes(&refl);
+        assert_eq!(r2.sets[usize::from(r2.ports[(CLASS_UDP << 16) | 53] & !LAYERED)].plain, 0);
+        assert_eq!(r2.sets[usize::from(r2.class_policy[CLASS_UDP] & !LAYERED)].plain, 2);
     }
 
     /// Datagrams hiding their ports are dropped where a candidate would read what is hidden.

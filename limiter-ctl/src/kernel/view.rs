@@ -125,6 +125,15 @@ impl Limiter {
     /// policies exist before routes lead to them, list entries exist before their flag is set,
     /// and routes leave a policy before it is deactivated.
     pub fn apply(&mut self, old: &MapView, new: &MapView) -> Result<(), Error> {
+        // A plain set (`LayerSet::plain`) that changes loses its shortcut before any policy
+        // does: a policy edited to gain a predicate is then never taken unread.
+        let mut sets = self.array_mut::<LayerSet>(MAP_LAYER_SETS)?;
+        for (i, was) in old.routes.sets.iter().enumerate() {
+            if was.plain != 0 && new.routes.sets.get(i) != Some(was) {
+                let unplain = LayerSet { plain: 0, ..*was };
+                sets.set(i as u32, unplain, 0).map_err(|source| Error::Map { name: MAP_LAYER_SETS, source })?;
+            }
+        }
         for (id, (policy, name)) in &new.policies {
             let before = old.policies.get(id);
             if before.map(|b| &b.0) != Some(policy) {

@@ -257,12 +257,14 @@ fn pass(cfg: &Config, t: &Task) -> u32 {
 }
 
 /// The layers: each candidate of the task's set whose predicates hold, in the set's order, at
-/// most `MAX_LAYERS` (userspace allows no more to meet one packet). False: none.
+/// most `MAX_LAYERS` (userspace allows no more to meet one packet); the first `plain` without
+/// a look at their policies (`LayerSet::plain`). False: none.
 #[inline(always)]
 fn pick(t: &mut Task) -> bool {
     let Some(set) = LAYER_SETS.get(t.set) else {
         return false;
     };
+    let plain = usize::from(set.plain);
     let set = &set.ids;
     let mut n = 0;
     let mut i = 0;
@@ -272,13 +274,16 @@ fn pick(t: &mut Task) -> bool {
         if id == 0 {
             break;
         }
-        if let Some(policy) = POLICIES.get(u32::from(id)) {
-            if policy.flags & Policy::ACTIVE != 0 && predicates_hold(policy, &t.pkt) {
-                t.ids[n] = id;
-                t.verdicts[n] = 0;
-                t.rows_written[n] = 0;
-                n += 1;
-            }
+        // A plain set's candidates are active and have no predicate: each judges, unread.
+        let judges = i <= plain
+            || POLICIES
+                .get(u32::from(id))
+                .is_some_and(|policy| policy.flags & Policy::ACTIVE != 0 && predicates_hold(policy, &t.pkt));
+        if judges {
+            t.ids[n] = id;
+            t.verdicts[n] = 0;
+            t.rows_written[n] = 0;
+            n += 1;
         }
     }
     t.n = n as u32;
