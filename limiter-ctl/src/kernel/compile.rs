@@ -249,6 +249,18 @@ mod tests {
         s.policy(&name.parse().unwrap()).unwrap().id
     }
 
+    /// `s` with policy `name` given the source ports `sport`.
+    fn with_sport(s: &State, name: &str, sport: &str) -> State {
+        let def = s.policy(&name.parse().unwrap()).unwrap().def.clone();
+        s.with_policy(PolicyDef { sport: sport.parse().unwrap(), ..def }).unwrap()
+    }
+
+    /// The layer set `route` leads to.
+    fn set_of(r: &Routes, route: u16) -> LayerSet {
+        assert_ne!(route & LAYERED, 0, "a set");
+        r.sets[usize::from(route & !LAYERED)]
+    }
+
     #[test]
     fn every_covering_policy_is_routed_in_order() {
         let s = with(&[("any", "any"), ("udp", "udp"), ("range", "udp:50-60"), ("dns", "udp:53"), ("web", "tcp:80")]);
@@ -273,13 +285,7 @@ mod tests {
             "no SYN-only policy: a packet that is no SYN takes the same route"
         );
         // Alone, a policy with a source port or destination predicate still takes a set.
-        let refl = with(&[("refl", "udp")]);
-        let refl = refl
-            .with_policy(PolicyDef {
-                sport: "123".parse().unwrap(),
-                ..refl.policy(&"refl".parse().unwrap()).unwrap().def.clone()
-            })
-            .unwrap();
+        let refl = with_sport(&with(&[("refl", "udp")]), "refl", "123");
         let r = routes(&refl);
         assert_eq!(r.class_policy[CLASS_UDP], LAYERED);
         assert_eq!(r.candidates(r.class_policy[CLASS_UDP]), vec![id(&refl, "refl")]);
@@ -320,10 +326,7 @@ mod tests {
     fn sets_without_predicates_are_plain() {
         let s = with(&[("any", "any"), ("udp", "udp"), ("dns", "udp:53"), ("opens", "tcp,syn"), ("web", "tcp:80")]);
         let r = routes(&s);
-        let set = |route: u16| {
-            assert_ne!(route & LAYERED, 0, "a set");
-            r.sets[usize::from(route & !LAYERED)]
-        };
+        let set = |route: u16| set_of(&r, route);
         let dns = set(r.ports[(CLASS_UDP << 16) | 53]);
         assert_eq!(usize::from(dns.plain), r.candidates(r.ports[(CLASS_UDP << 16) | 53]).len());
         assert_eq!(dns.plain, 3);
@@ -333,15 +336,9 @@ mod tests {
         assert_eq!(web.plain, 0);
         assert_eq!(set(web.not_syn).plain, 2, "without the SYN-only policy, web and any are plain");
         // A source port predicate makes its sets read each candidate, and leaves the others.
-        let refl = s
-            .with_policy(PolicyDef {
-                sport: "123".parse().unwrap(),
-                ..s.policy(&"dns".parse().unwrap()).unwrap().def.clone()
-            })
-            .unwrap();
-        let r2 = routes(&refl);
-        assert_eq!(r2.sets[usize::from(r2.ports[(CLASS_UDP << 16) | 53] & !LAYERED)].plain, 0);
-        assert_eq!(r2.sets[usize::from(r2.class_policy[CLASS_UDP] & !LAYERED)].plain, 2);
+        let r = routes(&with_sport(&s, "dns", "123"));
+        assert_eq!(set_of(&r, r.ports[(CLASS_UDP << 16) | 53]).plain, 0);
+        assert_eq!(set_of(&r, r.class_policy[CLASS_UDP]).plain, 2);
     }
 
     /// Datagrams hiding their ports are dropped where a candidate would read what is hidden.
